@@ -1,0 +1,224 @@
+"""`gpushare-dra`: one command, a subcommand per role.
+
+Flags and defaults are those promised in ../shared/CONTRACT.md; each subcommand's work
+lives in its own module and is imported only when that subcommand runs, so `--help` is fast
+and a node without NVML can still run the mock backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+DEFAULT_DRIVER_NAME = "gpushare.dev"
+SHARING_MODES = ("auto", "capacity", "partition")
+
+DESCRIPTION = """\
+gpushare-dra shares one NVIDIA GPU among many Kubernetes containers through Dynamic
+Resource Allocation (DRA). ResourceSlices describe each GPU's memory and compute as
+fractional capacity; the kubelet plugin prepares each allocated ResourceClaim into a CDI
+spec that preloads libgpushare.so, which holds every container sharing the claim to one
+memory and compute budget.
+
+Start here:
+  gpushare-dra demo               the whole path on simulated GPUs, no cluster needed
+  gpushare-dra kubelet-plugin -h  the node daemon (DaemonSet) and its flags
+"""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _add_logging(p: argparse.ArgumentParser) -> None:
+    from .log import FORMATS, LEVELS
+
+    g = p.add_argument_group("logging")
+    g.add_argument("--log-level", default=os.environ.get("GPUSHARE_LOG_LEVEL", "info"), choices=LEVELS,
+                   help="least severe messages to print (env GPUSHARE_LOG_LEVEL)")
+    g.add_argument("--log-format", default="auto", choices=FORMATS,
+                   help="json: one JSON object per line (for log collectors); console: readable; "
+                        "auto: json unless stderr is a terminal")
+
+
+def _add_cluster(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                   help="this node's name; the ResourceSlice pool is named after it (env NODE_NAME, "
+                        "set from the downward API in the DaemonSet)")
+    g.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file; unset: the in-cluster service account config")
+    g.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
+                   help="DRA driver name: in ResourceSlices, DeviceClass selectors and socket names")
+
+
+def _add_devices(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("GPUs and sharing")
+    g.add_argument("--device-backend", default="nvml", choices=("nvml", "mock"),
+                   help="nvml: the node's real GPUs; mock: simulated GPUs described by --mock-gpus")
+    g.add_argument("--mock-gpus", default="1x16Gi",
+                   help="simulated GPUs for the mock backend: COUNTxMEMORY groups (2x80Gi, 1x80Gi,2x40Gi) "
+                        "or a YAML file with a list 'gpus' of {memory, productName, healthy, ...}")
+    g.add_argument("--sharing-mode", default="auto", choices=SHARING_MODES,
+                   help="capacity: one device per GPU with consumable memory/compute capacity (needs the "
+                        "DRAConsumableCapacity feature gate); partition: each GPU as --partitions equal "
+                        "share devices (any resource.k8s.io/v1 cluster); auto: capacity when the API "
+                        "server keeps the consumable-capacity fields, else partition")
+    g.add_argument("--partitions", type=_positive_int, default=8,
+                   help="share devices per GPU in partition mode (each gets memory/N and compute 100/N)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= 128:
+        raise argparse.ArgumentTypeError(f"{value} is out of range 1..128")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpushare-dra", description=DESCRIPTION, formatter_class=_Formatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("kubelet-plugin", formatter_class=_Formatter,
+                       help="node daemon: registers with the kubelet, prepares claims, publishes slices",
+                       description="Serve the kubelet's DRA gRPC API on this node: register at "
+                                   "<registry-dir>/<driver-name>-reg.sock, serve <plugin-dir>/dra.sock, "
+                                   "prepare each allocated ResourceClaim into a CDI spec under --cdi-root "
+                                   "and keep this node's ResourceSlices current.")
+    _add_cluster(p)
+    g = p.add_argument_group("kubelet plugin")
+    g.add_argument("--plugin-dir", default=None,
+                   help="folder serving dra.sock (default /var/lib/kubelet/plugins/<driver-name>)")
+    g.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry",
+                   help="kubelet plugin registration folder; serves <driver-name>-reg.sock")
+    g.add_argument("--cdi-root", default="/var/run/cdi",
+                   help="folder for CDI spec files read by the container runtime")
+    g.add_argument("--state-dir", default="/var/lib/gpushare",
+                   help="checkpoint, per-claim limit files and usage regions (must survive restarts)")
+    g.add_argument("--hook-dir", default=None,
+                   help="host folder holding libgpushare.so to mount into containers (default: the "
+                        "library shipped in this package, see `gpushare-dra hook-path`)")
+    g.add_argument("--metrics-addr", default=":9400",
+                   help="HOST:PORT serving Prometheus metrics at /metrics; empty disables")
+    g.add_argument("--publish-slices", default=True, action=argparse.BooleanOptionalAction,
+                   help="run the ResourceSlice controller for this node's pool inside this process")
+    _add_devices(p)
+    _add_logging(p)
+    p.set_defaults(run=_lazy("kubeletplugin.main", "run"))
+
+    p = sub.add_parser("controller", formatter_class=_Formatter,
+                       help="publish this node's ResourceSlices only (no kubelet plugin)",
+                       description="Keep the ResourceSlices of (driver, pool=node name) equal to the "
+                                   "discovered GPUs. The kubelet plugin runs this by default; run it "
+                                   "alone where slices are published from elsewhere.")
+    _add_cluster(p)
+    _add_devices(p)
+    _add_logging(p)
+    p.set_defaults(run=_lazy("dra_driver.controller", "run"))
+
+    p = sub.add_parser("cleanup", formatter_class=_Formatter,
+                       help="delete this driver's ResourceSlices (uninstall)",
+                       description="Delete the ResourceSlices of --driver-name, for --node-name's pool "
+                                   "or, with --all-nodes, every pool. The plugin leaves slices in place "
+                                   "on shutdown so a restart never makes pods unschedulable.")
+    _add_cluster(p)
+    p.add_argument("--all-nodes", action="store_true", help="delete the slices of every node's pool")
+    _add_logging(p)
+    p.set_defaults(run=_lazy("dra_driver.controller", "run_cleanup"))
+
+    p = sub.add_parser("discover", formatter_class=_Formatter,
+                       help="print the GPUs this node would publish, as YAML",
+                       description="Discover GPUs with --device-backend and print them.")
+    _add_devices(p)
+    _add_logging(p)
+    p.set_defaults(run=_run_discover)
+
+    p = sub.add_parser("demo", formatter_class=_Formatter,
+                       help="run the whole path on simulated GPUs with no cluster",
+                       description="Start an in-process Kubernetes API emulator and simulated GPUs, "
+                                   "then walk through publishing, allocating, preparing and enforcing a "
+                                   "shared claim, saying what each step shows. Exits non-zero if a step "
+                                   "does not behave.")
+    p.add_argument("--mock-gpus", default="2x80Gi", help="simulated GPUs (see kubelet-plugin --help)")
+    p.add_argument("--workdir", default=None, help="folder for the demo's files (default: a temporary one)")
+    _add_logging(p)
+    p.set_defaults(run=_lazy("dra_driver.demo", "run"), log_level_default="warning")
+
+    p = sub.add_parser("hook-path", formatter_class=_Formatter,
+                       help="print where libgpushare.so, the simulated driver and the probe are",
+                       description="Print the paths of the native files shipped with this package.")
+    p.add_argument("what", nargs="?", default=None,
+                   choices=("library", "sim_dir", "sim_cuda", "sim_nvml", "probe"),
+                   help="print only this path")
+    p.set_defaults(run=_run_hook_path)
+
+    p = sub.add_parser("emulator", formatter_class=_Formatter,
+                       help="serve the Kubernetes API emulator (tests, demos, hack scripts)",
+                       description="Serve an in-memory Kubernetes API (Nodes, Pods, Events, "
+                                   "resource.k8s.io/v1) for local runs without a cluster.")
+    p.add_argument("--port", type=int, default=8001, help="TCP port on 127.0.0.1")
+    p.add_argument("--consumable-capacity", default=True, action=argparse.BooleanOptionalAction,
+                   help="keep DRAConsumableCapacity fields, as a server with that feature gate does")
+    p.add_argument("--kubeconfig-out", default=None, help="write a kubeconfig for the emulator here")
+    _add_logging(p)
+    p.set_defaults(run=_lazy("dra_driver.emulator.__main__", "run"))
+    return parser
+
+
+def _lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return importlib.import_module(module).__dict__[func](args)
+
+    return run
+
+
+def _run_discover(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import yaml
+
+    from .discovery import make_backend
+
+    gpus = make_backend(args.device_backend, args.mock_gpus).discover()
+    print(yaml.safe_dump({"gpus": [dataclasses.asdict(g) for g in gpus]}, sort_keys=False), end="")
+    return 0
+
+
+def _run_hook_path(args: argparse.Namespace) -> int:
+    from .hookpath import native_paths
+
+    paths = native_paths()
+    if args.what:
+        print(paths[args.what])
+    else:
+        for key, value in paths.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .discovery import DiscoveryError
+    from .kube import KubeConfigError
+    from .log import configure, get_logger
+
+    args = build_parser().parse_args(argv)
+    if hasattr(args, "log_level"):
+        configure(args.log_level, args.log_format)
+    try:
+        return int(args.run(args) or 0)
+    except (DiscoveryError, KubeConfigError) as e:
+        get_logger("gpushare-dra").error("cannot start", error=str(e))
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""`gpushare.dev/v1alpha1` GpuShareConfig: decode strictly, normalize, validate.
+
+Schema for users and tools: api/gpushare.dev/v1alpha1/gpushareconfig.schema.json; a test
+keeps the two in agreement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..quantity import QuantityError, parse_bytes
+from .errors import ConfigError
+
+API_VERSION = "gpushare.dev/v1alpha1"
+
+# field name -> accepted JSON types, for strict decoding (bool is not an int here).
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "apiVersion": (str,),
+    "kind": (str,),
+    "memoryLimit": (str, int),
+    "computeLimit": (int,),
+    "computePolicy": (str,),
+}
+
+
+@dataclass
+class GpuShareConfigV1alpha1:
+    memoryLimit: int | None = None  # bytes after decoding
+    computeLimit: int | None = None
+    computePolicy: str | None = None
+
+    def normalize(self) -> None:
+        """Fill defaults."""
+        if self.computePolicy is None:
+            self.computePolicy = "Hard"
+
+    def validate(self) -> None:
+        if self.memoryLimit is not None and self.memoryLimit <= 0:
+            raise ConfigError("memoryLimit", self.memoryLimit, "must be greater than zero")
+        if self.computeLimit is not None and not 1 <= self.computeLimit <= 100:
+            raise ConfigError("computeLimit", self.computeLimit, "must be a percentage from 1 to 100")
+        if self.computePolicy not in ("Hard", "Burst"):
+            raise ConfigError("computePolicy", self.computePolicy, "must be Hard or Burst")
+        if self.computePolicy == "Burst":
+            raise ConfigError("computePolicy", self.computePolicy,
+                              "Burst is reserved for the node agent and not supported yet; use Hard")
+
+    def to_internal(self, hub: type) -> Any:
+        return hub(memory_limit=self.memoryLimit, compute_limit=self.computeLimit,
+                   compute_policy=self.computePolicy)
+
+
+def decode(obj: dict) -> GpuShareConfigV1alpha1:
+    """Strict decoding: unknown fields and wrong types are errors naming the field."""
+    for key, value in obj.items():
+        if key not in _FIELDS:
+            raise ConfigError(str(key), value, f"unknown field; known fields: {sorted(_FIELDS)}")
+        if isinstance(value, bool) or not isinstance(value, _FIELDS[key]):
+            names = " or ".join("quantity string" if t is str and key == "memoryLimit" else
+                                {str: "string", int: "integer"}[t] for t in _FIELDS[key])
+            raise ConfigError(key, value, f"expected {names}")
+    config = GpuShareConfigV1alpha1(computeLimit=obj.get("computeLimit"), computePolicy=obj.get("computePolicy"))
+    if "memoryLimit" in obj:
+        try:
+            config.memoryLimit = parse_bytes(obj["memoryLimit"], "memoryLimit")
+        except QuantityError as e:
+            raise ConfigError("memoryLimit", obj["memoryLimit"], e.problem) from None
+    return config

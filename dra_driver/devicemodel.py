@@ -1,0 +1,54 @@
+"""How a GPU becomes ResourceSlice devices, and back: one place for names and shares.
+
+The controller publishes devices with these names and capacities; the kubelet plugin reads
+an allocation's device names back into (GPU, share) and limits. CONTRACT.md fixes the names:
+capacity mode publishes `gpu-<index>` (the whole GPU, shared by consumable capacity);
+partition mode publishes `gpu-<index>-share-<j>`, each 1/N of the GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .discovery import GpuInfo
+
+CAPACITY = "capacity"
+PARTITION = "partition"
+FULL_COMPUTE = 100  # compute capacity of a whole GPU, in percent
+
+_DEVICE_NAME = re.compile(r"^gpu-(0|[1-9][0-9]{0,5})(?:-share-(0|[1-9][0-9]{0,3}))?$")
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """A published device name, parsed."""
+
+    gpu_index: int
+    share: int | None  # None: the whole GPU (capacity mode)
+
+
+def whole_gpu_device(index: int) -> str:
+    return f"gpu-{index}"
+
+
+def share_device(index: int, share: int) -> str:
+    return f"gpu-{index}-share-{share}"
+
+
+def parse_device_name(name: str) -> DeviceRef | None:
+    """`gpu-3` -> (3, None); `gpu-3-share-1` -> (3, 1); anything else -> None."""
+    m = _DEVICE_NAME.match(name)
+    if not m:
+        return None
+    return DeviceRef(int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None)
+
+
+def share_memory(gpu: GpuInfo, partitions: int) -> int:
+    """Bytes of one partition-mode share (whole bytes, rounded down)."""
+    return gpu.memory_bytes // partitions
+
+
+def share_compute(partitions: int, shares: int = 1) -> int:
+    """Integer percent of `shares` partition-mode shares: at least 1, rounded down."""
+    return max(1, FULL_COMPUTE * shares // partitions)

@@ -1,0 +1,248 @@
+"""GPU discovery: one data model, two backends.
+
+- `nvml`: the node's real GPUs through NVML (nvidia-ml-py's `pynvml`).
+- `mock`: simulated GPUs described by `--mock-gpus` ("2x80Gi", "1x80Gi,2x40Gi", or a YAML
+  file). Their identities match the simulated driver in hook/sim (docs/interfaces.md), so
+  limits written for a mock GPU are found by the library running on the sim driver.
+
+Both return `GpuInfo` records; callers never see a backend-specific type or a raw NVML
+exception: every failure is a `DiscoveryError` whose message says what to check.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from .quantity import QuantityError, parse_bytes
+
+# Identity of simulated GPUs; must stay equal to the defaults of hook/sim (docs/interfaces.md).
+SIM_UUID_PREFIX = "GPU-5ea1c0de-0000-4000-8000-"
+SIM_PRODUCT_NAME = "NVIDIA Simulated GPU"
+SIM_ARCHITECTURE = "Hopper"
+SIM_COMPUTE_CAPABILITY = "9.0"
+SIM_DRIVER_VERSION = "580.0.0"
+SIM_CUDA_DRIVER_VERSION = "13.0"
+
+# NVML_DEVICE_ARCH_* values; NVML returns an integer.
+_NVML_ARCHITECTURES = {
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
+    8: "Ada", 9: "Hopper", 10: "Blackwell", 13: "Rubin",
+}
+
+
+class DiscoveryError(RuntimeError):
+    """GPUs could not be discovered; the message explains what to check."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """What the driver knows about one physical GPU."""
+
+    index: int
+    uuid: str
+    minor: int
+    product_name: str
+    memory_bytes: int
+    architecture: str
+    cuda_compute_capability: str  # "9.0"
+    driver_version: str  # "580.65.06"
+    cuda_driver_version: str  # "13.0"
+    healthy: bool = True
+    health_reason: str = ""  # why it is unhealthy, for taints and logs
+
+    @property
+    def device_name(self) -> str:
+        """The ResourceSlice device name of the whole GPU (CONTRACT: gpu-<index>)."""
+        return f"gpu-{self.index}"
+
+
+class DeviceBackend(Protocol):
+    name: str
+
+    def discover(self) -> list[GpuInfo]:
+        """The GPUs present now, healthy or not, ordered by index."""
+        ...
+
+
+def sim_uuid(index: int) -> str:
+    return f"{SIM_UUID_PREFIX}{index:012x}"
+
+
+def _mock_gpu(index: int, memory_bytes: int, **overrides: object) -> GpuInfo:
+    gpu = GpuInfo(
+        index=index,
+        uuid=sim_uuid(index),
+        minor=index,
+        product_name=SIM_PRODUCT_NAME,
+        memory_bytes=memory_bytes,
+        architecture=SIM_ARCHITECTURE,
+        cuda_compute_capability=SIM_COMPUTE_CAPABILITY,
+        driver_version=SIM_DRIVER_VERSION,
+        cuda_driver_version=SIM_CUDA_DRIVER_VERSION,
+    )
+    return replace(gpu, **overrides) if overrides else gpu
+
+
+_COUNT_X_MEMORY = re.compile(r"^\s*(\d+)\s*x\s*(\S+)\s*$")
+
+# YAML keys of a mock GPU entry and the GpuInfo field each sets.
+_MOCK_YAML_FIELDS = {
+    "uuid": "uuid",
+    "productName": "product_name",
+    "architecture": "architecture",
+    "cudaComputeCapability": "cuda_compute_capability",
+    "driverVersion": "driver_version",
+    "cudaDriverVersion": "cuda_driver_version",
+    "healthy": "healthy",
+    "healthReason": "health_reason",
+}
+
+
+class MockBackend:
+    """Simulated GPUs from `--mock-gpus`.
+
+    A YAML file is read again on every `discover()`, so a test (or an operator on a
+    mock cluster) can make a GPU disappear or turn unhealthy by editing the file.
+    """
+
+    name = "mock"
+
+    def __init__(self, spec: str):
+        if not spec or not spec.strip():
+            raise DiscoveryError("--mock-gpus: empty; give COUNTxMEMORY (e.g. 2x80Gi) or a YAML file path")
+        self.spec = spec.strip()
+        self.discover()  # fail at start-up, not at the first reconcile
+
+    def discover(self) -> list[GpuInfo]:
+        if _COUNT_X_MEMORY.match(self.spec.split(",")[0]):
+            return self._from_shorthand(self.spec)
+        return self._from_yaml(Path(self.spec))
+
+    @staticmethod
+    def _from_shorthand(spec: str) -> list[GpuInfo]:
+        gpus: list[GpuInfo] = []
+        for group in spec.split(","):
+            m = _COUNT_X_MEMORY.match(group)
+            if not m:
+                raise DiscoveryError(f"--mock-gpus: {group!r} is not COUNTxMEMORY (e.g. 2x80Gi)")
+            try:
+                memory = parse_bytes(m.group(2), "--mock-gpus memory")
+            except QuantityError as e:
+                raise DiscoveryError(str(e)) from None
+            if memory <= 0:
+                raise DiscoveryError(f"--mock-gpus: memory in {group!r} must be positive")
+            gpus.extend(_mock_gpu(len(gpus), memory) for _ in range(int(m.group(1))))
+        return gpus
+
+    @staticmethod
+    def _from_yaml(path: Path) -> list[GpuInfo]:
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise DiscoveryError(f"--mock-gpus: {str(path)!r} is neither COUNTxMEMORY (e.g. 2x80Gi) nor an existing YAML file") from None
+        except (OSError, yaml.YAMLError) as e:
+            raise DiscoveryError(f"--mock-gpus: cannot read {path}: {e}") from None
+        entries = doc.get("gpus") if isinstance(doc, dict) else None
+        if not isinstance(entries, list):
+            raise DiscoveryError(f"--mock-gpus: {path} must hold a mapping with a list 'gpus'")
+        gpus = []
+        for i, entry in enumerate(entries):
+            where = f"{path}: gpus[{i}]"
+            if not isinstance(entry, dict):
+                raise DiscoveryError(f"{where}: expected a mapping, got {entry!r}")
+            unknown = set(entry) - set(_MOCK_YAML_FIELDS) - {"memory", "index"}
+            if unknown:
+                raise DiscoveryError(f"{where}: unknown field(s) {sorted(unknown)}")
+            try:
+                memory = parse_bytes(entry.get("memory", "16Gi"), f"{where}.memory")
+            except QuantityError as e:
+                raise DiscoveryError(str(e)) from None
+            index = entry.get("index", i)
+            if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+                raise DiscoveryError(f"{where}.index: expected a non-negative integer, got {index!r}")
+            overrides = {}
+            for key, attr in _MOCK_YAML_FIELDS.items():
+                if key in entry:
+                    want = bool if attr == "healthy" else str
+                    if not isinstance(entry[key], want):
+                        raise DiscoveryError(f"{where}.{key}: expected {want.__name__}, got {entry[key]!r}")
+                    overrides[attr] = entry[key]
+            gpus.append(_mock_gpu(index, memory, minor=index, uuid=sim_uuid(index), **overrides))
+        indexes = [g.index for g in gpus]
+        if len(set(indexes)) != len(indexes):
+            raise DiscoveryError(f"{path}: GPU indexes must be unique, got {indexes}")
+        return sorted(gpus, key=lambda g: g.index)
+
+
+class NvmlBackend:
+    """The node's real GPUs through NVML."""
+
+    name = "nvml"
+
+    def __init__(self) -> None:
+        import pynvml  # imported here so the mock backend works without the NVML bindings' library
+
+        self._nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise DiscoveryError(
+                f"NVML could not be initialised: {e}. Is the NVIDIA driver installed and loaded, and is "
+                "libnvidia-ml.so.1 visible to this container (NVIDIA container toolkit, or the driver root "
+                "mounted)? Use --device-backend=mock for simulated GPUs."
+            ) from None
+
+    def discover(self) -> list[GpuInfo]:
+        nvml = self._nvml
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+            cuda = nvml.nvmlSystemGetCudaDriverVersion_v2()
+        except nvml.NVMLError as e:
+            raise DiscoveryError(f"NVML query of the system failed: {e}") from None
+        cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        return [self._one(i, driver, cuda_version) for i in range(count)]
+
+    def _one(self, index: int, driver: str, cuda_version: str) -> GpuInfo:
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        except nvml.NVMLError as e:
+            # A GPU NVML counts but cannot open is lost (fell off the bus, XID 79).
+            return GpuInfo(index, f"unknown-{index}", index, "unknown", 0, "unknown", "0.0", driver,
+                           cuda_version, healthy=False, health_reason=f"NVML cannot open GPU {index}: {e}")
+        try:
+            major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            return GpuInfo(
+                index=index,
+                uuid=uuid,
+                minor=nvml.nvmlDeviceGetMinorNumber(handle),
+                product_name=_text(nvml.nvmlDeviceGetName(handle)),
+                memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+                architecture=_NVML_ARCHITECTURES.get(nvml.nvmlDeviceGetArchitecture(handle), "unknown"),
+                cuda_compute_capability=f"{major}.{minor_cc}",
+                driver_version=driver,
+                cuda_driver_version=cuda_version,
+            )
+        except nvml.NVMLError as e:
+            return GpuInfo(index, uuid, index, "unknown", 0, "unknown", "0.0", driver, cuda_version,
+                           healthy=False, health_reason=f"NVML query of GPU {index} ({uuid}) failed: {e}")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def make_backend(name: str, mock_gpus: str | None = None) -> DeviceBackend:
+    """The backend for `--device-backend` (and `--mock-gpus` for the mock one)."""
+    if name == "mock":
+        return MockBackend(mock_gpus or "1x16Gi")
+    if name == "nvml":
+        return NvmlBackend()
+    raise DiscoveryError(f"--device-backend: unknown backend {name!r}; choose nvml or mock")
