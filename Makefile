@@ -1,0 +1,34 @@
+# Every target bootstraps its own virtualenv (.venv) from a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast hook codegen bench clean
+
+demo: $(STAMP) hook          ## run the whole path on simulated GPUs, no cluster
+	$(BIN)/gpushare-dra demo
+
+test: $(STAMP) hook          ## every test suite, as CI runs it
+	$(BIN)/python -m pytest -q
+
+hook:                        ## build libgpushare.so, the simulated driver and the probe (gcc only)
+	$(MAKE) -C hook
+
+codegen: $(STAMP)            ## regenerate the kubelet gRPC stubs from api/kubelet/*.proto
+	PYTHON=$(BIN)/python hack/update-codegen.sh
+
+bench: $(STAMP) hook         ## print every benchmark table
+	$(BIN)/python hack/bench-prepare
+	$(BIN)/python hack/bench-controller
+	hack/bench-hook
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+clean:
+	$(MAKE) -C hook clean
+	rm -rf $(VENV) build dist *.egg-info

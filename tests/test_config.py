@@ -1,0 +1,106 @@
+"""The GpuShareConfig API: strict decoding, defaults, validation, and the JSON Schema."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dra_driver.config import ConfigError, GpuShareConfig, decode
+
+SCHEMA = json.loads((Path(__file__).parents[1] / "api/gpushare.dev/v1alpha1/gpushareconfig.schema.json").read_text())
+HEAD = {"apiVersion": "gpushare.dev/v1alpha1", "kind": "GpuShareConfig"}
+
+
+def test_defaults_and_quantities():
+    assert decode(dict(HEAD)) == GpuShareConfig(None, None, "Hard")
+    assert decode({**HEAD, "memoryLimit": "4Gi", "computeLimit": 30}) == GpuShareConfig(4 << 30, 30, "Hard")
+    assert decode({**HEAD, "memoryLimit": "1.5G"}).memory_limit == 1_500_000_000
+    assert decode({**HEAD, "memoryLimit": 1024}).memory_limit == 1024
+
+
+def test_config_only_lowers_limits():
+    cfg = decode({**HEAD, "memoryLimit": "2Gi", "computeLimit": 50})
+    assert cfg.apply(4 << 30, 30) == (2 << 30, 30)
+    assert cfg.apply(1 << 30, 80) == (1 << 30, 50)
+    assert GpuShareConfig().apply(123, 45) == (123, 45)
+
+
+@pytest.mark.parametrize("obj, field, value", [
+    ({**HEAD, "memoryLimit": "-4Gi"}, "memoryLimit", "-4Gi"),
+    ({**HEAD, "memoryLimit": "4Gx"}, "memoryLimit", "4Gx"),
+    ({**HEAD, "memoryLimit": "0"}, "memoryLimit", 0),
+    ({**HEAD, "memoryLimit": "100m"}, "memoryLimit", "100m"),
+    ({**HEAD, "memoryLimit": True}, "memoryLimit", True),
+    ({**HEAD, "computeLimit": 0}, "computeLimit", 0),
+    ({**HEAD, "computeLimit": 101}, "computeLimit", 101),
+    ({**HEAD, "computeLimit": "30"}, "computeLimit", "30"),
+    ({**HEAD, "computePolicy": "Soft"}, "computePolicy", "Soft"),
+    ({**HEAD, "computePolicy": "Burst"}, "computePolicy", "Burst"),
+    ({**HEAD, "memorylimit": "4Gi"}, "memorylimit", "4Gi"),
+    ({**HEAD, "apiVersion": "gpushare.dev/v9"}, "apiVersion", "gpushare.dev/v9"),
+    ({**HEAD, "kind": "Other"}, "kind", "Other"),
+])
+def test_errors_name_field_and_value(obj, field, value):
+    with pytest.raises(ConfigError) as err:
+        decode(obj)
+    assert err.value.field == field
+    assert err.value.value == value
+    assert str(err.value).startswith(f"{field}: ")
+    assert repr(value) in str(err.value)
+
+
+def test_not_an_object():
+    with pytest.raises(ConfigError, match="expected an object"):
+        decode(["not", "a", "dict"])
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+plausible_values = {
+    "memoryLimit": st.one_of(st.integers(-5, 10**13), st.from_regex(r"\A-?[0-9.]{0,6}(Ki|Mi|Gi|k|M|G|m|e3)?\Z"), json_values),
+    "computeLimit": st.one_of(st.integers(-5, 150), json_values),
+    "computePolicy": st.one_of(st.sampled_from(["Hard", "Burst", "hard", ""]), json_values),
+}
+plausible_configs = st.fixed_dictionaries(
+    {"apiVersion": st.sampled_from(["gpushare.dev/v1alpha1", "gpushare.dev/v1alpha1", "v1", 7]),
+     "kind": st.sampled_from(["GpuShareConfig", "GpuShareConfig", "Pod"])},
+    optional={**plausible_values, "extra": json_values},
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(plausible_configs, json_values))
+def test_any_input_decodes_or_names_a_field(obj):
+    """Never an unexpected exception: a valid config, or a ConfigError naming an input field."""
+    try:
+        cfg = decode(obj)
+    except ConfigError as e:
+        known = {"", "apiVersion", "kind"} | (set(obj) if isinstance(obj, dict) else set())
+        assert e.field in known
+        return
+    assert cfg.memory_limit is None or cfg.memory_limit > 0
+    assert cfg.compute_limit is None or 1 <= cfg.compute_limit <= 100
+    assert cfg.compute_policy == "Hard"
+
+
+@settings(max_examples=300, deadline=None)
+@given(plausible_configs)
+def test_schema_accepts_every_config_the_decoder_accepts(obj):
+    """The published schema never rejects a config the driver would use."""
+    try:
+        decode(obj)
+    except ConfigError:
+        return
+    jsonschema.validate(obj, SCHEMA)
+
+
+def test_schema_rejects_what_users_get_wrong():
+    for bad in [{**HEAD, "foo": 1}, {**HEAD, "computeLimit": 0}, {**HEAD, "memoryLimit": "4Gx"}, {"kind": "GpuShareConfig"}]:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, SCHEMA)

@@ -1,0 +1,114 @@
+"""GPU discovery: the mock backend's inputs and the NVML backend against a fake pynvml."""
+
+import sys
+import types
+from collections import namedtuple
+
+import pytest
+
+from dra_driver.discovery import DiscoveryError, MockBackend, make_backend, sim_uuid
+
+
+def test_mock_shorthand_groups():
+    gpus = MockBackend("2x80Gi,1x40Gi").discover()
+    assert [g.index for g in gpus] == [0, 1, 2]
+    assert [g.memory_bytes for g in gpus] == [80 << 30, 80 << 30, 40 << 30]
+    assert gpus[2].uuid == "GPU-5ea1c0de-0000-4000-8000-000000000002" == sim_uuid(2)
+    assert all(g.healthy and g.device_name == f"gpu-{g.index}" for g in gpus)
+
+
+def test_mock_yaml_is_reread(tmp_path):
+    f = tmp_path / "gpus.yaml"
+    f.write_text("gpus:\n- memory: 24Gi\n  productName: NVIDIA L4\n- memory: 24Gi\n")
+    backend = MockBackend(str(f))
+    assert [g.product_name for g in backend.discover()] == ["NVIDIA L4", "NVIDIA Simulated GPU"]
+    f.write_text("gpus:\n- memory: 24Gi\n  healthy: false\n  healthReason: XID 79\n")
+    (gpu,) = backend.discover()
+    assert not gpu.healthy and gpu.health_reason == "XID 79"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "empty"),
+    ("2x-1Gi", "must not be negative"),
+    ("2x0", "must be positive"),
+    ("2x80Gi,lots", "'lots' is not COUNTxMEMORY"),
+    ("/nonexistent.yaml", "neither COUNTxMEMORY"),
+])
+def test_mock_bad_specs(spec, message):
+    with pytest.raises(DiscoveryError, match=message):
+        MockBackend(spec)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("[1, 2]", "list 'gpus'"),
+    ("gpus:\n- 5\n", r"gpus\[0\]: expected a mapping"),
+    ("gpus:\n- memory: 1Gi\n  colour: red\n", r"unknown field\(s\) \['colour'\]"),
+    ("gpus:\n- memory: lots\n", r"gpus\[0\].memory: not a valid quantity"),
+    ("gpus:\n- healthy: 'no'\n", r"gpus\[0\].healthy: expected bool"),
+    ("gpus:\n- index: 1\n- index: 1\n", "indexes must be unique"),
+    ("gpus: [\n", "cannot read"),
+])
+def test_mock_bad_yaml(tmp_path, body, message):
+    f = tmp_path / "gpus.yaml"
+    f.write_text(body)
+    with pytest.raises(DiscoveryError, match=message):
+        MockBackend(str(f))
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+def fake_pynvml(fail_init=None, lost_index=None):
+    """A pynvml stand-in with two Hopper GPUs; optionally no driver or one lost GPU."""
+    m = types.ModuleType("pynvml")
+    m.NVMLError = FakeNVMLError
+    Mem = namedtuple("Mem", "total free used")
+
+    def init():
+        if fail_init:
+            raise FakeNVMLError(fail_init)
+
+    def handle(i):
+        if i == lost_index:
+            raise FakeNVMLError("GPU is lost")
+        return i
+
+    m.nvmlInit = init
+    m.nvmlDeviceGetCount = lambda: 2
+    m.nvmlSystemGetDriverVersion = lambda: b"580.65.06"
+    m.nvmlSystemGetCudaDriverVersion_v2 = lambda: 13000
+    m.nvmlDeviceGetHandleByIndex = handle
+    m.nvmlDeviceGetUUID = lambda h: f"GPU-real-{h}"
+    m.nvmlDeviceGetCudaComputeCapability = lambda h: (9, 0)
+    m.nvmlDeviceGetMinorNumber = lambda h: h + 10
+    m.nvmlDeviceGetName = lambda h: "NVIDIA H100 80GB HBM3"
+    m.nvmlDeviceGetMemoryInfo = lambda h: Mem(80 << 30, 80 << 30, 0)
+    m.nvmlDeviceGetArchitecture = lambda h: 9
+    return m
+
+
+def test_nvml_backend_maps_every_field(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    gpus = make_backend("nvml").discover()
+    g = gpus[1]
+    assert (g.index, g.uuid, g.minor, g.product_name, g.memory_bytes) == (1, "GPU-real-1", 11, "NVIDIA H100 80GB HBM3", 80 << 30)
+    assert (g.architecture, g.cuda_compute_capability, g.driver_version, g.cuda_driver_version) == ("Hopper", "9.0", "580.65.06", "13.0")
+
+
+def test_nvml_without_driver_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(fail_init="Driver Not Loaded"))
+    with pytest.raises(DiscoveryError, match="NVML could not be initialised: Driver Not Loaded.*--device-backend=mock"):
+        make_backend("nvml")
+
+
+def test_nvml_lost_gpu_is_reported_unhealthy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(lost_index=0))
+    lost, ok = make_backend("nvml").discover()
+    assert not lost.healthy and "GPU is lost" in lost.health_reason
+    assert ok.healthy
+
+
+def test_unknown_backend():
+    with pytest.raises(DiscoveryError, match="unknown backend 'cuda'"):
+        make_backend("cuda")
