@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "library shipped in this package, see `gpushare-dra hook-path`)")
     g.add_argument("--metrics-addr", default=":9400",
                    help="HOST:PORT serving Prometheus metrics at /metrics; empty disables")
+    g.add_argument("--healthcheck-port", type=int, default=51515,
+                   help="TCP port serving the gRPC health service (service name 'liveness') for the "
+                        "kubelet's liveness probe; 0 disables")
     g.add_argument("--publish-slices", default=True, action=argparse.BooleanOptionalAction,
                    help="run the ResourceSlice controller for this node's pool inside this process")
     _add_devices(p)
@@ -156,6 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("library", "sim_dir", "sim_cuda", "sim_nvml", "probe"),
                    help="print only this path")
     p.set_defaults(run=_run_hook_path)
+
+    p = sub.add_parser("install-hook", formatter_class=_Formatter,
+                       help="install libgpushare.so on the host (the DaemonSet's init container)",
+                       description="Copy the shipped libgpushare.so into --dest as libgpushare-<hash>.so "
+                                   "and point the symlink libgpushare.so at it. An installed file is "
+                                   "never overwritten, because running containers map it.")
+    p.add_argument("--dest", default="/opt/gpushare/lib", help="host folder (the plugin's --hook-dir)")
+    p.add_argument("--with-sim", action="store_true",
+                   help="also install the simulated CUDA driver and NVML into <dest>/sim (mock-GPU clusters)")
+    _add_logging(p)
+    p.set_defaults(run=_lazy("dra_driver.install", "run"))
 
     p = sub.add_parser("emulator", formatter_class=_Formatter,
                        help="serve the Kubernetes API emulator (tests, demos, hack scripts)",

@@ -30,7 +30,7 @@ def test_kubelet_plugin_defaults_match_the_contract(monkeypatch):
     assert args.metrics_addr == ":9400"
 
 
-@pytest.mark.parametrize("command", ["kubelet-plugin", "controller", "cleanup", "discover", "demo", "hook-path", "emulator"])
+@pytest.mark.parametrize("command", ["kubelet-plugin", "controller", "cleanup", "discover", "demo", "hook-path", "install-hook", "emulator"])
 def test_every_subcommand_has_help(command):
     out = subprocess.run([*CLI, command, "--help"], capture_output=True, text=True, check=True).stdout
     assert out.startswith(f"usage: gpushare-dra {command}")
