@@ -13,6 +13,8 @@ import sys
 from typing import Callable
 
 DEFAULT_DRIVER_NAME = "gpushare.dev"
+# Imported only by the emulator, demo and allocation stand-in: the `demo` extra.
+_DEMO_EXTRA_MODULES = {"jsonschema", "kubernetes_validate", "referencing", "celpy"}
 SHARING_MODES = ("auto", "capacity", "partition")
 
 DESCRIPTION = """\
@@ -175,9 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve the Kubernetes API emulator (tests, demos, hack scripts)",
                        description="Serve an in-memory Kubernetes API (Nodes, Pods, Events, "
                                    "resource.k8s.io/v1) for local runs without a cluster.")
-    p.add_argument("--port", type=int, default=8001, help="TCP port on 127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8001, help="TCP port (0: any free port)")
     p.add_argument("--consumable-capacity", default=True, action=argparse.BooleanOptionalAction,
                    help="keep DRAConsumableCapacity fields, as a server with that feature gate does")
+    p.add_argument("--device-taints", default=True, action=argparse.BooleanOptionalAction,
+                   help="keep device taints in ResourceSlices, as a server with DRADeviceTaints does")
+    p.add_argument("--validate", default=True, action=argparse.BooleanOptionalAction,
+                   help="refuse resource.k8s.io objects the upstream OpenAPI schemas refuse")
+    p.add_argument("--kube-version", default=None, help="Kubernetes version whose schemas to use (default: newest known)")
     p.add_argument("--kubeconfig-out", default=None, help="write a kubeconfig for the emulator here")
     _add_logging(p)
     p.set_defaults(run=_lazy("dra_driver.emulator.__main__", "run"))
@@ -227,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         configure(args.log_level, args.log_format)
     try:
         return int(args.run(args) or 0)
+    except ModuleNotFoundError as e:
+        if e.name not in _DEMO_EXTRA_MODULES:
+            raise
+        get_logger("gpushare-dra").error(
+            "missing an optional dependency", module=e.name,
+            fix="pip install 'gpushare-dra[demo]' (the emulator, demo and allocation stand-in need it)")
+        return 2
     except (DiscoveryError, KubeConfigError) as e:
         get_logger("gpushare-dra").error("cannot start", error=str(e))
         return 2

@@ -1,0 +1,94 @@
+"""ApiEmulator: an in-process Kubernetes API server for tests, the demo and benchmarks."""
+
+import threading
+
+import kubernetes.client
+import yaml
+
+from .faults import Faults
+from .registry import Registry
+from .requestlog import RequestLog
+from .server import EmulatorHTTPServer
+from .store import Store
+from .validation import Validator
+
+
+class ApiEmulator:
+    def __init__(self, consumable_capacity=True, device_taints=True, validate=True,
+                 kube_version=None, history=1000, bookmark_interval=1.0,
+                 host="127.0.0.1", port=0):
+        self.store = Store(history=history)
+        self.validator = Validator(kube_version, enabled=validate)
+        self.registry = Registry(self.store, self.validator, consumable_capacity, device_taints)
+        self.faults = Faults(drop_watches_callback=self.store.close_watches)
+        self.requests_log = RequestLog()
+        self.bookmark_interval = bookmark_interval
+        self.stopping = False
+        self._address = (host, port)
+        self._server = None
+        self._thread = None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self):
+        self._server = EmulatorHTTPServer(self._address, self)
+        # A short poll interval keeps stop() fast; tests start and stop many emulators.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
+                                        name="api-emulator", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        if self._server is None:
+            return
+        self.stopping = True
+        self.store.close_watches()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        self._server = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info):
+        self.stop()
+
+    # --- clients ------------------------------------------------------------------------
+
+    @property
+    def url(self):
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def client_configuration(self):
+        configuration = kubernetes.client.Configuration()
+        configuration.host = self.url
+        return configuration
+
+    def api_client(self):
+        return kubernetes.client.ApiClient(self.client_configuration())
+
+    def write_kubeconfig(self, path):
+        kubeconfig = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "emulator", "user": {}}],
+            "contexts": [{"name": "emulator",
+                          "context": {"cluster": "emulator", "user": "emulator"}}],
+        }
+        with open(path, "w") as f:
+            yaml.safe_dump(kubeconfig, f)
+        return path
+
+    # --- observability ------------------------------------------------------------------
+
+    @property
+    def requests(self):
+        return self.requests_log.records()
+
+    def reset_requests(self):
+        self.requests_log.reset()
+
+    def count_requests(self, method=None, path_contains=None, writes_only=False):
+        return self.requests_log.count(method, path_contains, writes_only)

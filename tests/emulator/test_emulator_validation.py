@@ -1,0 +1,115 @@
+import json
+
+import pytest
+from kubernetes import client
+
+from conftest import claim_body, slice_body
+from dra_driver.emulator import ApiEmulator
+
+
+def create_slice(dyn, body):
+    slices = dyn.resources.get(api_version="resource.k8s.io/v1", kind="ResourceSlice")
+    return slices.create(body=body)
+
+
+def refused_fields(dyn, body):
+    with pytest.raises(client.ApiException) as err:
+        create_slice(dyn, body)
+    assert err.value.status == 422
+    status = json.loads(err.value.body)
+    assert status["reason"] == "Invalid" and status["details"]["kind"] == "ResourceSlice"
+    return [cause["field"] for cause in status["details"]["causes"]]
+
+
+def test_schema_errors_name_the_field(dyn):
+    unknown = slice_body(devices=[{"name": "gpu-0", "bogus": 1}])
+    assert refused_fields(dyn, unknown) == ["spec.devices[0].bogus"]
+    wrong_type = slice_body()
+    wrong_type["spec"]["pool"]["generation"] = "one"
+    assert refused_fields(dyn, wrong_type) == ["spec.pool.generation"]
+    missing = slice_body()
+    del missing["spec"]["driver"]
+    assert refused_fields(dyn, missing) == ["spec.driver"]
+
+
+def test_semantic_checks(dyn):
+    assert refused_fields(dyn, slice_body(devices=[{"name": f"gpu-{i}"} for i in range(129)])) \
+        == ["spec.devices"]
+    create_slice(dyn, slice_body("ok-128", devices=[{"name": f"gpu-{i}"} for i in range(128)]))
+    taint = {"key": "k", "effect": "NoSchedule"}
+    assert refused_fields(dyn, slice_body(devices=[
+        {"name": f"gpu-{i}", "taints": [taint]} for i in range(65)])) == ["spec.devices"]
+    assert refused_fields(dyn, slice_body(devices=[{"name": "gpu-0"}, {"name": "gpu-0"}])) == [
+        "spec.devices[1].name"]
+    assert refused_fields(dyn, slice_body(devices=[{"name": "GPU_0"}])) == [
+        "spec.devices[0].name"]
+    no_node = slice_body()
+    del no_node["spec"]["nodeName"]
+    assert refused_fields(dyn, no_node) == ["spec"]
+    two = slice_body()
+    two["spec"]["allNodes"] = True
+    assert refused_fields(dyn, two) == ["spec"]
+    bad_pool = slice_body()
+    bad_pool["spec"]["pool"]["name"] = "Bad Pool"
+    assert refused_fields(dyn, bad_pool) == ["spec.pool.name"]
+
+
+def test_invalid_claim_through_typed_client_is_refused(resource):
+    body = claim_body()
+    body["spec"]["devices"]["requests"].append(body["spec"]["devices"]["requests"][0])
+    with pytest.raises(client.ApiException) as err:
+        resource.create_namespaced_resource_claim("ns1", body)
+    assert err.value.status == 422
+
+
+def test_kube_version_is_configurable():
+    with ApiEmulator(kube_version="1.34") as emu:
+        assert emu.validator.kube_version == "1.34"
+    assert ApiEmulator().validator.kube_version == "1.37"
+
+
+def test_validation_can_be_disabled(dyn):
+    with ApiEmulator(validate=False) as emu, emu.api_client() as api:
+        from kubernetes import dynamic
+        create_slice(dynamic.DynamicClient(api), slice_body(devices=[{"name": "x", "bogus": 1}]))
+
+
+def consumable_slice():
+    return slice_body(devices=[{
+        "name": "gpu-0", "allowMultipleAllocations": True,
+        "taints": [{"key": "maintenance", "effect": "NoSchedule"}],
+        "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
+            "default": "1Gi", "validRange": {"min": "1Gi"}}}}}])
+
+
+def test_disabled_features_drop_fields_on_write():
+    with ApiEmulator(consumable_capacity=False, device_taints=False) as emu, \
+            emu.api_client() as api:
+        resource = client.ResourceV1Api(api)
+        dry = resource.create_resource_slice(consumable_slice(), dry_run="All")
+        assert dry.spec.devices[0].allow_multiple_allocations is None
+        resource.create_resource_slice(consumable_slice())
+        device = resource.read_resource_slice("slice-a").spec.devices[0]
+        assert device.allow_multiple_allocations is None and device.taints is None
+        assert device.capacity["memory"].request_policy is None
+        assert device.capacity["memory"].value == "80Gi"
+        claim = resource.create_namespaced_resource_claim(
+            "ns1", claim_body(capacity={"memory": "4Gi"}))
+        assert claim.spec.devices.requests[0].exactly.capacity is None
+        status = {"allocation": {"devices": {"results": [{
+            "request": "gpu", "driver": "gpu.example.com", "pool": "node-a", "device": "gpu-0",
+            "shareID": "0d2f7b2c-8a34-4f65-9d3a-3f1c5b2e7a10",
+            "consumedCapacity": {"memory": "4Gi"}}]}}}
+        result = resource.patch_namespaced_resource_claim_status(
+            "claim-a", "ns1", {"status": status}, _content_type="application/merge-patch+json")
+        allocated = result.status.allocation.devices.results[0]
+        assert allocated.share_id is None and allocated.consumed_capacity is None
+
+
+def test_enabled_features_keep_fields(resource):
+    resource.create_resource_slice(consumable_slice())
+    device = resource.read_resource_slice("slice-a").spec.devices[0]
+    assert device.allow_multiple_allocations is True and device.taints
+    assert device.capacity["memory"].request_policy.default == "1Gi"
+    claim = resource.create_namespaced_resource_claim("ns1", claim_body(capacity={"memory": "4Gi"}))
+    assert claim.spec.devices.requests[0].exactly.capacity.requests == {"memory": "4Gi"}
