@@ -1,0 +1,10 @@
+"""A stand-in for the kube-scheduler's DRA allocator, for tests and the demo (not a scheduler).
+
+`allocate` is pure (dicts in, claim status out); `allocate_and_reserve` does the same
+through the API. See core.py for the search and devices.py / cel.py for the device model.
+"""
+
+from .api import allocate_and_reserve
+from .core import AllocationError, allocate
+
+__all__ = ["AllocationError", "allocate", "allocate_and_reserve"]

@@ -1,0 +1,72 @@
+"""allocate_and_reserve(): the allocator run against a real API server (or the emulator).
+
+Reads and writes raw JSON (`_preload_content=False`) so every field the server sends, known
+to this client version or not, survives the round trip.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kubernetes.client import ResourceV1Api
+from kubernetes.client.exceptions import ApiException
+
+from .core import AllocationError, allocate, pod_reference
+
+MAX_CONFLICTS = 5  # status writes retried after a 409 (someone else changed the claim)
+
+
+def _json(response) -> dict:
+    return json.loads(response.data)
+
+
+def _list_all(list_call, **kwargs) -> list[dict]:
+    items, token = [], None
+    while True:
+        page = _json(list_call(_preload_content=False, _continue=token, **kwargs))
+        items.extend(page.get("items") or [])
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return items
+
+
+def _allocated_node(allocation: dict) -> list[str]:
+    terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
+    return [v for t in terms for f in t.get("matchFields") or [] if f.get("key") == "metadata.name"
+            for v in f.get("values") or []]
+
+
+def allocate_and_reserve(api_client, namespace: str, claim_name: str, node_name: str, pod: dict | None = None) -> dict:
+    """Allocate the claim on the node (unless it already is) and reserve it for the pod.
+
+    Returns the claim as written. Raises AllocationError when it does not fit, or when it is
+    already allocated for another node.
+    """
+    api = ResourceV1Api(api_client)
+    for _ in range(MAX_CONFLICTS + 1):
+        claim = _json(api.read_namespaced_resource_claim(claim_name, namespace, _preload_content=False))
+        status = claim.setdefault("status", {})
+        if status.get("allocation"):
+            nodes = _allocated_node(status["allocation"])
+            if nodes and node_name not in nodes:
+                raise AllocationError(f"claim {namespace}/{claim_name} is allocated for node(s) {nodes}, "
+                                      f"not {node_name!r}")
+            reserved = status.setdefault("reservedFor", [])
+            if not pod or any(r.get("uid") == pod["metadata"]["uid"] for r in reserved):
+                return claim  # nothing to write
+            reserved.append(pod_reference(pod))
+        else:
+            slices = [s for s in _list_all(api.list_resource_slice)
+                      if s["spec"].get("nodeName") == node_name or s["spec"]["pool"]["name"] == node_name]
+            allocated = [c for c in _list_all(api.list_resource_claim_for_all_namespaces)
+                         if (c.get("status") or {}).get("allocation")]
+            status.update(allocate(claim, node_name=node_name, slices=slices,
+                                   device_classes=_list_all(api.list_device_class),
+                                   allocated_claims=allocated, pod=pod))
+        try:
+            return _json(api.replace_namespaced_resource_claim_status(claim_name, namespace, claim,
+                                                                       _preload_content=False))
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    raise AllocationError(f"claim {namespace}/{claim_name}: status kept changing under us ({MAX_CONFLICTS} conflicts)")

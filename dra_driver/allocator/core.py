@@ -1,0 +1,337 @@
+"""allocate(): choose devices for one claim on one node, as the scheduler's DRA allocator does.
+
+Pure: works on ResourceClaim/ResourceSlice/DeviceClass dicts (camelCase, resource.k8s.io/v1)
+and returns the new claim status. The search is a depth-first backtracking over requests in
+order, and for each request over its candidate devices in slice order, so the first
+solution found is deterministic and constraints (matchAttribute) can undo earlier picks.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from decimal import Decimal
+
+from .cel import SelectorError, matches
+from .devices import Device, Unfit, consumed_amount, format_quantity, node_devices, qualify, to_quantity, \
+    untolerated_taint
+
+MAX_STEPS = 200_000  # devices tried before giving up; the real scheduler has a time limit instead
+_SHOWN_REASONS = 4  # per-device reasons quoted in an error message
+
+
+class AllocationError(Exception):
+    """The claim does not fit; the message names the request and why."""
+
+
+@dataclass
+class _Choice:
+    """One way to satisfy a request: its `exactly`, or one of its firstAvailable subrequests."""
+
+    name: str  # the result's request name: "<request>" or "<request>/<subrequest>"
+    request: str  # the top-level request name (constraints and configs may name either)
+    spec: dict
+    device_class: dict
+    candidates: list[Device]  # pass all selectors and are not tainted, in slice order
+    tainted: list[tuple[Device, dict]]  # pass all selectors but carry a taint not tolerated
+    count: int | None  # None: allocationMode All
+    capacity_requests: dict[str, Decimal]  # capacity name as written in the claim -> amount
+
+
+@dataclass
+class _Pick:
+    choice: _Choice
+    device: Device
+    consumed: dict[str, Decimal] | None  # qualified capacity name -> amount; only on shared devices
+
+
+class _Usage:
+    """What the other allocated claims already hold."""
+
+    def __init__(self, allocated_claims: list[dict], claim: dict):
+        self.used: set[tuple[str, str, str]] = set()
+        self.consumed: dict[tuple, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+        for other in allocated_claims:
+            if _same_claim(other, claim):
+                continue  # its old allocation is being replaced
+            allocation = (other.get("status") or {}).get("allocation") or {}
+            for result in (allocation.get("devices") or {}).get("results") or []:
+                key = (result["driver"], result["pool"], result["device"])
+                self.used.add(key)
+                for name, amount in (result.get("consumedCapacity") or {}).items():
+                    self.consumed[key][qualify(name, result["driver"])] += to_quantity(amount)
+
+
+def _same_claim(a: dict, b: dict) -> bool:
+    ma, mb = a.get("metadata") or {}, b.get("metadata") or {}
+    if ma.get("uid") and mb.get("uid"):
+        return ma["uid"] == mb["uid"]
+    return (ma.get("namespace"), ma.get("name")) == (mb.get("namespace"), mb.get("name"))
+
+
+def _in_scope(constraint: dict, choice: _Choice) -> bool:
+    names = constraint.get("requests") or []
+    return not names or choice.request in names or choice.name in names
+
+
+def _describe(constraint: dict) -> str:
+    kind = "matchAttribute" if constraint.get("matchAttribute") else "distinctAttribute"
+    scope = constraint.get("requests") or "all requests"
+    return f"{kind} {constraint.get(kind)!r} over {scope}"
+
+
+class _Search:
+    def __init__(self, requests: list[list[_Choice]], usage: _Usage, constraints: list[dict], incomplete: set):
+        self.requests = requests  # per request, its choices in order of preference
+        self.usage = usage
+        self.constraints = constraints
+        self.incomplete = incomplete
+        self.picks: list[_Pick] = []
+        self.chosen: list[_Choice] = []
+        self.steps = 0
+
+    def run(self) -> bool:
+        return self._solve(0)
+
+    def fit(self, choice: _Choice, device: Device) -> dict[str, Decimal] | None:
+        """The capacity the device would give this request next to the picks so far; Unfit if none."""
+        requested = {qualify(name, device.driver): amount for name, amount in choice.capacity_requests.items()}
+        missing = [name for name in requested if name not in device.capacity]
+        if missing:
+            raise Unfit(f"has no capacity {', '.join(missing)}")
+        if not device.multi:
+            if device.key in self.usage.used:
+                raise Unfit("allocated to another claim")
+            if any(p.device.key == device.key for p in self.picks):
+                raise Unfit("already picked for this claim")
+            # Capacity requests only filter exclusive devices: the whole device is taken.
+            for name, amount in requested.items():
+                cap = device.capacity[name]
+                if consumed_amount(cap, amount) > cap.value:
+                    raise Unfit(f"{cap.key} {format_quantity(amount, cap.text)} is more than the device has")
+            return None
+        if any(p.device.key == device.key and p.choice is choice for p in self.picks):
+            raise Unfit("already picked for this request")
+        consumed = {}
+        for name, cap in device.capacity.items():
+            amount = consumed_amount(cap, requested.get(name))
+            taken = self.usage.consumed[device.key][name] + sum(
+                p.consumed[name] for p in self.picks if p.device.key == device.key)
+            if taken + amount > cap.value:
+                raise Unfit(f"{cap.key}: needs {format_quantity(amount, cap.text)}, "
+                            f"{format_quantity(cap.value - taken, cap.text)} of "
+                            f"{format_quantity(cap.value, cap.text)} left")
+            consumed[name] = amount
+        return consumed
+
+    def _constraints_hold(self) -> bool:
+        for constraint in self.constraints:
+            scoped = [p for p in self.picks if _in_scope(constraint, p.choice)]
+            match, distinct = constraint.get("matchAttribute"), constraint.get("distinctAttribute")
+            name = match or distinct
+            if not name:
+                continue
+            values = [p.device.attributes.get(qualify(name, p.device.driver)) for p in scoped]
+            if None in values:
+                return False  # a device without the attribute never satisfies the constraint
+            if match and len(set(values)) > 1 or distinct and len(set(values)) < len(values):
+                return False
+        return True
+
+    def _solve(self, index: int) -> bool:
+        if index == len(self.requests):
+            return True
+        for choice in self.requests[index]:
+            self.chosen.append(choice)
+            if self._fill_all(choice, index) if choice.count is None else self._fill(choice, index, 0, 0):
+                return True
+            self.chosen.pop()
+        return False
+
+    def _fill(self, choice: _Choice, index: int, filled: int, start: int) -> bool:
+        if filled == choice.count:
+            return self._solve(index + 1)
+        # Devices are picked in candidate order, so no set of devices is tried twice.
+        for position in range(start, len(choice.candidates) - (choice.count - filled) + 1):
+            device = choice.candidates[position]
+            self.steps += 1
+            if self.steps > MAX_STEPS:
+                raise AllocationError(f"request {choice.request!r}: gave up after trying {MAX_STEPS} devices")
+            try:
+                consumed = self.fit(choice, device)
+            except Unfit:
+                continue
+            self.picks.append(_Pick(choice, device, consumed))
+            if self._constraints_hold() and self._fill(choice, index, filled + 1, position + 1):
+                return True
+            self.picks.pop()
+        return False
+
+    def _fill_all(self, choice: _Choice, index: int) -> bool:
+        if not choice.candidates or any((d.driver, d.pool) in self.incomplete for d in choice.candidates):
+            return False
+        mark = len(self.picks)
+        try:
+            for device in choice.candidates:
+                self.picks.append(_Pick(choice, device, self.fit(choice, device)))
+        except Unfit:
+            del self.picks[mark:]
+            return False
+        if self._constraints_hold() and self._solve(index + 1):
+            return True
+        del self.picks[mark:]
+        return False
+
+
+class _Allocator:
+    def __init__(self, claim, node_name, slices, device_classes, allocated_claims):
+        self.claim = claim
+        self.node_name = node_name
+        try:
+            self.devices, self.incomplete = node_devices(slices, node_name)
+        except Unfit as e:
+            raise AllocationError(f"node {node_name!r}: unusable ResourceSlice: {e}") from None
+        self.classes = {c["metadata"]["name"]: c for c in device_classes}
+        self.usage = _Usage(allocated_claims, claim)
+        spec = (claim.get("spec") or {}).get("devices") or {}
+        self.constraints = spec.get("constraints") or []
+        self.claim_configs = spec.get("config") or []
+        self.requests = [self._choices(r) for r in spec.get("requests") or []]
+
+    def _choices(self, request: dict) -> list[_Choice]:
+        if request.get("firstAvailable"):
+            return [self._choice(f"{request['name']}/{sub['name']}", request["name"], sub)
+                    for sub in request["firstAvailable"]]
+        return [self._choice(request["name"], request["name"], request.get("exactly") or {})]
+
+    def _choice(self, name: str, request: str, spec: dict) -> _Choice:
+        class_name = spec.get("deviceClassName")
+        if not class_name:
+            raise AllocationError(f"request {name!r}: no deviceClassName")
+        device_class = self.classes.get(class_name)
+        if device_class is None:
+            raise AllocationError(f"request {name!r}: device class {class_name!r} not found")
+        selectors = ((device_class.get("spec") or {}).get("selectors") or []) + (spec.get("selectors") or [])
+        expressions = [s["cel"]["expression"] for s in selectors if s.get("cel")]
+        try:
+            selected = [d for d in self.devices if all(matches(e, d) for e in expressions)]
+        except SelectorError as e:
+            raise AllocationError(f"request {name!r}: {e}") from None
+        candidates, tainted = [], []
+        for device in selected:
+            taint = untolerated_taint(device, spec.get("tolerations") or [])
+            candidates.append(device) if taint is None else tainted.append((device, taint))
+        mode = spec.get("allocationMode") or "ExactCount"
+        if mode not in ("ExactCount", "All"):
+            raise AllocationError(f"request {name!r}: unknown allocationMode {mode!r}")
+        try:
+            capacity_requests = {n: to_quantity(v) for n, v in
+                                 ((spec.get("capacity") or {}).get("requests") or {}).items()}
+        except Unfit as e:
+            raise AllocationError(f"request {name!r}: capacity.requests: {e}") from None
+        count = None if mode == "All" else int(spec.get("count", 1))
+        return _Choice(name, request, spec, device_class, candidates, tainted, count, capacity_requests)
+
+    def allocate(self) -> dict:
+        search = _Search(self.requests, self.usage, self.constraints, self.incomplete)
+        if not search.run():
+            meta = self.claim.get("metadata") or {}
+            raise AllocationError(f"cannot allocate claim {meta.get('namespace')}/{meta.get('name')} "
+                                  f"on node {self.node_name!r}: {self._explain()}")
+        return {
+            "devices": {"results": [self._result(p) for p in search.picks], "config": self._configs(search.chosen)},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [self.node_name]}]}]},
+        }
+
+    @staticmethod
+    def _result(pick: _Pick) -> dict:
+        device = pick.device
+        result = {"request": pick.choice.name, "driver": device.driver, "pool": device.pool, "device": device.name}
+        if pick.consumed is not None:
+            # Each allocation on a shared device gets its own ID (the plugin names CDI devices by it).
+            result["shareID"] = str(uuid.uuid4())
+            result["consumedCapacity"] = {cap.key: format_quantity(pick.consumed[name], cap.text)
+                                          for name, cap in device.capacity.items()}
+        if pick.choice.spec.get("tolerations"):
+            result["tolerations"] = copy.deepcopy(pick.choice.spec["tolerations"])
+        return result
+
+    def _configs(self, chosen: list[_Choice]) -> list[dict]:
+        """Class configs first (scoped to the request that used the class), then the claim's."""
+        configs = []
+        for choice in chosen:
+            for entry in (choice.device_class.get("spec") or {}).get("config") or []:
+                configs.append({"source": "FromClass", "requests": [choice.name],
+                                **{k: copy.deepcopy(v) for k, v in entry.items() if k != "requests"}})
+        for entry in self.claim_configs:
+            names = entry.get("requests") or []
+            # Drop configs that only name subrequests which were not chosen.
+            if names and not any(n in (c.request, c.name) for n in names for c in chosen):
+                continue
+            configs.append({"source": "FromClaim", **copy.deepcopy(entry)})
+        return configs
+
+    def _explain(self) -> str:
+        """Why the search failed: the first request that cannot be met even alone, else the combination."""
+        for choices in self.requests:
+            reasons = [self._alone(choice) for choice in choices]
+            if all(reasons):
+                if len(choices) == 1:
+                    return f"request {choices[0].name!r}: {reasons[0]}"
+                return f"request {choices[0].request!r}: no subrequest can be satisfied: " + "; ".join(
+                    f"{c.name}: {r}" for c, r in zip(choices, reasons))
+        names = [choices[0].request for choices in self.requests]
+        if self.constraints:
+            return (f"requests {names}: each fits alone but not together under the constraints "
+                    + ", ".join(_describe(c) for c in self.constraints))
+        return f"requests {names}: each fits alone but not all together (not enough devices or capacity left)"
+
+    def _alone(self, choice: _Choice) -> str | None:
+        """Why this choice cannot be satisfied even as the claim's only request; None if it can."""
+        if not choice.candidates:
+            if choice.tainted:
+                device, taint = choice.tainted[0]
+                return (f"{len(choice.tainted)} matching device(s) are tainted and not tolerated "
+                        f"({device.name}: {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')})")
+            return (f"no device on the node matches device class {choice.spec['deviceClassName']!r} "
+                    f"and the request's selectors ({len(self.devices)} devices on the node)")
+        probe = _Search([[choice]], self.usage, [], self.incomplete)
+        unfit = []
+        for device in choice.candidates:
+            try:
+                probe.fit(choice, device)
+            except Unfit as e:
+                unfit.append(f"{device.name}: {e}")
+        shown = "; ".join(unfit[:_SHOWN_REASONS]) + ("; ..." if len(unfit) > _SHOWN_REASONS else "")
+        if choice.count is None:
+            if any((d.driver, d.pool) in self.incomplete for d in choice.candidates):
+                return "allocationMode All needs every device, but a pool on the node is still being published"
+            if unfit:
+                return f"allocationMode All needs every matching device, but {shown}"
+        elif choice.count > len(choice.candidates):
+            return f"count {choice.count} is more than the {len(choice.candidates)} matching device(s)"
+        elif choice.count > len(choice.candidates) - len(unfit):
+            return (f"needs {choice.count} device(s), only {len(choice.candidates) - len(unfit)} of "
+                    f"{len(choice.candidates)} matching device(s) can take it: {shown}")
+        scoped = [c for c in self.constraints if _in_scope(c, choice)]
+        if scoped and not _Search([[choice]], self.usage, scoped, self.incomplete).run():
+            return "no set of devices satisfies " + ", ".join(_describe(c) for c in scoped)
+        return None
+
+
+def allocate(claim: dict, *, node_name: str, slices: list[dict], device_classes: list[dict],
+             allocated_claims: list[dict], pod: dict | None = None) -> dict:
+    """The new claim status: an allocation on `node_name` and the pod (if given) in reservedFor.
+
+    Raises AllocationError when the claim does not fit.
+    """
+    allocation = _Allocator(claim, node_name, slices, device_classes, allocated_claims).allocate()
+    return {"allocation": allocation, "reservedFor": [pod_reference(pod)] if pod else []}
+
+
+def pod_reference(pod: dict) -> dict:
+    meta = pod["metadata"]
+    return {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}
