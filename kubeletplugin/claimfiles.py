@@ -1,0 +1,120 @@
+"""A prepared claim's files under --state-dir (docs/interfaces.md is the contract):
+
+    claims/<uid>/                0711: containers cannot list it
+    claims/<uid>/limits          0444: the authoritative limits (limits file format v1)
+    claims/<uid>/region-<i>      0666: usage region of the container's GPU i, 1 MiB of zeros
+    claims/<uid>/ld.so.preload   0444: the library's container path, mounted at /etc/ld.so.preload
+    claims/<uid>/prepared.json   0600: what Prepare answered (rebuilds a lost checkpoint)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from cdi import fsync_dir, write_atomic
+
+from .claimref import UID
+
+REGION_SIZE = 1 << 20  # bytes; hook/src/region.h
+LIMITS_VERSION = 1
+CONTAINER_LIBRARY = "/usr/local/gpushare/lib/libgpushare.so"
+
+
+def limits_text(uid: str, gpus: list[dict]) -> str:
+    lines = ["# gpushare limits: written by the kubelet plugin, read by libgpushare.so",
+             f"GPUSHARE_LIMITS_VERSION={LIMITS_VERSION}", f"GPUSHARE_CLAIM_UID={uid}",
+             f"GPUSHARE_GPU_COUNT={len(gpus)}"]
+    for i, gpu in enumerate(gpus):
+        lines += [f"GPUSHARE_DEVICE_UUID_{i}={gpu['uuid']}", f"GPUSHARE_MEMORY_LIMIT_{i}={gpu['memoryLimit']}",
+                  f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu['computeLimit']}",
+                  f"GPUSHARE_COMPUTE_POLICY_{i}={gpu.get('computePolicy', 'Hard')}"]
+    return "\n".join(lines) + "\n"
+
+
+class ClaimFiles:
+    def __init__(self, state_dir: str):
+        self.root = os.path.join(state_dir, "claims")
+
+    def setup(self) -> None:
+        _mkdir(os.path.dirname(self.root), 0o711)
+        _mkdir(self.root, 0o711)
+
+    def dir(self, uid: str) -> str:
+        assert UID.match(uid), uid  # callers validate; this keeps every path inside root
+        return os.path.join(self.root, uid)
+
+    def limits_path(self, uid: str) -> str:
+        return os.path.join(self.dir(uid), "limits")
+
+    def region_path(self, uid: str, i: int) -> str:
+        return os.path.join(self.dir(uid), f"region-{i}")
+
+    def preload_path(self, uid: str) -> str:
+        return os.path.join(self.dir(uid), "ld.so.preload")
+
+    def write(self, uid: str, prepared: dict) -> None:
+        """Create the claim's files. Existing regions are kept as they are (never re-zeroed)."""
+        folder = self.dir(uid)
+        _mkdir(folder, 0o711)
+        gpus = prepared["gpus"]
+        write_atomic(self.limits_path(uid), limits_text(uid, gpus).encode(), mode=0o444)
+        write_atomic(self.preload_path(uid), (CONTAINER_LIBRARY + "\n").encode(), mode=0o444)
+        for i in range(len(gpus)):
+            _create_region(self.region_path(uid, i))
+        write_atomic(os.path.join(folder, "prepared.json"), json.dumps(prepared).encode(), mode=0o600)
+        fsync_dir(folder)
+
+    def read_prepared(self, uid: str) -> dict | None:
+        try:
+            with open(os.path.join(self.dir(uid), "prepared.json"), "rb") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def exists(self, uid: str) -> bool:
+        return os.path.isdir(self.dir(uid))
+
+    def remove(self, uid: str) -> bool:
+        folder = self.dir(uid)
+        if not os.path.lexists(folder):
+            return False
+        shutil.rmtree(folder)
+        fsync_dir(self.root)
+        return True
+
+    def uids(self) -> set[str]:
+        """Claim folders on disk (anything not named like a UID is left alone)."""
+        try:
+            return {e for e in os.listdir(self.root) if UID.match(e)}
+        except FileNotFoundError:
+            return set()
+
+    def reset_regions(self, uid: str, count: int) -> None:
+        """Zero the regions (after a reboot no process can still hold usage in them)."""
+        for i in range(count):
+            path = self.region_path(uid, i)
+            with open(path, "r+b") as f:
+                os.ftruncate(f.fileno(), 0)
+                os.ftruncate(f.fileno(), REGION_SIZE)
+                os.fsync(f.fileno())
+
+
+def _create_region(path: str) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        if os.fstat(fd).st_size != REGION_SIZE:
+            os.ftruncate(fd, REGION_SIZE)  # a sparse file of zeros
+        os.fchmod(fd, 0o666)  # not subject to the umask
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _mkdir(path: str, mode: int) -> None:
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    os.chmod(path, mode)  # mkdir's mode is filtered by the umask

@@ -1,0 +1,260 @@
+"""Prepare and unprepare claims: the one place that changes claim state on this node.
+
+A claim's life, each step recorded before the next starts (fault points in faults.py):
+
+    Prepare:   checkpoint PrepareStarted -> claim files -> CDI spec -> checkpoint PrepareCompleted
+    Unprepare: checkpoint UnprepareStarted -> remove CDI spec -> remove claim files -> drop entry
+
+At start-up (`recover`) anything not PrepareCompleted is rolled back, completed claims get
+missing files or specs rewritten (a reboot empties /var/run/cdi), and files or specs that no
+entry owns are removed. So after any crash a claim is prepared exactly once or absent, and
+the kubelet's retry finishes the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+from kubernetes import client
+
+from cdi import SpecDir, find_devices_of_kind
+from dra_driver.discovery import DeviceBackend, GpuInfo
+from dra_driver.log import get_logger
+
+from . import checkpoint as ckpt
+from . import faults
+from .allocation import plan_claim
+from .cdispec import KIND, build_spec, device_name
+from .claimfiles import ClaimFiles
+from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
+
+log = get_logger("kubeletplugin.driver")
+
+NVIDIA_KIND = "nvidia.com/gpu"
+SYSTEM_CDI_DIR = "/etc/cdi"
+
+
+class KeyedLocks:
+    """One lock per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+def boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+class Driver:
+    def __init__(self, api: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
+                 partitions: int, state_dir: str, cdi_root: str, host_library: str,
+                 system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,)):
+        self.resource_api = client.ResourceV1Api(api)
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.backend = backend
+        self.partitions = partitions
+        self.host_library = host_library
+        self.files = ClaimFiles(state_dir)
+        self.specs = SpecDir(cdi_root, KIND)
+        self.cdi_dirs = [*system_cdi_dirs, cdi_root]
+        self.checkpoint = ckpt.Checkpoint(os.path.join(state_dir, "checkpoint.json"), boot_id())
+        self._locks = KeyedLocks()
+        self._gpus: dict[int, GpuInfo] = {}
+        self._gpus_lock = threading.Lock()
+
+    # ---- Prepare ---------------------------------------------------------------------------
+
+    def prepare(self, namespace: str, name: str, uid: str) -> list[dict]:
+        """The Device entries of the claim's answer; ClaimError says why not."""
+        ref = check_ref(namespace, name, uid)
+        with self._locks.hold(uid):
+            entry = self.checkpoint.get(uid)
+            if entry and entry["state"] == ckpt.PREPARE_COMPLETED:
+                # A second pod sharing the claim, or a kubelet restart: same answer, regions untouched.
+                if not self.specs.exists(uid):
+                    self._write_spec(uid, entry["prepared"])
+                log.debug("claim already prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare")
+                return entry["prepared"]["devices"]
+            if entry:
+                self._remove(uid, "leftover of an interrupted call")
+            prepared = self._plan(ref)
+            self.checkpoint.set(uid, {"state": ckpt.PREPARE_STARTED, "namespace": namespace, "name": name,
+                                      "prepared": None})
+            faults.reached("prepare-started-recorded")
+            try:
+                self.files.write(uid, prepared)
+                faults.reached("prepare-files-written")
+                self._write_spec(uid, prepared)
+                faults.reached("prepare-spec-written")
+                self.checkpoint.set(uid, {"state": ckpt.PREPARE_COMPLETED, "namespace": namespace, "name": name,
+                                          "prepared": prepared})
+            except OSError as e:
+                log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="write",
+                          error=str(e))
+                self._remove(uid, "rollback of a failed prepare")
+                raise ClaimError(f"writing the claim's files: {e}") from None
+            faults.reached("prepare-completed-recorded")
+            log.info("claim prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare",
+                     gpus=[f"{g['uuid']} memory={g['memoryLimit']} compute={g['computeLimit']}"
+                           for g in prepared["gpus"]])
+            return prepared["devices"]
+
+    def _plan(self, ref: ClaimRef) -> dict:
+        claim = self._read_claim(ref)
+        plan = plan_claim(claim, self.driver_name, self.node_name, self._gpus_for(claim), self.partitions)
+        prepared = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid, **plan.to_dict()}
+        toolkit = find_devices_of_kind(self.cdi_dirs, NVIDIA_KIND, skip_prefix=self.specs.prefix)
+        by_index = {g["index"]: g for g in prepared["gpus"]}
+        for device in prepared["devices"]:
+            ids = [self.specs.kind + "=" + device_name(ref.uid, device)]
+            gpu = by_index[int(device["deviceName"].split("-")[1])]
+            for candidate in (gpu["uuid"], str(gpu["index"]), "all"):
+                if candidate in toolkit:
+                    ids.append(f"{NVIDIA_KIND}={candidate}")
+                    break
+            device["cdiDeviceIDs"] = ids
+        prepared["deviceNodes"] = [] if toolkit or self.backend.name != "nvml" else _nvidia_device_nodes(prepared["gpus"])
+        return prepared
+
+    def _read_claim(self, ref: ClaimRef) -> dict:
+        try:
+            # Raw JSON: keeps every field (consumedCapacity, shareID) and skips slow model decoding.
+            resp = self.resource_api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False)
+            claim = json.loads(resp.data)
+        except client.ApiException as e:
+            if e.status == 404:
+                raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: not found") from None
+            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: HTTP {e.status} {e.reason}") from None
+        except Exception as e:  # connection refused, timeouts: the kubelet retries
+            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
+        got = (claim.get("metadata") or {}).get("uid")
+        if got != ref.uid:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: metadata.uid is {got!r}, the kubelet asked "
+                             f"for {ref.uid!r} (deleted and recreated?)")
+        return claim
+
+    def _gpus_for(self, claim: dict) -> dict[int, GpuInfo]:
+        """This node's GPUs by index, discovered again when the claim names one we have not seen."""
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+        wanted = {r.get("device", "").split("-")[1] for r in results
+                  if r.get("driver") == self.driver_name and r.get("device", "").startswith("gpu-")}
+        with self._gpus_lock:
+            if not self._gpus or any(not w.isdigit() or int(w) not in self._gpus for w in wanted):
+                self._gpus = {g.index: g for g in self.backend.discover()}
+            return self._gpus
+
+    def _write_spec(self, uid: str, prepared: dict) -> None:
+        self.specs.write(uid, build_spec(uid, prepared, self.files, self.host_library))
+
+    # ---- Unprepare -------------------------------------------------------------------------
+
+    def unprepare(self, namespace: str, name: str, uid: str) -> None:
+        """Remove the claim's spec and files; a claim unknown to us is already unprepared."""
+        check_uid(uid, "claim uid")
+        with self._locks.hold(uid):
+            entry = self.checkpoint.get(uid)
+            if entry is None and not self.files.exists(uid) and not self.specs.exists(uid):
+                log.debug("claim not prepared here", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
+                return
+            if entry is not None:
+                self.checkpoint.set(uid, {**entry, "state": ckpt.UNPREPARE_STARTED})
+            faults.reached("unprepare-started-recorded")
+            self._remove(uid, "unprepare")
+            faults.reached("unprepare-completed")
+            log.info("claim unprepared", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
+
+    def _remove(self, uid: str, why: str) -> None:
+        self.specs.remove(uid)
+        faults.reached("unprepare-spec-removed")
+        self.files.remove(uid)
+        faults.reached("unprepare-files-removed")
+        self.checkpoint.delete(uid)
+        log.debug("claim state removed", uid=uid, step="remove", reason=why)
+
+    # ---- Start-up --------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Bring disk and checkpoint into agreement before the kubelet can call us."""
+        self.files.setup()
+        os.makedirs(self.specs.root, mode=0o755, exist_ok=True)
+        try:
+            written_boot = self.checkpoint.load()
+        except ckpt.CheckpointCorrupt as e:
+            aside = self.checkpoint.move_aside()
+            log.error("checkpoint corrupt; moved aside and rebuilt from the claim folders", path=self.checkpoint.path,
+                      moved_to=aside, error=str(e), step="recover")
+            self.checkpoint.replace_all(self._rebuild_from_disk())
+            written_boot = None
+        rebooted = written_boot is not None and written_boot != self.checkpoint.boot_id
+        for uid, entry in self.checkpoint.items():
+            if not UID.match(uid):
+                log.error("checkpoint entry with a bad uid dropped", uid=uid[:80], step="recover")
+                self.checkpoint.delete(uid)
+                continue
+            claim = f"{entry.get('namespace')}/{entry.get('name')}"
+            if entry["state"] != ckpt.PREPARE_COMPLETED:
+                log.warning("rolling back an interrupted call", claim=claim, uid=uid, state=entry["state"],
+                            step="recover")
+                self._remove(uid, f"recovery from {entry['state']}")
+                continue
+            prepared = entry["prepared"]
+            if not os.path.exists(self.files.limits_path(uid)):
+                log.warning("claim files missing; rewriting", claim=claim, uid=uid, step="recover")
+                self.files.write(uid, prepared)
+            elif rebooted:
+                self.files.reset_regions(uid, len(prepared["gpus"]))
+            if not self.specs.exists(uid):
+                log.info("CDI spec missing (reboot?); rewriting", claim=claim, uid=uid, step="recover")
+            # Always rewritten: a changed --hook-dir or a newer spec layout takes effect.
+            self._write_spec(uid, prepared)
+        known = {uid for uid, _ in self.checkpoint.items()}
+        for uid in (self.files.uids() | self.specs.names()) - known:
+            if UID.match(uid):
+                log.warning("removing files of a claim the checkpoint does not know", uid=uid, step="recover")
+                self.specs.remove(uid)
+                self.files.remove(uid)
+        self.checkpoint.replace_all(dict(self.checkpoint.items()))  # records the current boot id
+        log.info("state recovered", claims=len(known), rebooted=rebooted, step="recover")
+
+    def _rebuild_from_disk(self) -> dict:
+        claims = {}
+        for uid in self.files.uids():
+            prepared = self.files.read_prepared(uid)
+            if prepared and prepared.get("uid") == uid:
+                claims[uid] = {"state": ckpt.PREPARE_COMPLETED, "namespace": prepared["namespace"],
+                               "name": prepared["name"], "prepared": prepared}
+        return claims
+
+    def prepared_uids(self) -> set[str]:
+        return {uid for uid, e in self.checkpoint.items() if e["state"] == ckpt.PREPARE_COMPLETED}
+
+
+def _nvidia_device_nodes(gpus: list[dict]) -> list[str]:
+    nodes = [f"/dev/nvidia{g['minor']}" for g in gpus]
+    return nodes + [p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") if os.path.exists(p)]

@@ -1,0 +1,95 @@
+"""The kubelet-facing gRPC services: registration, DRA v1 + v1beta1, health.
+
+Each claim of a request gets its own entry in the answer; a claim that fails carries its
+`error` and never fails the RPC, so one bad claim does not hold back the others.
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+
+import grpc
+
+from dra_driver.log import get_logger
+
+from .claimref import ClaimError
+from .driver import Driver
+from .grpcapi import (dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, pluginregistration_pb2,
+                      pluginregistration_pb2_grpc)
+from .metrics import Metrics
+
+log = get_logger("kubeletplugin.server")
+
+SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
+    def __init__(self, driver_name: str, endpoint: str):
+        self.driver_name = driver_name
+        self.endpoint = endpoint
+        self.registered: bool | None = None
+
+    def GetInfo(self, request, context):
+        return pluginregistration_pb2.PluginInfo(type="DRAPlugin", name=self.driver_name, endpoint=self.endpoint,
+                                                 supported_versions=SUPPORTED_VERSIONS)
+
+    def NotifyRegistrationStatus(self, request, context):
+        self.registered = request.plugin_registered
+        if request.plugin_registered:
+            log.info("registered with the kubelet", driver=self.driver_name, endpoint=self.endpoint)
+        else:
+            log.error("the kubelet refused the registration", driver=self.driver_name, reason=request.error)
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+
+class DraServicer:
+    """NodePrepareResources / NodeUnprepareResources for one API version (pb module)."""
+
+    def __init__(self, driver: Driver, pb: ModuleType, metrics: Metrics):
+        self.driver = driver
+        self.pb = pb
+        self.metrics = metrics
+        self.has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name  # v1 only
+
+    def NodePrepareResources(self, request, context):
+        response = self.pb.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            answer = response.claims[claim.uid]
+            devices = self._call("prepare", self.driver.prepare, claim, answer)
+            for d in devices or []:
+                device = answer.devices.add(request_names=d["requestNames"], pool_name=d["poolName"],
+                                            device_name=d["deviceName"], cdi_device_ids=d["cdiDeviceIDs"])
+                if self.has_share_id and d.get("shareID"):
+                    device.share_id = d["shareID"]
+        return response
+
+    def NodeUnprepareResources(self, request, context):
+        response = self.pb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            self._call("unprepare", self.driver.unprepare, claim, response.claims[claim.uid])
+        return response
+
+    def _call(self, operation: str, func, claim, answer):
+        start = time.monotonic()
+        ok = False
+        try:
+            result = func(claim.namespace, claim.name, claim.uid)
+            ok = True
+            return result
+        except ClaimError as e:
+            answer.error = str(e)
+            log.error(f"{operation} failed", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid[:80],
+                      step=operation, error=str(e))
+        except Exception as e:  # a bug or an unexpected OS error: still only this claim's failure
+            answer.error = f"internal error: {type(e).__name__}: {e}"
+            log.exception(f"{operation} failed unexpectedly", claim=f"{claim.namespace}/{claim.name}",
+                          uid=claim.uid[:80], step=operation)
+        finally:
+            self.metrics.observe(operation, time.monotonic() - start, ok)
+        return None
+
+
+def add_dra_services(server: grpc.Server, driver: Driver, metrics: Metrics) -> None:
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(driver, dra_v1_pb2, metrics), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(driver, dra_v1beta1_pb2, metrics), server)

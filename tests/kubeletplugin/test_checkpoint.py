@@ -1,0 +1,152 @@
+"""Restarts: the checkpoint is recovered before the sockets open."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import pytest
+
+from kubeletplugin import checkpoint as ckpt
+
+from .kubelet import Kubelet, make_claim, result
+from .test_prepare import load_spec, spec_path
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+
+@pytest.fixture
+def prepared(api, start_plugin, dirs):
+    """A running plugin with one prepared claim; returns (plugin, kubelet, claim, answer)."""
+    plugin = start_plugin()
+    kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    claim = make_claim(api, [result("gpu-1-share-0")])
+    answer = kubelet.prepare(claim)
+    assert answer.claims[claim[2]].error == ""
+    yield plugin, kubelet, claim, answer
+    kubelet.close()
+
+
+def region(dirs, uid):
+    return os.path.join(dirs.state, "claims", uid, "region-0")
+
+
+def edit_checkpoint(dirs, change):
+    path = os.path.join(dirs.state, "checkpoint.json")
+    with open(path, "rb") as f:
+        claims, boot = ckpt.decode(f.read())
+    boot = change(claims, boot) or boot
+    with open(path, "wb") as f:
+        f.write(ckpt.encode(claims, boot))
+
+
+def test_checkpoint_file_is_versioned_and_checksummed(prepared, dirs):
+    with open(os.path.join(dirs.state, "checkpoint.json")) as f:
+        doc = json.load(f)
+    assert doc["version"] == 2 and doc["checksum"].startswith("sha256:")
+    (entry,) = doc["claims"].values()
+    assert entry["state"] == ckpt.PREPARE_COMPLETED
+    assert os.stat(os.path.join(dirs.state, "checkpoint.json")).st_mode & 0o777 == 0o600
+
+
+def test_missing_spec_is_rewritten_at_start(prepared, start_plugin, dirs):
+    plugin, kubelet, claim, answer = prepared
+    before = load_spec(dirs, claim[2])
+    with open(region(dirs, claim[2]), "r+b") as f:
+        f.write(b"usage")
+    plugin.stop(grace=1)
+    os.unlink(spec_path(dirs, claim[2]))  # a reboot empties /var/run/cdi
+    start_plugin()
+    assert load_spec(dirs, claim[2]) == before
+    with open(region(dirs, claim[2]), "rb") as f:
+        assert f.read(5) == b"usage"
+    assert kubelet.prepare(claim) == answer
+
+
+def test_prepare_started_is_rolled_back(prepared, start_plugin, dirs):
+    plugin, kubelet, claim, _ = prepared
+    plugin.stop(grace=1)
+
+    def interrupt(claims, boot):
+        claims[claim[2]].update(state=ckpt.PREPARE_STARTED, prepared=None)
+
+    edit_checkpoint(dirs, interrupt)
+    plugin = start_plugin()
+    assert not os.path.exists(spec_path(dirs, claim[2]))
+    assert not os.path.exists(os.path.join(dirs.state, "claims", claim[2]))
+    assert plugin.driver.checkpoint.get(claim[2]) is None
+    # The kubelet retries: prepared once, from scratch.
+    assert kubelet.prepare(claim).claims[claim[2]].error == ""
+    assert plugin.driver.prepared_uids() == {claim[2]}
+
+
+def test_unprepare_started_is_finished(prepared, start_plugin, dirs):
+    plugin, kubelet, claim, _ = prepared
+    plugin.stop(grace=1)
+    edit_checkpoint(dirs, lambda claims, boot: claims[claim[2]].update(state=ckpt.UNPREPARE_STARTED))
+    plugin = start_plugin()
+    assert os.listdir(dirs.cdi) == [] and os.listdir(os.path.join(dirs.state, "claims")) == []
+    assert kubelet.unprepare(claim).claims[claim[2]].error == ""
+
+
+def test_corrupt_checkpoint_is_moved_aside_and_rebuilt(api, prepared, start_plugin, dirs):
+    plugin, kubelet, claim, answer = prepared
+    orphan = make_claim(api, [result("gpu-0-share-0")])
+    kubelet.prepare(orphan)
+    plugin.stop(grace=1)
+    shutil.rmtree(os.path.join(dirs.state, "claims", orphan[2]))  # only its spec is left: an orphan
+    path = os.path.join(dirs.state, "checkpoint.json")
+    with open(path, "r+b") as f:
+        f.seek(40)
+        f.write(b"garbage")
+    plugin = start_plugin()
+    assert len(glob.glob(path + ".corrupt-*")) == 1
+    assert plugin.driver.prepared_uids() == {claim[2]}
+    assert kubelet.prepare(claim) == answer
+    assert not os.path.exists(spec_path(dirs, orphan[2]))
+    with open(path, "rb") as f:
+        claims, _ = ckpt.decode(f.read())
+    assert set(claims) == {claim[2]}
+
+
+def test_v1_checkpoint_is_migrated(start_plugin, dirs, hook_dir):
+    os.makedirs(dirs.state)
+    shutil.copy(os.path.join(FIXTURES, "checkpoint-v1.json"), os.path.join(dirs.state, "checkpoint.json"))
+    uid = "6b1e3c2a-9f0d-4e5b-8a7c-1d2e3f405162"
+    plugin = start_plugin()
+    assert plugin.driver.prepared_uids() == {uid}
+    spec = load_spec(dirs, uid)
+    assert spec["devices"][0]["name"] == f"{uid}-gpu-0-share-0"
+    with open(os.path.join(dirs.state, "claims", uid, "limits")) as f:
+        assert "GPUSHARE_MEMORY_LIMIT_0=2147483648\n" in f.read()
+    with open(os.path.join(dirs.state, "checkpoint.json")) as f:
+        assert json.load(f)["version"] == 2
+    kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    assert kubelet.unprepare(("default", "legacy-claim", uid)).claims[uid].error == ""
+    assert os.listdir(dirs.cdi) == []
+    kubelet.close()
+
+
+def test_reboot_zeroes_regions_but_keeps_claims(prepared, start_plugin, dirs):
+    plugin, kubelet, claim, answer = prepared
+    with open(region(dirs, claim[2]), "r+b") as f:
+        f.write(b"stale usage of processes gone with the reboot")
+    plugin.stop(grace=1)
+    edit_checkpoint(dirs, lambda claims, boot: "an-earlier-boot")
+    start_plugin()
+    with open(region(dirs, claim[2]), "rb") as f:
+        assert f.read() == bytes(1 << 20)
+    assert kubelet.prepare(claim) == answer
+
+
+def test_checksum_mismatch_is_detected():
+    data = ckpt.encode({}, "boot")
+    doc = json.loads(data)
+    doc["bootID"] = "tampered"
+    with pytest.raises(ckpt.CheckpointCorrupt, match="checksum"):
+        ckpt.decode(json.dumps(doc).encode())
+    with pytest.raises(ckpt.CheckpointCorrupt, match="version"):
+        payload = {"version": 99, "claims": {}}
+        ckpt.decode(json.dumps({**payload, "checksum": ckpt.checksum(payload)}).encode())

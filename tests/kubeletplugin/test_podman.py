@@ -1,0 +1,140 @@
+"""A real CDI consumer: podman + runc run a container with each CDI device ID we return.
+
+Needs root and podman (CI installs podman, runc and busybox-static). podman 4.3 reads CDI
+specs only from /etc/cdi and /var/run/cdi, so the plugin writes to /var/run/cdi here, with
+fresh claim UIDs, and the test removes what it wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+
+import pytest
+
+from dra_driver.discovery import sim_uuid
+
+from .kubelet import GiB, Kubelet, make_claim, result
+from .test_prepare import load_spec
+
+pytestmark = pytest.mark.podman
+
+PODMAN = shutil.which("podman")
+CDI_ROOT = "/var/run/cdi"
+LIBRARY = "/usr/local/gpushare/lib/libgpushare.so"
+
+if os.geteuid() != 0:
+    pytest.skip("podman CDI test needs root (it runs containers with bind mounts)", allow_module_level=True)
+if PODMAN is None:
+    pytest.skip("podman not installed (apt-get install -y podman runc busybox-static)", allow_module_level=True)
+
+# This sandbox refuses setrlimit: drop process.rlimits from the bundle, then run the real runc.
+RUNC_WRAPPER = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+if "--bundle" in args:
+    path = os.path.join(args[args.index("--bundle") + 1], "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config.get("process", {{}}).pop("rlimits", None)
+    with open(path, "w") as f:
+        json.dump(config, f)
+os.execv({runc!r}, ["runc"] + args)
+"""
+
+CONTAINERS_CONF = """[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+[engine.runtimes]
+runc = [{wrapper!r}]
+"""
+
+
+@pytest.fixture(scope="module")
+def podman_env():
+    runc = shutil.which("runc")
+    if runc is None:
+        pytest.skip("runc not installed (apt-get install -y runc)")
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.fail("busybox not installed (apt-get install -y busybox-static): the container's rootfs needs it")
+    work = tempfile.mkdtemp(prefix="gspodman")
+    rootfs = os.path.join(work, "rootfs")
+    for d in ("bin", "etc", "proc", "sys", "dev", "tmp", "var/run"):
+        os.makedirs(os.path.join(rootfs, d))
+    shutil.copy(busybox, os.path.join(rootfs, "bin", "busybox"))
+    for tool in ("sh", "cat", "env", "stat", "grep", "sort"):
+        os.symlink("busybox", os.path.join(rootfs, "bin", tool))
+    wrapper = os.path.join(work, "runc-wrapper")
+    with open(wrapper, "w") as f:
+        f.write(RUNC_WRAPPER.format(python=sys.executable, runc=runc))
+    os.chmod(wrapper, 0o755)
+    conf = os.path.join(work, "containers.conf")
+    with open(conf, "w") as f:
+        f.write(CONTAINERS_CONF.format(wrapper=wrapper))
+    yield {"rootfs": rootfs, "env": {**os.environ, "CONTAINERS_CONF": conf}}
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def run_in_container(podman_env, device_ids: list[str], script: str) -> str:
+    cmd = [PODMAN, "run", "--rm", "--network=none", "--runtime", "runc"]
+    for device in device_ids:
+        cmd += ["--device", device]
+    cmd += ["--rootfs", podman_env["rootfs"], "/bin/sh", "-c", script]
+    proc = subprocess.run(cmd, env=podman_env["env"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
+    return proc.stdout
+
+
+SCRIPT = f"""
+env | grep '^GPUSHARE_\\|^LD_PRELOAD' | sort
+echo ---limits; cat /var/run/gpushare/limits
+echo ---preload; cat /etc/ld.so.preload
+echo ---region; stat -c %s /var/run/gpushare/region/0
+echo ---library; stat -c %s {LIBRARY}
+"""
+
+
+@pytest.mark.parametrize("mode", ["capacity", "partition"])
+def test_podman_runs_container_with_our_cdi_devices(api, start_plugin, dirs, podman_env, hook_dir, mode):
+    start_plugin(cdi_root=CDI_ROOT)
+    kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    if mode == "capacity":
+        claim = make_claim(api, [result("gpu-1", share_id=str(uuid.uuid4()), consumed={"memory": "3Gi", "compute": "40"})])
+        memory, compute = 3 * GiB, 40
+    else:
+        claim = make_claim(api, [result("gpu-1-share-2")])
+        memory, compute = 4 * GiB, 25
+    uid = claim[2]
+    try:
+        answer = kubelet.prepare(claim).claims[uid]
+        assert answer.error == ""
+        load_spec(dirs, uid, CDI_ROOT)  # schema-valid
+        for device in answer.devices:
+            out = run_in_container(podman_env, list(device.cdi_device_ids), SCRIPT)
+            env, _, rest = out.partition("---limits\n")
+            limits, _, rest = rest.partition("---preload\n")
+            preload, _, rest = rest.partition("---region\n")
+            region, _, library = rest.partition("---library\n")
+            assert f"GPUSHARE_MEMORY_LIMIT_0={memory}\n" in env
+            assert f"GPUSHARE_COMPUTE_LIMIT_0={compute}\n" in env
+            assert f"GPUSHARE_DEVICE_UUID_0={sim_uuid(1)}\n" in env
+            assert f"GPUSHARE_CLAIM_UID={uid}\n" in env
+            assert f"LD_PRELOAD={LIBRARY}\n" in env
+            assert f"GPUSHARE_MEMORY_LIMIT_0={memory}\n" in limits and f"GPUSHARE_CLAIM_UID={uid}\n" in limits
+            assert preload.strip() == LIBRARY
+            assert region.strip() == str(1 << 20)
+            assert library.strip() == str(os.path.getsize(os.path.join(hook_dir, "libgpushare.so")))
+        # The container cannot change its limits: the file is mounted read-only.
+        out = run_in_container(podman_env, list(answer.devices[0].cdi_device_ids),
+                               "echo GPUSHARE_MEMORY_LIMIT_0=1 >> /var/run/gpushare/limits && echo writable || echo refused")
+        assert out.strip().endswith("refused")
+    finally:
+        assert kubelet.unprepare(claim).claims[uid].error == ""
+        kubelet.close()
+    assert not os.path.exists(os.path.join(CDI_ROOT, f"k8s.gpushare.dev-claim_{uid}.json"))
