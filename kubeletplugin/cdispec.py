@@ -10,6 +10,9 @@ informational `GPUSHARE_ALLOCATION_<k>` (CDI rejects devices without edits).
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec
 
 from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
@@ -18,9 +21,39 @@ KIND = "k8s.gpushare.dev/claim"
 CONTAINER_LIMITS = "/var/run/gpushare/limits"
 CONTAINER_REGION_DIR = "/var/run/gpushare/region"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
+CONTAINER_SIM_DIR = "/usr/local/gpushare/sim"
+CONTAINER_SIM_STATE = "/var/run/gpushare/sim.state"
+SIM_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 
 _RO = ["ro", "nosuid", "nodev", "bind"]
 _RW = ["rw", "nosuid", "nodev", "bind"]
+
+
+@dataclass(frozen=True)
+class SimDriver:
+    """The simulated CUDA driver and NVML, given to containers on mock-GPU nodes.
+
+    Every container on the node maps one state file, so they all see the same simulated
+    devices (memory in use, kernel timeline), as containers on a real GPU see one device.
+    """
+
+    host_dir: str  # holds libcuda.so.1 and libnvidia-ml.so.1
+    state_path: str  # host file shared by every container of the node
+    devices: int
+    memory_bytes: int
+
+    @staticmethod
+    def find(library_dir: str) -> str | None:
+        """`<folder of libgpushare.so>/sim` when it holds the simulated libraries."""
+        sim_dir = os.path.join(library_dir, "sim")
+        return sim_dir if all(os.path.exists(os.path.join(sim_dir, n)) for n in SIM_LIBRARIES) else None
+
+    def edits(self) -> tuple[list[str], list[Mount]]:
+        env = [f"LD_LIBRARY_PATH={CONTAINER_SIM_DIR}", f"GPUSHARE_SIM_STATE={CONTAINER_SIM_STATE}",
+               f"GPUSHARE_SIM_DEVICES={self.devices}", f"GPUSHARE_SIM_MEMORY={self.memory_bytes}"]
+        mounts = [Mount(os.path.join(self.host_dir, n), f"{CONTAINER_SIM_DIR}/{n}", _RO) for n in SIM_LIBRARIES]
+        mounts.append(Mount(self.state_path, CONTAINER_SIM_STATE, _RW))
+        return env, mounts
 
 
 def device_name(uid: str, device: dict) -> str:
@@ -29,7 +62,7 @@ def device_name(uid: str, device: dict) -> str:
     return f"{uid}-{suffix}"
 
 
-def build_spec(uid: str, prepared: dict, files: ClaimFiles, host_library: str) -> Spec:
+def build_spec(uid: str, prepared: dict, files: ClaimFiles, host_library: str, sim: SimDriver | None = None) -> Spec:
     gpus = prepared["gpus"]
     env = [f"GPUSHARE_CLAIM_UID={uid}", f"LD_PRELOAD={CONTAINER_LIBRARY}"]
     mounts = [
@@ -41,6 +74,10 @@ def build_spec(uid: str, prepared: dict, files: ClaimFiles, host_library: str) -
         env += [f"GPUSHARE_MEMORY_LIMIT_{i}={gpu['memoryLimit']}", f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu['computeLimit']}",
                 f"GPUSHARE_DEVICE_UUID_{i}={gpu['uuid']}"]
         mounts.append(Mount(files.region_path(uid, i), f"{CONTAINER_REGION_DIR}/{i}", _RW))
+    if sim is not None:
+        sim_env, sim_mounts = sim.edits()
+        env += sim_env
+        mounts += sim_mounts
     nodes = [DeviceNode(path) for path in prepared.get("deviceNodes") or []]
     devices = []
     seen = set()

@@ -28,7 +28,7 @@ from dra_driver.log import get_logger
 from . import checkpoint as ckpt
 from . import faults
 from .allocation import plan_claim
-from .cdispec import KIND, build_spec, device_name
+from .cdispec import KIND, SimDriver, build_spec, device_name
 from .claimfiles import ClaimFiles
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
 
@@ -73,13 +73,14 @@ def boot_id() -> str | None:
 class Driver:
     def __init__(self, api: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  partitions: int, state_dir: str, cdi_root: str, host_library: str,
-                 system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,)):
+                 system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None):
         self.resource_api = client.ResourceV1Api(api)
         self.driver_name = driver_name
         self.node_name = node_name
         self.backend = backend
         self.partitions = partitions
         self.host_library = host_library
+        self.sim = sim
         self.files = ClaimFiles(state_dir)
         self.specs = SpecDir(cdi_root, KIND)
         self.cdi_dirs = [*system_cdi_dirs, cdi_root]
@@ -170,7 +171,7 @@ class Driver:
             return self._gpus
 
     def _write_spec(self, uid: str, prepared: dict) -> None:
-        self.specs.write(uid, build_spec(uid, prepared, self.files, self.host_library))
+        self.specs.write(uid, build_spec(uid, prepared, self.files, self.host_library, self.sim))
 
     # ---- Unprepare -------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from dra_driver.discovery import DeviceBackend, make_backend
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.log import get_logger
 
+from .cdispec import SimDriver
 from .driver import Driver
 from .grpcapi import pluginregistration_pb2_grpc
 from .metrics import Metrics
@@ -56,7 +57,9 @@ def host_library(hook_dir: str | None) -> str:
     path = os.path.join(os.path.abspath(hook_dir), LIBRARY_NAME)
     if not os.path.isfile(path):
         raise PluginConfigError(f"--hook-dir: {LIBRARY_NAME} not found in {hook_dir!r} (build it with `make -C hook`)")
-    return path
+    # install-hook makes libgpushare.so a symlink to a versioned file; specs name that file,
+    # so every container of a claim maps the same build even across an upgrade.
+    return os.path.realpath(path)
 
 
 class Plugin:
@@ -74,13 +77,31 @@ class Plugin:
         self.api = api or make_api_client(args.kubeconfig)
         self.backend = backend or make_backend(args.device_backend, args.mock_gpus)
         self.driver = Driver(self.api, args.driver_name, args.node_name, self.backend, args.partitions,
-                             os.path.abspath(args.state_dir), os.path.abspath(args.cdi_root), library)
+                             os.path.abspath(args.state_dir), os.path.abspath(args.cdi_root), library,
+                             sim=self._sim_driver(library) if self.backend.name == "mock" else None)
         self.metrics = Metrics()
         self.registration = RegistrationServicer(args.driver_name, self.dra_socket)
         self.health = health.HealthServicer()
         self.slices = None
         self._servers: list[grpc.Server] = []
         self.metrics_port: int | None = None
+
+    def _sim_driver(self, library: str) -> SimDriver | None:
+        """Mock GPUs: containers get the simulated driver, so CUDA programs in them run."""
+        sim_dir = SimDriver.find(os.path.dirname(library))
+        if sim_dir is None:
+            log.warning("mock backend without the simulated driver beside the library; containers get no "
+                        "libcuda.so.1 (install it with `gpushare-dra install-hook --with-sim`)",
+                        looked_in=os.path.join(os.path.dirname(library), "sim"))
+            return None
+        gpus = self.backend.discover()
+        state = os.path.join(os.path.abspath(self.args.state_dir), "sim.state")
+        os.makedirs(os.path.dirname(state), mode=0o711, exist_ok=True)
+        fd = os.open(state, os.O_CREAT | os.O_RDWR, 0o666)  # the sim initialises an empty file
+        os.close(fd)
+        os.chmod(state, 0o666)  # any container user opens it read-write
+        # The sim gives every device one size; mock GPUs of mixed sizes get the largest.
+        return SimDriver(sim_dir, state, len(gpus), max((g.memory_bytes for g in gpus), default=0))
 
     def start(self) -> "Plugin":
         self.driver.recover()

@@ -14,7 +14,7 @@ from kubernetes import client
 from dra_driver.discovery import sim_uuid
 from kubeletplugin.cdispec import KIND
 
-from .kubelet import DRIVER, GiB, NAMESPACE, NODE, gpushare_config, make_claim, opaque_config, result
+from .kubelet import DRIVER, GiB, NAMESPACE, NODE, Kubelet, gpushare_config, make_claim, opaque_config, result
 from .schema import assert_valid_cdi
 
 
@@ -281,7 +281,6 @@ def test_metrics_and_slices(api, start_plugin, dirs):
     slices = client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={NODE}").items
     assert any(s.spec.driver == DRIVER for s in slices)
     kubelet_claim = make_claim(api, [result("gpu-0-share-0")])
-    from .kubelet import Kubelet
 
     k = Kubelet(dirs.dra_socket, dirs.reg_socket)
     assert k.prepare(kubelet_claim).claims[kubelet_claim[2]].error == ""
@@ -305,3 +304,37 @@ def test_liveness_on_tcp_for_the_kubelet_probe(start_plugin):
         stub = health_pb2_grpc.HealthStub(channel)
         answer = stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_mock_nodes_give_containers_the_simulated_driver(api, start_plugin, dirs, hook_dir):
+    """With sim/ beside the library, every container of a mock node gets libcuda.so.1 and one shared sim state."""
+    os.makedirs(os.path.join(hook_dir, "sim"), exist_ok=True)
+    for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        open(os.path.join(hook_dir, "sim", name), "ab").close()
+    start_plugin()
+    k = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    claim = make_claim(api, [result("gpu-1-share-0")])
+    assert k.prepare(claim).claims[claim[2]].error == ""
+    k.close()
+    edits = load_spec(dirs, claim[2])["containerEdits"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    assert mounts["/usr/local/gpushare/sim/libcuda.so.1"] == os.path.join(hook_dir, "sim", "libcuda.so.1")
+    assert mounts["/usr/local/gpushare/sim/libnvidia-ml.so.1"] == os.path.join(hook_dir, "sim", "libnvidia-ml.so.1")
+    state = mounts["/var/run/gpushare/sim.state"]
+    assert state == os.path.join(dirs.state, "sim.state") and os.stat(state).st_mode & 0o777 == 0o666
+    assert {"LD_LIBRARY_PATH=/usr/local/gpushare/sim", "GPUSHARE_SIM_STATE=/var/run/gpushare/sim.state",
+            "GPUSHARE_SIM_DEVICES=4", f"GPUSHARE_SIM_MEMORY={16 << 30}"} <= set(edits["env"])
+
+
+def test_real_library_path_is_resolved_through_the_install_symlink(api, start_plugin, dirs, hook_dir):
+    """install-hook's libgpushare.so is a symlink; specs name the versioned file it points at."""
+    versioned = os.path.join(hook_dir, "libgpushare-0123456789ab.so")
+    os.rename(os.path.join(hook_dir, "libgpushare.so"), versioned)
+    os.symlink(os.path.basename(versioned), os.path.join(hook_dir, "libgpushare.so"))
+    start_plugin()
+    k = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    claim = make_claim(api, [result("gpu-0-share-0")])
+    assert k.prepare(claim).claims[claim[2]].error == ""
+    k.close()
+    mounts = {m["containerPath"]: m["hostPath"] for m in load_spec(dirs, claim[2])["containerEdits"]["mounts"]}
+    assert mounts["/usr/local/gpushare/lib/libgpushare.so"] == versioned
