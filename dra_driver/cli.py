@@ -151,8 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "does not behave.")
     p.add_argument("--mock-gpus", default="2x80Gi", help="simulated GPUs (see kubelet-plugin --help)")
     p.add_argument("--workdir", default=None, help="folder for the demo's files (default: a temporary one)")
+    p.add_argument("--runtime", default="auto", choices=("auto", "podman", "process"),
+                   help="how containers run: podman (real CDI consumer, needs root, podman and runc), "
+                        "process (the CDI spec applied to host processes), auto: podman when it can run")
     _add_logging(p)
-    p.set_defaults(run=_lazy("dra_driver.demo", "run"), log_level_default="warning")
+    # The story is the output; component logs only when something goes wrong.
+    p.set_defaults(run=_lazy("dra_driver.demo", "run"), log_level="warning")
 
     p = sub.add_parser("hook-path", formatter_class=_Formatter,
                        help="print where libgpushare.so, the simulated driver and the probe are",
@@ -227,6 +231,7 @@ def _run_hook_path(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from .discovery import DiscoveryError
+    from .hookpath import NativeFilesMissing
     from .kube import KubeConfigError
     from .log import configure, get_logger
 
@@ -242,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             "missing an optional dependency", module=e.name,
             fix="pip install 'gpushare-dra[demo]' (the emulator, demo and allocation stand-in need it)")
         return 2
-    except (DiscoveryError, KubeConfigError) as e:
+    except (DiscoveryError, KubeConfigError, NativeFilesMissing) as e:
         get_logger("gpushare-dra").error("cannot start", error=str(e))
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,610 @@
+/* Simulated CUDA driver (libcuda.so.1): enough of the driver API for a CUDA application to
+ * start, allocate and launch, on simulated devices shared across processes (sim_state.h).
+ * Kernels take GPUSHARE_SIM_KERNEL_US of GPU time each and run one after another on the
+ * device, across processes; launches are asynchronous, synchronisation waits. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../src/cuda_abi.h"
+#include "../src/ptrmap.h"
+#include "sim_state.h"
+
+#define QUEUE_KERNELS 1024 /* launches block beyond this much queued work, like a real driver */
+
+struct CUctx_st { int dev; };
+struct CUevent_st { uint64_t t; int recorded; };
+struct CUstream_st { int unused; };
+
+static int g_inited;
+static struct CUctx_st g_primary[SIM_MAX_DEV];
+static __thread CUcontext t_cur;
+static __thread CUcontext t_stack[16];
+static __thread int t_depth;
+static struct gs_ptrmap g_allocs = GS_PTRMAP_INIT;
+static uint64_t g_next_handle;
+static uint64_t g_last_end; /* completion time of this process's last queued kernel */
+static pthread_once_t g_fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_child(void)
+{
+    gs_ptrmap_reset_child(&g_allocs); /* the parent's allocations are not the child's */
+    g_last_end = 0;
+}
+static void register_fork(void) { pthread_atfork(NULL, NULL, fork_child); }
+
+#define NEED_INIT()                                                   \
+    do {                                                              \
+        if (!g_inited || sim_open() != 0) return CUDA_ERROR_NOT_INITIALIZED; \
+    } while (0)
+#define NEED_CTX()                                                    \
+    do {                                                              \
+        NEED_INIT();                                                  \
+        if (!t_cur) return CUDA_ERROR_INVALID_CONTEXT;                \
+    } while (0)
+#define VALID_DEV(d)                                                  \
+    do {                                                              \
+        if ((d) < 0 || (unsigned)(d) >= sim->ndev) return CUDA_ERROR_INVALID_DEVICE; \
+    } while (0)
+
+SIM_API CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (sim_open() != 0) return CUDA_ERROR_NO_DEVICE;
+    pthread_once(&g_fork_once, register_fork);
+    for (int i = 0; i < SIM_MAX_DEV; i++) g_primary[i].dev = i;
+    __atomic_store_n(&g_inited, 1, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuDriverGetVersion(int *v)
+{
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuDeviceGetCount(int *n)
+{
+    NEED_INIT();
+    *n = (int)sim->ndev;
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+    NEED_INIT();
+    VALID_DEV(ordinal);
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+{
+    NEED_INIT();
+    VALID_DEV(d);
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    strncpy(name, "NVIDIA Simulated GPU", (size_t)len - 1);
+    name[len - 1] = 0;
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
+{
+    NEED_INIT();
+    VALID_DEV(d);
+    sim_uuid_bytes(d, (unsigned char *)u->bytes);
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
+
+SIM_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
+{
+    NEED_INIT();
+    VALID_DEV(d);
+    *bytes = sim->dev[d].total;
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
+{
+    NEED_INIT();
+    VALID_DEV(d);
+    switch (attr) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
+    default: *v = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts ---- */
+SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
+{
+    NEED_INIT();
+    VALID_DEV(d);
+    *c = &g_primary[d];
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { NEED_INIT(); VALID_DEV(d); return CUDA_SUCCESS; }
+SIM_API CUresult cuDevicePrimaryCtxRelease(CUdevice d) { return cuDevicePrimaryCtxRelease_v2(d); }
+SIM_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { NEED_INIT(); VALID_DEV(d); return CUDA_SUCCESS; }
+SIM_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice d, unsigned int f) { (void)f; NEED_INIT(); VALID_DEV(d); return CUDA_SUCCESS; }
+SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int *flags, int *active)
+{
+    NEED_INIT();
+    VALID_DEV(d);
+    if (flags) *flags = 0;
+    if (active) *active = 1;
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuCtxCreate_v2(CUcontext *pc, unsigned int flags, CUdevice d)
+{
+    (void)flags;
+    NEED_INIT();
+    VALID_DEV(d);
+    CUcontext c = malloc(sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    c->dev = d;
+    *pc = t_cur = c;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuCtxCreate_v4(CUcontext *pc, void *params, unsigned int flags, CUdevice d)
+{
+    (void)params;
+    return cuCtxCreate_v2(pc, flags, d);
+}
+SIM_API CUresult cuCtxDestroy_v2(CUcontext c)
+{
+    NEED_INIT();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_cur == c) t_cur = NULL;
+    if (c < &g_primary[0] || c > &g_primary[SIM_MAX_DEV - 1]) free(c);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuCtxSetCurrent(CUcontext c) { NEED_INIT(); t_cur = c; return CUDA_SUCCESS; }
+SIM_API CUresult cuCtxGetCurrent(CUcontext *c) { NEED_INIT(); *c = t_cur; return CUDA_SUCCESS; }
+SIM_API CUresult cuCtxPushCurrent_v2(CUcontext c)
+{
+    NEED_INIT();
+    if (t_depth >= 16) return CUDA_ERROR_INVALID_VALUE;
+    t_stack[t_depth++] = t_cur;
+    t_cur = c;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuCtxPopCurrent_v2(CUcontext *c)
+{
+    NEED_CTX();
+    if (c) *c = t_cur;
+    t_cur = t_depth > 0 ? t_stack[--t_depth] : NULL;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuCtxGetDevice(CUdevice *d)
+{
+    NEED_CTX();
+    *d = t_cur->dev;
+    return CUDA_SUCCESS;
+}
+static void wait_idle(void) { sim_sleep_until(__atomic_load_n(&g_last_end, __ATOMIC_RELAXED)); }
+SIM_API CUresult cuCtxSynchronize(void) { NEED_CTX(); wait_idle(); return CUDA_SUCCESS; }
+
+/* ---- streams and events: one timeline per process, shared by its streams ---- */
+SIM_API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+    (void)flags;
+    NEED_CTX();
+    *s = calloc(1, sizeof **s);
+    return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_API CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int prio)
+{
+    (void)prio;
+    return cuStreamCreate(s, flags);
+}
+SIM_API CUresult cuStreamDestroy_v2(CUstream s) { NEED_INIT(); free(s); return CUDA_SUCCESS; }
+SIM_API CUresult cuStreamSynchronize(CUstream s) { (void)s; NEED_CTX(); wait_idle(); return CUDA_SUCCESS; }
+SIM_API CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+SIM_API CUresult cuStreamQuery(CUstream s)
+{
+    (void)s;
+    NEED_CTX();
+    return sim_now_ns() >= __atomic_load_n(&g_last_end, __ATOMIC_RELAXED) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SIM_API CUresult cuEventCreate(CUevent *e, unsigned int flags)
+{
+    (void)flags;
+    NEED_CTX();
+    *e = calloc(1, sizeof **e);
+    return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_API CUresult cuEventDestroy_v2(CUevent e) { NEED_INIT(); free(e); return CUDA_SUCCESS; }
+SIM_API CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    (void)s;
+    NEED_CTX();
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = sim_now_ns(), end = __atomic_load_n(&g_last_end, __ATOMIC_RELAXED);
+    /* completes when the work queued before it does; with free kernels (KERNEL_US=0) the
+     * GPU timeline never moves, so timing a launch measures 0 */
+    e->t = sim_kernel_ns == 0 ? end : end > now ? end : now;
+    e->recorded = 1;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+SIM_API CUresult cuEventQuery(CUevent e)
+{
+    NEED_INIT();
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    return !e->recorded || sim_now_ns() >= e->t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+SIM_API CUresult cuEventSynchronize(CUevent e)
+{
+    NEED_INIT();
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (e->recorded) sim_sleep_until(e->t);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
+{
+    NEED_INIT();
+    if (!ms || !a || !b || !a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = sim_now_ns();
+    if (now < a->t || now < b->t) return CUDA_ERROR_NOT_READY;
+    *ms = (float)(((double)b->t - (double)a->t) / 1e6);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { return cuEventElapsedTime_v2(ms, a, b); }
+
+/* ---- errors ---- */
+static const struct { CUresult code; const char *name, *text; } g_errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+static CUresult error_lookup(CUresult e, const char **s, int text)
+{
+    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
+        if (g_errors[i].code == e) {
+            *s = text ? g_errors[i].text : g_errors[i].name;
+            return CUDA_SUCCESS;
+        }
+    *s = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+SIM_API CUresult cuGetErrorName(CUresult e, const char **s) { return error_lookup(e, s, 0); }
+SIM_API CUresult cuGetErrorString(CUresult e, const char **s) { return error_lookup(e, s, 1); }
+
+/* ---- modules: any image is accepted, every kernel takes GPUSHARE_SIM_KERNEL_US ---- */
+static uint64_t new_handle(void) { return __atomic_add_fetch(&g_next_handle, 1, __ATOMIC_RELAXED); }
+SIM_API CUresult cuModuleLoadData(CUmodule *m, const void *image)
+{
+    NEED_CTX();
+    if (!m || !image) return CUDA_ERROR_INVALID_VALUE;
+    *m = (CUmodule)(uintptr_t)(0x1000 + new_handle() * 16);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, void *opts, void **vals)
+{
+    (void)n, (void)opts, (void)vals;
+    return cuModuleLoadData(m, image);
+}
+SIM_API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    NEED_CTX();
+    if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
+    *f = (CUfunction)(uintptr_t)(0x100000 + new_handle() * 16);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuModuleUnload(CUmodule m) { (void)m; NEED_INIT(); return CUDA_SUCCESS; }
+
+/* ---- memory ---- */
+static CUresult sim_alloc(int dev, uint64_t size, int kind, unsigned long long *out)
+{
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (dev >= 0 && sim_mem_reserve(dev, size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t key = ((uint64_t)(dev + 2) << 40) | (new_handle() << 8);
+    if (gs_ptrmap_put(&g_allocs, kind, key, size, dev) != 0) {
+        if (dev >= 0) sim_mem_unreserve(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = key;
+    return CUDA_SUCCESS;
+}
+
+static CUresult sim_free(int kind, uint64_t key)
+{
+    struct gs_ptr_entry e;
+    if (!gs_ptrmap_take(&g_allocs, kind, key, &e)) return CUDA_ERROR_INVALID_VALUE;
+    if (e.gpu >= 0) sim_mem_unreserve(e.gpu, e.size);
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot)
+{
+    NEED_CTX();
+    struct sim_dev *d = &sim->dev[t_cur->dev];
+    uint64_t used = __atomic_load_n(&d->used, __ATOMIC_RELAXED);
+    *tot = d->total;
+    *fr = used < d->total ? d->total - used : 0;
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size)
+{
+    NEED_CTX();
+    return sim_alloc(t_cur->dev, size, GS_KIND_PTR, p);
+}
+SIM_API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flags)
+{
+    (void)flags;
+    return cuMemAlloc_v2(p, size);
+}
+SIM_API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int elem)
+{
+    NEED_CTX();
+    if (!pitch || w == 0 || h == 0 || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
+    size_t pw = w > SIZE_MAX - 511 ? SIZE_MAX : (w + 511) & ~(size_t)511;
+    CUresult rc = sim_alloc(t_cur->dev, gs_mul_sat(pw, h), GS_KIND_PTR, p);
+    if (rc == CUDA_SUCCESS) *pitch = pw;
+    return rc;
+}
+SIM_API CUresult cuMemFree_v2(CUdeviceptr p) { NEED_INIT(); return sim_free(GS_KIND_PTR, p); }
+SIM_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) { (void)s; return cuMemAlloc_v2(p, size); }
+SIM_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) { return cuMemAllocAsync(p, size, s); }
+SIM_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPool pool, CUstream s)
+{
+    (void)pool;
+    return cuMemAllocAsync(p, size, s);
+}
+SIM_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool, CUstream s)
+{
+    return cuMemAllocFromPoolAsync(p, size, pool, s);
+}
+SIM_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return cuMemFree_v2(p); }
+SIM_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+
+SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                             unsigned long long flags)
+{
+    (void)flags;
+    NEED_INIT();
+    if (!h || !prop) return CUDA_ERROR_INVALID_VALUE;
+    int dev = -1;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        VALID_DEV(prop->location.id);
+        dev = prop->location.id;
+    }
+    return sim_alloc(dev, size, GS_KIND_VMM, h);
+}
+SIM_API CUresult cuMemRelease(CUmemGenericAllocationHandle h) { NEED_INIT(); return sim_free(GS_KIND_VMM, h); }
+SIM_API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option)
+{
+    (void)prop, (void)option;
+    NEED_INIT();
+    *g = 2u << 20;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr,
+                                     unsigned long long flags)
+{
+    (void)size, (void)align, (void)addr, (void)flags;
+    NEED_INIT();
+    *p = (1ull << 46) | (new_handle() << 30);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuMemAddressFree(CUdeviceptr p, size_t size) { (void)p, (void)size; NEED_INIT(); return CUDA_SUCCESS; }
+SIM_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h,
+                          unsigned long long flags)
+{
+    (void)p, (void)size, (void)off, (void)h, (void)flags;
+    NEED_INIT();
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuMemUnmap(CUdeviceptr p, size_t size) { (void)p, (void)size; NEED_INIT(); return CUDA_SUCCESS; }
+SIM_API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count)
+{
+    (void)p, (void)size, (void)desc, (void)count;
+    NEED_INIT();
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    NEED_CTX();
+    if (!a || !d) return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long key;
+    CUresult rc = sim_alloc(t_cur->dev, gs_array_bytes(d), GS_KIND_ARRAY, &key);
+    if (rc == CUDA_SUCCESS) *a = (CUarray)(uintptr_t)key;
+    return rc;
+}
+SIM_API CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    NEED_CTX();
+    if (!a || !d) return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long key;
+    CUresult rc = sim_alloc(t_cur->dev, gs_array3d_bytes(d, 1), GS_KIND_ARRAY, &key);
+    if (rc == CUDA_SUCCESS) *a = (CUarray)(uintptr_t)key;
+    return rc;
+}
+SIM_API CUresult cuArrayDestroy(CUarray a) { NEED_INIT(); return sim_free(GS_KIND_ARRAY, (uintptr_t)a); }
+SIM_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    NEED_CTX();
+    if (!m || !d) return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long key;
+    CUresult rc = sim_alloc(t_cur->dev, gs_array3d_bytes(d, levels), GS_KIND_MIPMAP, &key);
+    if (rc == CUDA_SUCCESS) *m = (CUmipmappedArray)(uintptr_t)key;
+    return rc;
+}
+SIM_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { NEED_INIT(); return sim_free(GS_KIND_MIPMAP, (uintptr_t)m); }
+
+/* copies and memsets complete at once; device memory reads back as zeros */
+SIM_API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { (void)d, (void)h, (void)n; NEED_CTX(); return CUDA_SUCCESS; }
+SIM_API CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n)
+{
+    (void)d;
+    NEED_CTX();
+    wait_idle();
+    memset(h, 0, n);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { (void)d, (void)v, (void)n; NEED_CTX(); return CUDA_SUCCESS; }
+
+/* ---- launches ---- */
+static CUresult launch(void)
+{
+    NEED_CTX();
+    uint64_t dur = sim_kernel_ns;
+    if (dur == 0) return CUDA_SUCCESS;
+    struct sim_dev *d = &sim->dev[t_cur->dev];
+    uint64_t now = sim_now_ns(), queue = QUEUE_KERNELS * dur;
+    uint64_t mine = __atomic_load_n(&g_last_end, __ATOMIC_RELAXED);
+    if (mine > now + queue) { /* the queue is full: wait for room */
+        sim_sleep_until(mine - queue);
+        now = sim_now_ns();
+    }
+    uint64_t old = __atomic_load_n(&d->busy_until_ns, __ATOMIC_RELAXED), start;
+    do {
+        start = old > now ? old : now;
+    } while (!__atomic_compare_exchange_n(&d->busy_until_ns, &old, start + dur, 1, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    __atomic_add_fetch(&d->busy_total_ns, dur, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&sim_me->busy_ns[t_cur->dev], dur, __ATOMIC_RELAXED);
+    uint64_t end = start + dur;
+    while (mine < end && !__atomic_compare_exchange_n(&g_last_end, &mine, end, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuLaunchKernel(GS_LAUNCH_ARGS, void **extra)
+{
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)params, (void)extra;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    return launch();
+}
+SIM_API CUresult cuLaunchKernel_ptsz(GS_LAUNCH_ARGS, void **extra)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+SIM_API CUresult cuLaunchCooperativeKernel(GS_LAUNCH_ARGS)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, NULL);
+}
+SIM_API CUresult cuLaunchCooperativeKernel_ptsz(GS_LAUNCH_ARGS)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, NULL);
+}
+SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+    (void)params, (void)extra;
+    if (!cfg || !f) return CUDA_ERROR_INVALID_VALUE;
+    return launch();
+}
+SIM_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+    return cuLaunchKernelEx(cfg, f, params, extra);
+}
+SIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+{
+    (void)s;
+    if (!g) return CUDA_ERROR_INVALID_HANDLE;
+    return launch();
+}
+SIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
+
+/* ---- cuGetProcAddress: base name + CUDA version + per-thread flag -> versioned entry ---- */
+struct proc { const char *base; int version; int ptsz; void *fn; };
+#define P(base, ver, ptsz, fn) {#base, ver, ptsz, (void *)fn}
+CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+static const struct proc g_procs[] = {
+    P(cuInit, 0, 0, cuInit), P(cuDriverGetVersion, 0, 0, cuDriverGetVersion),
+    P(cuDeviceGet, 0, 0, cuDeviceGet), P(cuDeviceGetCount, 0, 0, cuDeviceGetCount),
+    P(cuDeviceGetName, 0, 0, cuDeviceGetName), P(cuDeviceGetUuid, 0, 0, cuDeviceGetUuid),
+    P(cuDeviceGetUuid, 11040, 0, cuDeviceGetUuid_v2), P(cuDeviceTotalMem, 3020, 0, cuDeviceTotalMem_v2),
+    P(cuDeviceGetAttribute, 0, 0, cuDeviceGetAttribute),
+    P(cuDevicePrimaryCtxRetain, 0, 0, cuDevicePrimaryCtxRetain),
+    P(cuDevicePrimaryCtxRelease, 11000, 0, cuDevicePrimaryCtxRelease_v2),
+    P(cuDevicePrimaryCtxReset, 11000, 0, cuDevicePrimaryCtxReset_v2),
+    P(cuDevicePrimaryCtxSetFlags, 11000, 0, cuDevicePrimaryCtxSetFlags_v2),
+    P(cuDevicePrimaryCtxGetState, 0, 0, cuDevicePrimaryCtxGetState),
+    P(cuCtxCreate, 3020, 0, cuCtxCreate_v2), P(cuCtxCreate, 12050, 0, cuCtxCreate_v4),
+    P(cuCtxDestroy, 4000, 0, cuCtxDestroy_v2), P(cuCtxSetCurrent, 0, 0, cuCtxSetCurrent),
+    P(cuCtxGetCurrent, 0, 0, cuCtxGetCurrent), P(cuCtxPushCurrent, 4000, 0, cuCtxPushCurrent_v2),
+    P(cuCtxPopCurrent, 4000, 0, cuCtxPopCurrent_v2), P(cuCtxGetDevice, 0, 0, cuCtxGetDevice),
+    P(cuCtxSynchronize, 0, 0, cuCtxSynchronize),
+    P(cuStreamCreate, 0, 0, cuStreamCreate), P(cuStreamCreateWithPriority, 0, 0, cuStreamCreateWithPriority),
+    P(cuStreamDestroy, 4000, 0, cuStreamDestroy_v2), P(cuStreamSynchronize, 0, 0, cuStreamSynchronize),
+    P(cuStreamSynchronize, 0, 1, cuStreamSynchronize_ptsz), P(cuStreamQuery, 0, 0, cuStreamQuery),
+    P(cuEventCreate, 0, 0, cuEventCreate), P(cuEventDestroy, 4000, 0, cuEventDestroy_v2),
+    P(cuEventRecord, 0, 0, cuEventRecord), P(cuEventRecord, 0, 1, cuEventRecord_ptsz),
+    P(cuEventQuery, 0, 0, cuEventQuery), P(cuEventSynchronize, 0, 0, cuEventSynchronize),
+    P(cuEventElapsedTime, 0, 0, cuEventElapsedTime), P(cuEventElapsedTime, 12080, 0, cuEventElapsedTime_v2),
+    P(cuGetErrorName, 0, 0, cuGetErrorName), P(cuGetErrorString, 0, 0, cuGetErrorString),
+    P(cuModuleLoadData, 0, 0, cuModuleLoadData), P(cuModuleLoadDataEx, 0, 0, cuModuleLoadDataEx),
+    P(cuModuleGetFunction, 0, 0, cuModuleGetFunction), P(cuModuleUnload, 0, 0, cuModuleUnload),
+    P(cuGetProcAddress, 0, 0, cuGetProcAddress), P(cuGetProcAddress, 12000, 0, cuGetProcAddress_v2),
+    P(cuMemGetInfo, 3020, 0, cuMemGetInfo_v2), P(cuMemAlloc, 3020, 0, cuMemAlloc_v2),
+    P(cuMemAllocPitch, 3020, 0, cuMemAllocPitch_v2), P(cuMemAllocManaged, 0, 0, cuMemAllocManaged),
+    P(cuMemFree, 3020, 0, cuMemFree_v2),
+    P(cuMemAllocAsync, 0, 0, cuMemAllocAsync), P(cuMemAllocAsync, 0, 1, cuMemAllocAsync_ptsz),
+    P(cuMemAllocFromPoolAsync, 0, 0, cuMemAllocFromPoolAsync),
+    P(cuMemAllocFromPoolAsync, 0, 1, cuMemAllocFromPoolAsync_ptsz),
+    P(cuMemFreeAsync, 0, 0, cuMemFreeAsync), P(cuMemFreeAsync, 0, 1, cuMemFreeAsync_ptsz),
+    P(cuMemCreate, 0, 0, cuMemCreate), P(cuMemRelease, 0, 0, cuMemRelease),
+    P(cuMemGetAllocationGranularity, 0, 0, cuMemGetAllocationGranularity),
+    P(cuMemAddressReserve, 0, 0, cuMemAddressReserve), P(cuMemAddressFree, 0, 0, cuMemAddressFree),
+    P(cuMemMap, 0, 0, cuMemMap), P(cuMemUnmap, 0, 0, cuMemUnmap), P(cuMemSetAccess, 0, 0, cuMemSetAccess),
+    P(cuArrayCreate, 3020, 0, cuArrayCreate_v2), P(cuArray3DCreate, 3020, 0, cuArray3DCreate_v2),
+    P(cuArrayDestroy, 0, 0, cuArrayDestroy), P(cuMipmappedArrayCreate, 0, 0, cuMipmappedArrayCreate),
+    P(cuMipmappedArrayDestroy, 0, 0, cuMipmappedArrayDestroy),
+    P(cuMemcpyHtoD, 3020, 0, cuMemcpyHtoD_v2), P(cuMemcpyDtoH, 3020, 0, cuMemcpyDtoH_v2),
+    P(cuMemsetD8, 3020, 0, cuMemsetD8_v2),
+    P(cuLaunchKernel, 0, 0, cuLaunchKernel), P(cuLaunchKernel, 0, 1, cuLaunchKernel_ptsz),
+    P(cuLaunchKernelEx, 0, 0, cuLaunchKernelEx), P(cuLaunchKernelEx, 0, 1, cuLaunchKernelEx_ptsz),
+    P(cuLaunchCooperativeKernel, 0, 0, cuLaunchCooperativeKernel),
+    P(cuLaunchCooperativeKernel, 0, 1, cuLaunchCooperativeKernel_ptsz),
+    P(cuGraphLaunch, 0, 0, cuGraphLaunch), P(cuGraphLaunch, 0, 1, cuGraphLaunch_ptsz),
+};
+
+SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                     CUdriverProcAddressQueryResult *status)
+{
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    const struct proc *best = NULL;
+    int found = 0;
+    for (int pass = 0; pass < 2 && !best; pass++) { /* per-thread variant first, if asked */
+        for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
+            const struct proc *p = &g_procs[i];
+            if (strcmp(p->base, symbol) != 0 || p->ptsz != (pass == 0 && want_ptsz)) continue;
+            found = 1;
+            if (p->version <= version && (!best || p->version > best->version)) best = p;
+        }
+    }
+    *pfn = best ? best->fn : NULL;
+    if (status)
+        *status = best ? CU_GET_PROC_ADDRESS_SUCCESS
+                       : found ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+SIM_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}

@@ -1,0 +1,215 @@
+#define _GNU_SOURCE
+#include "sim_state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../src/liveness.h"
+
+struct sim_state *sim;
+struct sim_proc *sim_me;
+uint64_t sim_kernel_ns = 100000;
+char sim_uuid_prefix[64] = "GPU-5ea1c0de-0000-4000-8000-";
+
+static int g_lock_fd = -1;
+static pthread_mutex_t g_open_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_atfork;
+
+#define STATE_SIZE (((sizeof(struct sim_state) + 65535) / 65536) * 65536)
+
+uint64_t sim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void sim_sleep_until(uint64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+}
+
+static uint64_t parse_size(const char *s, uint64_t dflt)
+{
+    if (!s || !*s) return dflt;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    static const char *suf[] = {"Ki", "Mi", "Gi", "Ti"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(end, suf[i]) == 0) return v << (10 * (i + 1));
+    return *end ? dflt : v;
+}
+
+static long proc_offset(int i) { return (long)((char *)&sim->proc[i] - (char *)sim); }
+
+/* under sim->lock: give back what dead processes held */
+static void reap_locked(void)
+{
+    for (int i = 0; i < SIM_MAX_PROC; i++) {
+        struct sim_proc *p = &sim->proc[i];
+        if (!p->in_use || p == sim_me || gs_live_held(g_lock_fd, proc_offset(i))) continue;
+        for (int d = 0; d < SIM_MAX_DEV; d++) __atomic_sub_fetch(&sim->dev[d].used, p->used[d], __ATOMIC_RELAXED);
+        memset(p, 0, sizeof *p);
+    }
+}
+
+static void lock_state(void)
+{
+    if (pthread_mutex_lock(&sim->lock.m) == EOWNERDEAD) pthread_mutex_consistent(&sim->lock.m);
+}
+
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&g_open_lock, NULL);
+    if (g_lock_fd >= 0) close(g_lock_fd);
+    g_lock_fd = -1;
+    sim_me = NULL; /* the child registers itself on its next sim_open() */
+}
+
+static void init_state(void *p)
+{
+    struct sim_state *s = p;
+    memset(p, 0, STATE_SIZE);
+    uint64_t n = parse_size(getenv("GPUSHARE_SIM_DEVICES"), 1);
+    s->ndev = n < 1 ? 1 : n > SIM_MAX_DEV ? SIM_MAX_DEV : (uint32_t)n;
+    uint64_t mem = parse_size(getenv("GPUSHARE_SIM_MEMORY"), 16ull << 30);
+    for (uint32_t d = 0; d < s->ndev; d++) s->dev[d].total = mem;
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&s->lock.m, &a);
+    pthread_mutexattr_destroy(&a);
+    __atomic_store_n(&s->magic, SIM_MAGIC, __ATOMIC_RELEASE);
+}
+
+static int map_state(void)
+{
+    const char *path = getenv("GPUSHARE_SIM_STATE");
+    if (!path || !*path) path = "/dev/shm/gpushare-sim.state";
+    mode_t old = umask(0);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    umask(old);
+    if (fd < 0) {
+        fprintf(stderr, "gpushare-sim: cannot open state %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    flock(fd, LOCK_EX);
+    struct stat st;
+    int fresh = fstat(fd, &st) == 0 && st.st_size < (off_t)STATE_SIZE;
+    if (fresh && ftruncate(fd, STATE_SIZE) != 0) {
+        flock(fd, LOCK_UN);
+        close(fd);
+        return -1;
+    }
+    void *p = mmap(NULL, STATE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED && __atomic_load_n(&((struct sim_state *)p)->magic, __ATOMIC_ACQUIRE) != SIM_MAGIC)
+        init_state(p);
+    flock(fd, LOCK_UN);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    g_lock_fd = fd; /* O_CLOEXEC; holds this process's liveness lock */
+    sim = p;
+    return 0;
+}
+
+int sim_open(void)
+{
+    if (__atomic_load_n(&sim_me, __ATOMIC_ACQUIRE)) return 0;
+    pthread_mutex_lock(&g_open_lock);
+    int rc = 0;
+    if (!sim_me) {
+        const char *k = getenv("GPUSHARE_SIM_KERNEL_US");
+        if (k && *k) sim_kernel_ns = strtoull(k, NULL, 10) * 1000;
+        const char *pre = getenv("GPUSHARE_SIM_UUID_PREFIX");
+        if (pre && *pre) snprintf(sim_uuid_prefix, sizeof sim_uuid_prefix, "%s", pre);
+        if (!g_atfork) {
+            pthread_atfork(NULL, NULL, after_fork_child);
+            g_atfork = 1;
+        }
+        if (!sim) rc = map_state();
+        else if (g_lock_fd < 0) { /* fork child: own description, own liveness lock */
+            const char *path = getenv("GPUSHARE_SIM_STATE");
+            g_lock_fd = open(path && *path ? path : "/dev/shm/gpushare-sim.state", O_RDWR | O_CLOEXEC);
+            rc = g_lock_fd < 0 ? -1 : 0;
+        }
+        if (rc == 0) {
+            lock_state();
+            reap_locked();
+            struct sim_proc *me = NULL;
+            for (int i = 0; i < SIM_MAX_PROC && !me; i++)
+                if (!sim->proc[i].in_use && gs_live_claim(g_lock_fd, proc_offset(i)) == 0) me = &sim->proc[i];
+            if (me) {
+                memset(me, 0, sizeof *me);
+                me->in_use = 1;
+                me->pid = getpid();
+                me->start_ns = sim_now_ns();
+            }
+            pthread_mutex_unlock(&sim->lock.m);
+            if (me) __atomic_store_n(&sim_me, me, __ATOMIC_RELEASE);
+            else rc = -1;
+        }
+    }
+    pthread_mutex_unlock(&g_open_lock);
+    return rc;
+}
+
+void sim_uuid_string(int dev, char *out, unsigned len)
+{
+    snprintf(out, len, "%s%012x", sim_uuid_prefix, dev);
+}
+
+void sim_uuid_bytes(int dev, unsigned char out[16])
+{
+    char s[96];
+    sim_uuid_string(dev, s, sizeof s);
+    memset(out, 0, 16);
+    int n = 0;
+    const char *p = strncmp(s, "GPU-", 4) == 0 ? s + 4 : s;
+    for (; *p && n < 32; p++) {
+        int v;
+        if (*p >= '0' && *p <= '9') v = *p - '0';
+        else if (*p >= 'a' && *p <= 'f') v = *p - 'a' + 10;
+        else if (*p >= 'A' && *p <= 'F') v = *p - 'A' + 10;
+        else continue;
+        out[n / 2] |= (unsigned char)(n % 2 ? v : v << 4);
+        n++;
+    }
+}
+
+int sim_mem_reserve(int dev, uint64_t size)
+{
+    struct sim_dev *d = &sim->dev[dev];
+    uint64_t old = __atomic_load_n(&d->used, __ATOMIC_RELAXED);
+    do {
+        if (old > d->total || size > d->total - old) return -1;
+    } while (!__atomic_compare_exchange_n(&d->used, &old, old + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    __atomic_add_fetch(&sim_me->used[dev], size, __ATOMIC_RELAXED);
+    return 0;
+}
+
+void sim_mem_unreserve(int dev, uint64_t size)
+{
+    __atomic_sub_fetch(&sim->dev[dev].used, size, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&sim_me->used[dev], size, __ATOMIC_RELAXED);
+}
+
+uint64_t sim_busy_done(int dev, uint64_t now)
+{
+    struct sim_dev *d = &sim->dev[dev];
+    uint64_t total = __atomic_load_n(&d->busy_total_ns, __ATOMIC_RELAXED);
+    uint64_t until = __atomic_load_n(&d->busy_until_ns, __ATOMIC_RELAXED);
+    uint64_t ahead = until > now ? until - now : 0;
+    return total > ahead ? total - ahead : 0;
+}

@@ -1,0 +1,828 @@
+/* libgpushare.so: keeps every process of a claim, together, within the claim's memory and
+ * compute limits on each GPU. Preloaded into every process of the container, so it does
+ * nothing at all until the first CUDA or NVML call: no constructor, thread, file or mapping.
+ *
+ * How calls reach us: exported symbols (applications linked against libcuda), our dlsym
+ * (dlopen + dlsym, as the CUDA runtime, PyTorch and pynvml do), and cuGetProcAddress(_v2),
+ * whose answers we swap for our hooks. The real functions come from our own dlopen handle
+ * of libcuda.so.1 / libnvidia-ml.so.1 and the real dlsym, never through ourselves. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_abi.h"
+#include "limits.h"
+#include "log.h"
+#include "ptrmap.h"
+#include "region.h"
+#include "dlsym.h"
+
+#define HOOK __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* dlsym runs inside sanitizer start-up (ASan builds resolve their interceptors through it),
+ * before shadow memory exists: that path must not be instrumented */
+#define NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
+
+/* ------------------------------------------------------------------ real entry points */
+
+#define REAL(sym) static __typeof__(&sym) real_##sym
+REAL(cuGetProcAddress); REAL(cuGetProcAddress_v2);
+REAL(cuMemGetInfo_v2); REAL(cuDeviceTotalMem_v2);
+REAL(cuMemAlloc_v2); REAL(cuMemAllocPitch_v2); REAL(cuMemAllocManaged); REAL(cuMemFree_v2);
+REAL(cuMemAllocAsync); REAL(cuMemAllocAsync_ptsz);
+REAL(cuMemAllocFromPoolAsync); REAL(cuMemAllocFromPoolAsync_ptsz);
+REAL(cuMemFreeAsync); REAL(cuMemFreeAsync_ptsz);
+REAL(cuMemCreate); REAL(cuMemRelease);
+REAL(cuArrayCreate_v2); REAL(cuArray3DCreate_v2); REAL(cuArrayDestroy);
+REAL(cuMipmappedArrayCreate); REAL(cuMipmappedArrayDestroy);
+REAL(cuLaunchKernel); REAL(cuLaunchKernel_ptsz);
+REAL(cuLaunchKernelEx); REAL(cuLaunchKernelEx_ptsz);
+REAL(cuLaunchCooperativeKernel); REAL(cuLaunchCooperativeKernel_ptsz);
+REAL(cuGraphLaunch); REAL(cuGraphLaunch_ptsz);
+REAL(nvmlDeviceGetMemoryInfo); REAL(nvmlDeviceGetMemoryInfo_v2);
+/* not hooked, only called by us */
+REAL(cuCtxGetDevice); REAL(cuDeviceGetUuid_v2); REAL(cuDeviceGetCount); REAL(cuEventCreate); REAL(cuEventDestroy_v2);
+REAL(cuEventRecord); REAL(cuEventRecord_ptsz); REAL(cuEventQuery); REAL(cuEventSynchronize);
+REAL(cuEventElapsedTime_v2);
+REAL(nvmlDeviceGetUUID); REAL(nvmlDeviceGetIndex); REAL(nvmlDeviceGetCount_v2);
+REAL(nvmlDeviceGetHandleByIndex_v2);
+
+enum { LIB_CUDA, LIB_NVML };
+
+struct hook {
+    const char *name;  /* exported (versioned) symbol */
+    void *hook;        /* ours; NULL = helper we only call */
+    void **real;
+    int lib;
+    const char *base;  /* cuGetProcAddress name, when it asks by base name */
+    int min_version;   /* first CUDA version whose base name means this symbol */
+    int ptsz;          /* per-thread default stream variant */
+};
+
+#define H(sym, base, ver, ptsz) {#sym, (void *)sym, (void **)&real_##sym, LIB_CUDA, base, ver, ptsz}
+#define N(sym) {#sym, (void *)sym, (void **)&real_##sym, LIB_NVML, #sym, 0, 0}
+#define HELPER(sym, lib) {#sym, NULL, (void **)&real_##sym, lib, "", 0, 0}
+static const struct hook hooks[] = {
+    H(cuGetProcAddress, "cuGetProcAddress", 0, 0),
+    H(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
+    H(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0),
+    H(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0),
+    H(cuMemAlloc_v2, "cuMemAlloc", 3020, 0),
+    H(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0),
+    H(cuMemAllocManaged, "cuMemAllocManaged", 0, 0),
+    H(cuMemFree_v2, "cuMemFree", 3020, 0),
+    H(cuMemAllocAsync, "cuMemAllocAsync", 0, 0),
+    H(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 0, 1),
+    H(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0, 0),
+    H(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 0, 1),
+    H(cuMemFreeAsync, "cuMemFreeAsync", 0, 0),
+    H(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 0, 1),
+    H(cuMemCreate, "cuMemCreate", 0, 0),
+    H(cuMemRelease, "cuMemRelease", 0, 0),
+    H(cuArrayCreate_v2, "cuArrayCreate", 3020, 0),
+    H(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0),
+    H(cuArrayDestroy, "cuArrayDestroy", 0, 0),
+    H(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0, 0),
+    H(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 0),
+    H(cuLaunchKernel, "cuLaunchKernel", 0, 0),
+    H(cuLaunchKernel_ptsz, "cuLaunchKernel", 0, 1),
+    H(cuLaunchKernelEx, "cuLaunchKernelEx", 0, 0),
+    H(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 0, 1),
+    H(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 0, 0),
+    H(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 0, 1),
+    H(cuGraphLaunch, "cuGraphLaunch", 0, 0),
+    H(cuGraphLaunch_ptsz, "cuGraphLaunch", 0, 1),
+    N(nvmlDeviceGetMemoryInfo),
+    N(nvmlDeviceGetMemoryInfo_v2),
+    HELPER(cuCtxGetDevice, LIB_CUDA), HELPER(cuDeviceGetUuid_v2, LIB_CUDA), HELPER(cuDeviceGetCount, LIB_CUDA),
+    HELPER(cuEventCreate, LIB_CUDA), HELPER(cuEventDestroy_v2, LIB_CUDA),
+    HELPER(cuEventRecord, LIB_CUDA), HELPER(cuEventRecord_ptsz, LIB_CUDA),
+    HELPER(cuEventQuery, LIB_CUDA), HELPER(cuEventSynchronize, LIB_CUDA),
+    HELPER(cuEventElapsedTime_v2, LIB_CUDA),
+    HELPER(nvmlDeviceGetUUID, LIB_NVML), HELPER(nvmlDeviceGetIndex, LIB_NVML),
+    HELPER(nvmlDeviceGetCount_v2, LIB_NVML), HELPER(nvmlDeviceGetHandleByIndex_v2, LIB_NVML),
+};
+#define NHOOKS (sizeof hooks / sizeof hooks[0])
+
+/* older drivers name some helpers without the version suffix */
+static const char *fallback_name(const char *name)
+{
+    if (strcmp(name, "cuDeviceGetUuid_v2") == 0) return "cuDeviceGetUuid";
+    if (strcmp(name, "cuEventElapsedTime_v2") == 0) return "cuEventElapsedTime";
+    if (strcmp(name, "cuEventRecord_ptsz") == 0) return "cuEventRecord";
+    return NULL;
+}
+
+/* What a missing real function does: the driver is absent or too old for that entry point.
+ * Called through the hooked prototypes; every one returns an int status in rax. */
+static int missing_cuda(void) { return CUDA_ERROR_NOT_INITIALIZED; }
+static int missing_nvml(void) { return NVML_ERROR_LIBRARY_NOT_FOUND; }
+
+/* ------------------------------------------------------------------ state */
+
+struct gpu_state {
+    int index;                 /* limit slot i */
+    int failed;                /* fail closed: every allocation refused, 0 reported */
+    uint64_t limit;
+    int compute, burst;
+    struct gs_region region;
+    /* pacing: cost of one launch (GPU ns) measured with an event pair every SAMPLE_NS */
+    uint64_t cost_ns[2];       /* [kernel, graph], 0 = unknown */
+    uint64_t next_sample_ns;
+    pthread_mutex_t sample_lock; /* only trylocked on the launch path */
+    int pending, pending_kind;
+    CUevent ev0, ev1;
+};
+
+static struct gs_limits g_limits;
+static struct gpu_state g_gpu[GS_MAX_GPUS];
+static int g_gpu_open[GS_MAX_GPUS];
+static struct gpu_state g_failclosed = {.index = -1, .failed = 1};
+static struct gpu_state g_unmanaged; /* sentinel: device not under the claim */
+#define MAX_DEV 64
+static struct gpu_state *g_cuda_map[MAX_DEV], *g_nvml_map[MAX_DEV];
+static pthread_mutex_t g_map_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct gs_ptrmap g_ptrs = GS_PTRMAP_INIT;
+static int g_fault_stop;
+
+enum { LAUNCH_UNREADY = 0, LAUNCH_PASS, LAUNCH_PACE };
+static int g_launch_mode;      /* the single branch a launch takes when nothing is paced */
+static int g_cuda_ready, g_nvml_ready;
+static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
+static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
+static pthread_once_t g_nvml_once = PTHREAD_ONCE_INIT;
+
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&g_map_lock);
+    pthread_mutex_lock(&g_ptrs.lock);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&g_ptrs.lock);
+    pthread_mutex_unlock(&g_map_lock);
+}
+
+/* The child owns none of the parent's device memory: it gets its own usage slots (taken
+ * on its first allocation) and an empty pointer table. */
+static void atfork_child(void)
+{
+    pthread_mutex_unlock(&g_ptrs.lock);
+    gs_ptrmap_reset_child(&g_ptrs);
+    pthread_mutex_init(&g_map_lock, NULL);
+    for (int i = 0; i < GS_MAX_GPUS; i++) {
+        if (!g_gpu_open[i]) continue;
+        struct gpu_state *g = &g_gpu[i];
+        if (!g->failed) gs_region_forget_slot(&g->region);
+        pthread_mutex_init(&g->sample_lock, NULL);
+        g->pending = 0;
+        g->ev0 = g->ev1 = NULL; /* events of the parent's contexts */
+    }
+}
+
+static void init_once(void)
+{
+    gs_limits_load(&g_limits);
+    if (g_limits.mode == GS_MODE_RUN_DIR) { /* test-only fault hooks, never in a container */
+        const char *f = getenv("GPUSHARE_TEST_FAULT");
+        g_fault_stop = f && strcmp(f, "stop_in_lock") == 0;
+    }
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+static void resolve(int lib, const char *soname)
+{
+    void *h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    for (size_t i = 0; i < NHOOKS; i++) {
+        if (hooks[i].lib != lib) continue;
+        void *p = h ? gs_real_dlsym()(h, hooks[i].name) : NULL;
+        const char *alt = fallback_name(hooks[i].name);
+        if (!p && h && alt) p = gs_real_dlsym()(h, alt);
+        if (!p) p = lib == LIB_CUDA ? (void *)missing_cuda : (void *)missing_nvml;
+        __atomic_store_n(hooks[i].real, p, __ATOMIC_RELEASE);
+    }
+}
+
+static void resolve_cuda(void)
+{
+    resolve(LIB_CUDA, "libcuda.so.1");
+    int pace = 0;
+    if (g_limits.mode != GS_MODE_NONE && !g_limits.failed)
+        for (int i = 0; i < g_limits.count; i++) pace |= g_limits.gpu[i].compute < 100;
+    __atomic_store_n(&g_launch_mode, pace ? LAUNCH_PACE : LAUNCH_PASS, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_cuda_ready, 1, __ATOMIC_RELEASE);
+}
+
+static void resolve_nvml(void)
+{
+    resolve(LIB_NVML, "libnvidia-ml.so.1");
+    __atomic_store_n(&g_nvml_ready, 1, __ATOMIC_RELEASE);
+}
+
+static inline void ensure_cuda(void)
+{
+    if (LIKELY(__atomic_load_n(&g_cuda_ready, __ATOMIC_ACQUIRE))) return;
+    pthread_once(&g_init_once, init_once);
+    pthread_once(&g_cuda_once, resolve_cuda);
+}
+
+static inline void ensure_nvml(void)
+{
+    if (LIKELY(__atomic_load_n(&g_nvml_ready, __ATOMIC_ACQUIRE))) return;
+    pthread_once(&g_init_once, init_once);
+    pthread_once(&g_nvml_once, resolve_nvml);
+}
+
+/* ------------------------------------------------------------------ device -> limit slot */
+
+static struct gpu_state *open_slot(int i)
+{
+    struct gpu_state *g = &g_gpu[i];
+    if (g_gpu_open[i]) return g;
+    g->index = i;
+    g->limit = g_limits.gpu[i].memory;
+    g->compute = g_limits.gpu[i].compute;
+    g->burst = g_limits.gpu[i].burst;
+    pthread_mutex_init(&g->sample_lock, NULL);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/region/%d", g_limits.dir, i);
+    g->failed = gs_region_open(&g->region, g_limits.mode == GS_MODE_ENV ? NULL : path) != 0;
+    g->region.fault_stop = g_fault_stop;
+    g_gpu_open[i] = 1;
+    return g;
+}
+
+/* The limit slot of a device: the slot whose UUID matches; else the slot at the device's
+ * ordinal, unless that slot names another visible device. uuid_at(i) gives the UUID of the
+ * driver's device i ("" if unknown). */
+static struct gpu_state *state_for(int ordinal, int count, void (*uuid_at)(int, char *))
+{
+    char uuid[96], other[96];
+    if (g_limits.mode == GS_MODE_NONE) return &g_unmanaged;
+    if (g_limits.failed) return &g_failclosed;
+    uuid_at(ordinal, uuid);
+    for (int i = 0; uuid[0] && i < g_limits.count; i++)
+        if (strcmp(g_limits.gpu[i].uuid, uuid) == 0) return open_slot(i);
+    if (ordinal < 0 || ordinal >= g_limits.count) return &g_unmanaged;
+    for (int d = 0; g_limits.gpu[ordinal].uuid[0] && d < count; d++) {
+        uuid_at(d, other);
+        if (d != ordinal && strcmp(other, g_limits.gpu[ordinal].uuid) == 0) return &g_unmanaged;
+    }
+    return open_slot(ordinal);
+}
+
+static void format_uuid(const unsigned char *b, char *out)
+{
+    sprintf(out, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+            b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+            b[15]);
+}
+
+static struct gpu_state *lookup(struct gpu_state **map, int idx, struct gpu_state *(*find)(int))
+{
+    if (idx < 0 || idx >= MAX_DEV) return NULL;
+    struct gpu_state *g = __atomic_load_n(&map[idx], __ATOMIC_ACQUIRE);
+    if (UNLIKELY(!g)) {
+        pthread_mutex_lock(&g_map_lock);
+        g = map[idx];
+        if (!g) {
+            g = find(idx);
+            __atomic_store_n(&map[idx], g, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&g_map_lock);
+    }
+    return g == &g_unmanaged ? NULL : g;
+}
+
+static void cuda_uuid_at(int dev, char *out)
+{
+    CUuuid u;
+    out[0] = 0;
+    if (real_cuDeviceGetUuid_v2(&u, dev) == CUDA_SUCCESS) format_uuid((unsigned char *)u.bytes, out);
+}
+
+static struct gpu_state *find_cuda(int dev)
+{
+    int count = 0;
+    if (real_cuDeviceGetCount(&count) != CUDA_SUCCESS) count = 0;
+    return state_for(dev, count, cuda_uuid_at);
+}
+
+static struct gpu_state *gpu_for_device(CUdevice dev)
+{
+    ensure_cuda();
+    if (g_limits.mode == GS_MODE_NONE) return NULL;
+    return lookup(g_cuda_map, dev, find_cuda);
+}
+
+/* the device of the calling thread's current context: where cuMemAlloc & co allocate */
+static struct gpu_state *current_gpu(void)
+{
+    CUdevice dev;
+    ensure_cuda();
+    if (g_limits.mode == GS_MODE_NONE || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS) return NULL;
+    return lookup(g_cuda_map, dev, find_cuda);
+}
+
+static void nvml_uuid_at(int idx, char *out)
+{
+    nvmlDevice_t d;
+    out[0] = 0;
+    if (real_nvmlDeviceGetHandleByIndex_v2((unsigned)idx, &d) != NVML_SUCCESS ||
+        real_nvmlDeviceGetUUID(d, out, 96) != NVML_SUCCESS)
+        out[0] = 0;
+}
+
+static struct gpu_state *find_nvml(int idx)
+{
+    unsigned int count = 0;
+    if (real_nvmlDeviceGetCount_v2(&count) != NVML_SUCCESS) count = 0;
+    return state_for(idx, (int)count, nvml_uuid_at);
+}
+
+static struct gpu_state *gpu_for_nvml(nvmlDevice_t d)
+{
+    unsigned int idx;
+    if (g_limits.mode == GS_MODE_NONE || real_nvmlDeviceGetIndex(d, &idx) != NVML_SUCCESS) return NULL;
+    return lookup(g_nvml_map, (int)idx, find_nvml);
+}
+
+/* ------------------------------------------------------------------ memory accounting */
+
+/* Reserve before the real allocation, so two processes racing for the last bytes cannot
+ * both succeed; 0 = go ahead. */
+static int reserve(struct gpu_state *g, size_t size)
+{
+    return g->failed ? -1 : gs_region_reserve(&g->region, size, g->limit);
+}
+
+static void release(struct gpu_state *g, size_t size)
+{
+    if (!g->failed) gs_region_release(&g->region, size);
+}
+
+/* After the real allocation: undo the reservation on failure, else remember what a free
+ * will release. (If the table cannot grow the bytes stay counted: never under-count.) */
+static CUresult track(struct gpu_state *g, CUresult rc, int kind, uint64_t key, size_t size)
+{
+    if (rc != CUDA_SUCCESS) release(g, size);
+    else gs_ptrmap_put(&g_ptrs, kind, key, size, g->index);
+    return rc;
+}
+
+/* Forget the entry before the real free (the driver may hand the address out again at
+ * once), and put it back if the free fails. */
+static int untrack(int kind, uint64_t key, struct gs_ptr_entry *e)
+{
+    ensure_cuda();
+    return g_limits.mode != GS_MODE_NONE && !g_limits.failed && gs_ptrmap_take(&g_ptrs, kind, key, e);
+}
+
+static CUresult finish_free(CUresult rc, int known, const struct gs_ptr_entry *e)
+{
+    if (!known) return rc;
+    if (rc == CUDA_SUCCESS) release(&g_gpu[e->gpu], e->size);
+    else gs_ptrmap_put(&g_ptrs, e->kind, e->key, e->size, e->gpu);
+    return rc;
+}
+
+#define ALLOC_BODY(g, size, kind, keyexpr, call)                                             \
+    do {                                                                                     \
+        if (!(g) || (size) == 0) return call;                                                \
+        if (reserve((g), (size)) != 0) return CUDA_ERROR_OUT_OF_MEMORY;                      \
+        CUresult rc_ = call;                                                                 \
+        return track((g), rc_, (kind), rc_ == CUDA_SUCCESS ? (uint64_t)(keyexpr) : 0, (size)); \
+    } while (0)
+
+#define FREE_BODY(kind, key, call)                                                           \
+    do {                                                                                     \
+        struct gs_ptr_entry e_;                                                              \
+        int known_ = untrack((kind), (uint64_t)(key), &e_);                                  \
+        return finish_free(call, known_, &e_);                                               \
+    } while (0)
+
+HOOK CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+{
+    struct gpu_state *g = current_gpu();
+    ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAlloc_v2(dptr, size));
+}
+
+HOOK CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+    struct gpu_state *g = current_gpu();
+    ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocManaged(dptr, size, flags));
+}
+
+/* Stream-ordered allocations count when enqueued (against the current context's device). */
+HOOK CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    struct gpu_state *g = current_gpu();
+    ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocAsync(dptr, size, s));
+}
+
+HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    struct gpu_state *g = current_gpu();
+    ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocAsync_ptsz(dptr, size, s));
+}
+
+HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
+{
+    struct gpu_state *g = current_gpu();
+    ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocFromPoolAsync(dptr, size, pool, s));
+}
+
+HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
+{
+    struct gpu_state *g = current_gpu();
+    ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, s));
+}
+
+HOOK CUresult cuMemFree_v2(CUdeviceptr p) { FREE_BODY(GS_KIND_PTR, p, real_cuMemFree_v2(p)); }
+
+HOOK CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    FREE_BODY(GS_KIND_PTR, p, real_cuMemFreeAsync(p, s));
+}
+
+HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s)
+{
+    FREE_BODY(GS_KIND_PTR, p, real_cuMemFreeAsync_ptsz(p, s));
+}
+
+/* The pitch is known only afterwards: reserve an estimate, then settle on pitch * height. */
+HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                 unsigned int elem)
+{
+    struct gpu_state *g = current_gpu();
+    size_t est = gs_mul_sat(width > SIZE_MAX - 511 ? SIZE_MAX : (width + 511) & ~(size_t)511, height);
+    if (!g || est == 0) return real_cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+    if (reserve(g, est) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real_cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+    if (rc != CUDA_SUCCESS) return track(g, rc, GS_KIND_PTR, 0, est);
+    size_t actual = gs_mul_sat(*pitch, height);
+    if (actual > est && reserve(g, actual - est) != 0) {
+        real_cuMemFree_v2(*dptr);
+        release(g, est);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < est) release(g, est - actual);
+    return track(g, rc, GS_KIND_PTR, *dptr, actual);
+}
+
+/* VMM: only device locations count; host memory passes through. */
+HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                          unsigned long long flags)
+{
+    int dev = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
+    struct gpu_state *g = dev >= 0 ? gpu_for_device(dev) : (ensure_cuda(), NULL);
+    ALLOC_BODY(g, size, GS_KIND_VMM, *h, real_cuMemCreate(h, size, prop, flags));
+}
+
+HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    FREE_BODY(GS_KIND_VMM, h, real_cuMemRelease(h));
+}
+
+HOOK CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    struct gpu_state *g = current_gpu();
+    size_t size = d ? gs_array_bytes(d) : 0;
+    ALLOC_BODY(g, size, GS_KIND_ARRAY, (uintptr_t)*a, real_cuArrayCreate_v2(a, d));
+}
+
+HOOK CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    struct gpu_state *g = current_gpu();
+    size_t size = d ? gs_array3d_bytes(d, 1) : 0;
+    ALLOC_BODY(g, size, GS_KIND_ARRAY, (uintptr_t)*a, real_cuArray3DCreate_v2(a, d));
+}
+
+HOOK CUresult cuArrayDestroy(CUarray a)
+{
+    FREE_BODY(GS_KIND_ARRAY, (uintptr_t)a, real_cuArrayDestroy(a));
+}
+
+HOOK CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                     unsigned int levels)
+{
+    struct gpu_state *g = current_gpu();
+    size_t size = d ? gs_array3d_bytes(d, levels) : 0;
+    ALLOC_BODY(g, size, GS_KIND_MIPMAP, (uintptr_t)*m, real_cuMipmappedArrayCreate(m, d, levels));
+}
+
+HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
+{
+    FREE_BODY(GS_KIND_MIPMAP, (uintptr_t)m, real_cuMipmappedArrayDestroy(m));
+}
+
+/* ------------------------------------------------------------------ reporting */
+
+/* total = min(limit, physical); free = total - claim usage (>= 0, <= physical free) */
+static void report(struct gpu_state *g, uint64_t phys_total, uint64_t phys_free, uint64_t *total,
+                   uint64_t *free_b, uint64_t *used)
+{
+    if (g->failed) {
+        *total = *free_b = *used = 0;
+        return;
+    }
+    gs_region_reap(&g->region, 1000000000ull); /* at most once a second */
+    uint64_t t = g->limit < phys_total ? g->limit : phys_total;
+    uint64_t u = gs_region_used(&g->region);
+    uint64_t f = u < t ? t - u : 0;
+    *total = t;
+    *free_b = f < phys_free ? f : phys_free;
+    *used = u;
+}
+
+HOOK CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    struct gpu_state *g = current_gpu();
+    CUresult rc = real_cuMemGetInfo_v2(free_b, total_b);
+    if (g && rc == CUDA_SUCCESS && free_b && total_b) {
+        uint64_t t, f, u;
+        report(g, *total_b, *free_b, &t, &f, &u);
+        *total_b = t;
+        *free_b = f;
+    }
+    return rc;
+}
+
+HOOK CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    struct gpu_state *g = gpu_for_device(dev);
+    CUresult rc = real_cuDeviceTotalMem_v2(bytes, dev);
+    if (g && rc == CUDA_SUCCESS && bytes) {
+        uint64_t t, f, u;
+        report(g, *bytes, *bytes, &t, &f, &u);
+        *bytes = t;
+    }
+    return rc;
+}
+
+HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
+{
+    ensure_nvml();
+    nvmlReturn_t rc = real_nvmlDeviceGetMemoryInfo(d, m);
+    struct gpu_state *g = rc == NVML_SUCCESS && m ? gpu_for_nvml(d) : NULL;
+    if (g) {
+        uint64_t t, f, u;
+        report(g, m->total, m->free, &t, &f, &u);
+        m->total = t, m->free = f, m->used = u;
+    }
+    return rc;
+}
+
+HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
+{
+    ensure_nvml();
+    nvmlReturn_t rc = real_nvmlDeviceGetMemoryInfo_v2(d, m);
+    struct gpu_state *g = rc == NVML_SUCCESS && m ? gpu_for_nvml(d) : NULL;
+    if (g) {
+        uint64_t t, f, u;
+        report(g, m->total, m->free, &t, &f, &u);
+        m->total = t, m->free = f, m->used = u, m->reserved = 0;
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------ compute pacing
+ * A token bucket per (claim, GPU) kept in the region as a GCRA "theoretical arrival time":
+ * each launch books cost/rate wall nanoseconds of the claim's timeline and may run at most
+ * BURST_NS ahead of it. cost = the launch's GPU time, measured by the library with an event
+ * pair around one launch every SAMPLE_NS (first launch: measured synchronously). rate = the
+ * compute limit, or the region's pace_rate_ppm when a node agent writes one (never above the
+ * limit under the Hard policy). Lock-free: one CAS per launch. */
+
+#define BURST_NS 10000000ull    /* 10 ms */
+#define SAMPLE_NS 10000000ull   /* one measured launch per 10 ms */
+enum { KIND_KERNEL = 0, KIND_GRAPH = 1 };
+
+struct launch {
+    struct gpu_state *g;  /* NULL: not paced */
+    int kind, ptsz, sampling;
+    CUstream stream;
+};
+
+static uint64_t rate_ppm(struct gpu_state *g)
+{
+    uint64_t limit = (uint64_t)g->compute * 10000;
+    uint64_t agent = __atomic_load_n(&g->region.hdr->pace_rate_ppm, __ATOMIC_RELAXED);
+    if (agent == 0 || (!g->burst && agent > limit)) return limit;
+    return agent > 1000000 ? 1000000 : agent;
+}
+
+static void sleep_until(uint64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+}
+
+static CUresult record(CUevent e, CUstream s, int ptsz)
+{
+    return ptsz ? real_cuEventRecord_ptsz(e, s) : real_cuEventRecord(e, s);
+}
+
+/* under sample_lock: read a finished sample into the cost estimate */
+static void finish_sample(struct gpu_state *g)
+{
+    CUresult q = real_cuEventQuery(g->ev1);
+    if (q == CUDA_ERROR_NOT_READY) return;
+    float ms = 0;
+    g->pending = 0;
+    if (q != CUDA_SUCCESS || real_cuEventElapsedTime_v2(&ms, g->ev0, g->ev1) != CUDA_SUCCESS) return;
+    uint64_t sample = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
+    uint64_t *c = &g->cost_ns[g->pending_kind];
+    uint64_t old = __atomic_load_n(c, __ATOMIC_RELAXED);
+    /* +1: a measured cost is never 0, so 0 keeps meaning "not measured yet" */
+    __atomic_store_n(c, old ? (3 * old + sample + 1) / 4 : sample + 1, __ATOMIC_RELAXED);
+}
+
+static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind)
+{
+    L->g = NULL;
+    L->sampling = 0;
+    ensure_cuda();
+    if (g_launch_mode != LAUNCH_PACE) return;
+    struct gpu_state *g = current_gpu();
+    if (!g || g->failed || g->compute >= 100) return;
+    L->g = g;
+    L->kind = kind;
+    L->ptsz = ptsz;
+    L->stream = s;
+
+    uint64_t now = gs_now_ns();
+    uint64_t cost = __atomic_load_n(&g->cost_ns[kind], __ATOMIC_RELAXED);
+    if (cost) {
+        uint64_t interval = cost * 1000000 / rate_ppm(g);
+        uint64_t *tat = &g->region.hdr->pace_tat_ns;
+        uint64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED), base;
+        do { /* ignore an absurd timeline (the region is tenant-writable) */
+            base = old > now && old < now + 10000000000ull ? old : now;
+        } while (!__atomic_compare_exchange_n(tat, &old, base + interval, 1, __ATOMIC_RELAXED,
+                                              __ATOMIC_RELAXED));
+        if (base > now + BURST_NS) {
+            sleep_until(base - BURST_NS);
+            now = base - BURST_NS;
+        }
+    }
+    if ((cost && now < __atomic_load_n(&g->next_sample_ns, __ATOMIC_RELAXED)) ||
+        pthread_mutex_trylock(&g->sample_lock) != 0)
+        return;
+    if (g->pending) finish_sample(g);
+    if (!g->pending && (!g->ev0 || !g->ev1)) {
+        if (real_cuEventCreate(&g->ev0, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->ev0 = NULL;
+        if (real_cuEventCreate(&g->ev1, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->ev1 = NULL;
+    }
+    if (!g->pending && g->ev0 && g->ev1 && record(g->ev0, s, ptsz) == CUDA_SUCCESS) {
+        L->sampling = 1; /* keep sample_lock until pace_end */
+        return;
+    }
+    __atomic_store_n(&g->next_sample_ns, now + SAMPLE_NS, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g->sample_lock);
+}
+
+static void pace_end(struct launch *L, CUresult rc)
+{
+    if (!L->sampling) return;
+    struct gpu_state *g = L->g;
+    if (rc == CUDA_SUCCESS && record(g->ev1, L->stream, L->ptsz) == CUDA_SUCCESS) {
+        g->pending = 1;
+        g->pending_kind = L->kind;
+        if (!__atomic_load_n(&g->cost_ns[L->kind], __ATOMIC_RELAXED)) { /* first: wait for it */
+            real_cuEventSynchronize(g->ev1);
+            finish_sample(g);
+        }
+    } else if (rc == CUDA_SUCCESS) { /* events of another context: make new ones next time */
+        real_cuEventDestroy_v2(g->ev0);
+        real_cuEventDestroy_v2(g->ev1);
+        g->ev0 = g->ev1 = NULL;
+    }
+    __atomic_store_n(&g->next_sample_ns, gs_now_ns() + SAMPLE_NS, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g->sample_lock);
+}
+
+#define LAUNCH(realfn, stream, ptsz, kind, ...)                                               \
+    do {                                                                                     \
+        if (LIKELY(__atomic_load_n(&g_launch_mode, __ATOMIC_ACQUIRE) == LAUNCH_PASS))        \
+            return realfn(__VA_ARGS__);                                                      \
+        struct launch L_;                                                                    \
+        pace_begin(&L_, (stream), (ptsz), (kind));                                           \
+        CUresult rc_ = realfn(__VA_ARGS__);                                                  \
+        pace_end(&L_, rc_);                                                                  \
+        return rc_;                                                                          \
+    } while (0)
+
+HOOK CUresult cuLaunchKernel(GS_LAUNCH_ARGS, void **extra)
+{
+    LAUNCH(real_cuLaunchKernel, s, 0, KIND_KERNEL, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+HOOK CUresult cuLaunchKernel_ptsz(GS_LAUNCH_ARGS, void **extra)
+{
+    LAUNCH(real_cuLaunchKernel_ptsz, s, 1, KIND_KERNEL, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+HOOK CUresult cuLaunchCooperativeKernel(GS_LAUNCH_ARGS)
+{
+    LAUNCH(real_cuLaunchCooperativeKernel, s, 0, KIND_KERNEL, f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+
+HOOK CUresult cuLaunchCooperativeKernel_ptsz(GS_LAUNCH_ARGS)
+{
+    LAUNCH(real_cuLaunchCooperativeKernel_ptsz, s, 1, KIND_KERNEL, f, gx, gy, gz, bx, by, bz, shmem, s,
+           params);
+}
+
+HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+    LAUNCH(real_cuLaunchKernelEx, cfg ? cfg->hStream : NULL, 0, KIND_KERNEL, cfg, f, params, extra);
+}
+
+HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+    LAUNCH(real_cuLaunchKernelEx_ptsz, cfg ? cfg->hStream : NULL, 1, KIND_KERNEL, cfg, f, params, extra);
+}
+
+HOOK CUresult cuGraphLaunch(CUgraphExec ge, CUstream s)
+{
+    LAUNCH(real_cuGraphLaunch, s, 0, KIND_GRAPH, ge, s);
+}
+
+HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec ge, CUstream s)
+{
+    LAUNCH(real_cuGraphLaunch_ptsz, s, 1, KIND_GRAPH, ge, s);
+}
+
+/* ------------------------------------------------------------------ symbol lookup */
+
+NO_SANITIZE static const struct hook *find_hook(const char *name)
+{
+    for (size_t i = 0; i < NHOOKS; i++)
+        if (hooks[i].hook && strcmp(hooks[i].name, name) == 0) return &hooks[i];
+    return NULL;
+}
+
+/* cuGetProcAddress answered pfn for symbol: ours instead, if pfn is a function we hook */
+static void *substitute(const char *symbol, void *pfn, int version, cuuint64_t flags)
+{
+    for (size_t i = 0; i < NHOOKS; i++)
+        if (hooks[i].hook && hooks[i].lib == LIB_CUDA && *hooks[i].real == pfn) return hooks[i].hook;
+    /* a driver may answer with an internal address: decide by name and version instead */
+    int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, has_ptsz = 0;
+    for (size_t i = 0; i < NHOOKS; i++)
+        if (hooks[i].hook && hooks[i].ptsz && strcmp(hooks[i].base, symbol) == 0) has_ptsz = 1;
+    const struct hook *best = NULL;
+    for (size_t i = 0; i < NHOOKS; i++) {
+        const struct hook *e = &hooks[i];
+        if (!e->hook || e->lib != LIB_CUDA || strcmp(e->base, symbol) != 0) continue;
+        if (e->ptsz != (want_ptsz && has_ptsz) || e->min_version > version) continue;
+        if (!best || e->min_version > best->min_version) best = e;
+    }
+    return best ? best->hook : pfn;
+}
+
+HOOK CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                  CUdriverProcAddressQueryResult *status)
+{
+    ensure_cuda();
+    CUresult rc = real_cuGetProcAddress_v2(symbol, pfn, version, flags, status);
+    if (rc == CUDA_SUCCESS && symbol && pfn && *pfn) *pfn = substitute(symbol, *pfn, version, flags);
+    return rc;
+}
+
+HOOK CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    ensure_cuda();
+    CUresult rc = real_cuGetProcAddress(symbol, pfn, version, flags);
+    if (rc == CUDA_SUCCESS && symbol && pfn && *pfn) *pfn = substitute(symbol, *pfn, version, flags);
+    return rc;
+}
+
+NO_SANITIZE static int is_driver_object(const char *path, int lib)
+{
+    const char *b = path ? strrchr(path, '/') : NULL;
+    b = b ? b + 1 : path;
+    if (!b) return 0;
+    return lib == LIB_CUDA ? strncmp(b, "libcuda.so", 10) == 0 : strncmp(b, "libnvidia-ml.so", 15) == 0;
+}
+
+/* dlsym(handle, name) where name is a symbol we hook: ours if the real lookup lands in the
+ * driver (or already in us). Nothing is initialised here. */
+NO_SANITIZE void *gs_hooked_symbol(void *handle, const char *name)
+{
+    const struct hook *e = find_hook(name);
+    if (!e) return NULL;
+    void *addr = gs_real_dlsym()(handle, name);
+    if (!addr || addr == e->hook) return addr;
+    Dl_info info;
+    if (dladdr(addr, &info) && is_driver_object(info.dli_fname, e->lib)) return e->hook;
+    return NULL;
+}

@@ -1,0 +1,81 @@
+/* Shared usage region: one file per (claim, GPU), REGION_SIZE bytes, mapped by every process
+ * that shares the claim. Holds usage only, never limits. Layout documented in hook/README.md. */
+#ifndef GPUSHARE_REGION_H
+#define GPUSHARE_REGION_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GS_REGION_SIZE (1u << 20)               /* 1 MiB, as created by the kubelet plugin */
+#define GS_REGION_MAGIC 0x31474552534750ULL     /* "PGSREG1" little endian */
+#define GS_REGION_VERSION 1u
+#define GS_HEADER_SIZE 4096u
+#define GS_SLOT_SIZE 64u
+#define GS_SLOT_COUNT ((GS_REGION_SIZE - GS_HEADER_SIZE) / GS_SLOT_SIZE) /* 16320 */
+
+struct gs_region_header {
+    uint64_t magic;          /*   0: GS_REGION_MAGIC, written last when initialising */
+    uint32_t version;        /*   8: GS_REGION_VERSION */
+    uint32_t header_size;    /*  12: GS_HEADER_SIZE */
+    uint32_t slot_size;      /*  16: GS_SLOT_SIZE */
+    uint32_t slot_count;     /*  20: GS_SLOT_COUNT */
+    uint32_t region_size;    /*  24: GS_REGION_SIZE */
+    uint32_t reserved0;      /*  28 */
+    union {                  /*  32: process-shared robust mutex guarding used/slots */
+        pthread_mutex_t m;
+        uint8_t pad[64];
+    } lock;
+    uint64_t used;           /*  96: bytes reserved by all slots (sum of slot.used) */
+    uint32_t slots_hw;       /* 104: slots [0, slots_hw) have been used at least once */
+    uint32_t reserved1;      /* 108 */
+    uint64_t reaped;         /* 112: number of dead slots reclaimed (diagnostics) */
+    /* compute pacing, lock-free (atomics) */
+    uint64_t pace_tat_ns;    /* 120: token bucket as GCRA "theoretical arrival time", CLOCK_MONOTONIC ns */
+    uint32_t pace_rate_ppm;  /* 128: refill rate, millionths of the GPU; 0 = derive from the
+                                     compute limit. A node agent may write it (Hard policy: the
+                                     library never exceeds the claim's limit whatever it says) */
+    uint32_t reserved2;      /* 132 */
+    uint64_t pace_gpu_ns;    /* 136: estimated GPU time charged to the claim (diagnostics) */
+};
+
+struct gs_slot {
+    uint32_t in_use;         /*  0: 1 = owned by a live (or not yet reaped) process */
+    int32_t pid;             /*  4: pid as seen in the owner's pid namespace */
+    uint64_t start_time;     /*  8: /proc/self/stat field 22 of the owner (pid reuse) */
+    uint64_t pidns;          /* 16: inode of the owner's /proc/self/ns/pid */
+    uint64_t used;           /* 24: bytes this process holds on this GPU */
+    uint8_t pad[32];         /* 32 */
+};
+
+_Static_assert(sizeof(struct gs_region_header) <= GS_HEADER_SIZE, "header too big");
+_Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex too big");
+_Static_assert(sizeof(struct gs_slot) == GS_SLOT_SIZE, "slot size");
+_Static_assert(__builtin_offsetof(struct gs_region_header, used) == 96, "layout");
+_Static_assert(__builtin_offsetof(struct gs_region_header, pace_rate_ppm) == 128, "layout");
+
+/* Per-process view of one region. */
+struct gs_region {
+    struct gs_region_header *hdr;
+    struct gs_slot *slots;
+    int lock_fd;            /* O_CLOEXEC fd whose OFD lock on our slot's byte says "alive" */
+    int slot;               /* our slot, -1 = not registered yet */
+    int fault_stop;         /* test only: SIGSTOP while holding the lock */
+    uint64_t last_reap_ns;
+    char path[4096];        /* "" = anonymous, per-process accounting */
+};
+
+/* Map (and if zero-filled, initialise) the region at path; NULL path = private anonymous
+ * region. Returns 0, or -1 after one log line (corrupt, unknown version, cannot open). */
+int gs_region_open(struct gs_region *r, const char *path);
+/* Reserve size bytes if the claim's total stays <= limit. 0 = reserved, -1 = refused. */
+int gs_region_reserve(struct gs_region *r, uint64_t size, uint64_t limit);
+void gs_region_release(struct gs_region *r, uint64_t size);
+uint64_t gs_region_used(struct gs_region *r);
+/* Reclaim slots of dead processes, at most once per min_interval_ns. */
+void gs_region_reap(struct gs_region *r, uint64_t min_interval_ns);
+/* In a fork child: forget the parent's slot (re-registered on the next reservation). */
+void gs_region_forget_slot(struct gs_region *r);
+uint64_t gs_now_ns(void);
+
+#endif

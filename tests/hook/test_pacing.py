@@ -1,0 +1,56 @@
+"""Compute pacing on the simulated GPU (kernels of 100 us, run serially)."""
+import struct
+
+import pytest
+
+from conftest import MiB, kv
+
+SECONDS = "2.5"
+
+
+def busy(claim, **kw):
+    out = kv(claim.run("gpushare-probe", "launch", "--seconds", SECONDS, timeout=60, **kw).stdout)
+    return float(out["busy_share"]), out
+
+
+@pytest.mark.parametrize("share", [10, 30, 50, 90])
+def test_pacing_within_5_points(make_claim, share):
+    c = make_claim(memory=64 * MiB, compute=share)
+    got, out = busy(c)
+    assert abs(got - share) <= 5, out
+
+
+def test_limit_100_is_not_paced(make_claim):
+    c = make_claim(memory=64 * MiB, compute=100)
+    got, out = busy(c)
+    assert got >= 95, out
+
+
+def test_node_agent_rate_lowers_share(make_claim):
+    c = make_claim(memory=64 * MiB, compute=50)
+    c.run("gpushare-probe", "meminfo")  # initialise the region
+    with open(c.region(0), "r+b") as f:
+        f.seek(128)
+        f.write(struct.pack("<I", 200_000))  # pace_rate_ppm: 20 %
+    got, out = busy(c)
+    assert abs(got - 20) <= 5, out
+
+
+def test_tenant_cannot_raise_rate_under_hard_policy(make_claim):
+    c = make_claim(memory=64 * MiB, compute=30)
+    c.run("gpushare-probe", "meminfo")
+    with open(c.region(0), "r+b") as f:
+        f.seek(120)
+        f.write(struct.pack("<QI", 0, 1_000_000))  # reset the bucket, claim the whole GPU
+    got, out = busy(c)
+    assert abs(got - 30) <= 5, out
+
+
+def test_share_is_per_claim_not_per_process(make_claim):
+    """two processes of one claim at 40 % get 40 % together"""
+    c = make_claim(memory=64 * MiB, compute=40)
+    procs = [c.popen("gpushare-probe", "launch", "--seconds", SECONDS) for _ in range(2)]
+    outs = [kv(p.communicate(timeout=60)[0]) for p in procs]
+    # from launch rates and the simulated kernel time (a calibration can queue behind the other)
+    total = sum(float(o["launches_per_s"]) for o in outs) * 100e-6 * 100
+    assert abs(total - 40) <= 5, outs

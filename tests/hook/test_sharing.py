@@ -1,0 +1,96 @@
+"""Processes and threads sharing one claim: atomic reservations, dead processes, killed lock holders."""
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import MiB, kv
+
+LIMIT = 64 * MiB
+
+
+@pytest.mark.parametrize("procs,rounds", [(2, 200), (16, 40)])
+def test_processes_race_never_exceed_limit(make_claim, procs, rounds):
+    # chunks that do not divide the limit evenly across processes make the last bytes contested
+    c = make_claim(memory=LIMIT)
+    p = c.run("tests/t_race", procs, rounds, LIMIT, 3 * MiB, timeout=120)
+    assert "OK t_race" in p.stdout, p.stdout
+
+
+def test_32_threads(make_claim):
+    c = make_claim(memory=LIMIT)
+    p = c.run("tests/t_threads", LIMIT, MiB, 30, timeout=120)
+    assert "OK t_threads" in p.stdout, p.stdout
+
+
+def test_fork_child_gets_own_slot(make_claim):
+    c = make_claim(memory=LIMIT)
+    p = c.run("tests/t_fork", LIMIT)
+    assert "OK t_fork" in p.stdout, p.stdout
+
+
+def _wait_stopped(pid, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError("the faulting process never stopped")
+
+
+def test_killed_lock_holder_does_not_stall_others(make_claim):
+    c = make_claim(memory=LIMIT)
+    holder = c.popen("gpushare-probe", "alloc", "--chunk", "16Mi", "--max", "16Mi",
+                     env={"GPUSHARE_TEST_FAULT": "stop_in_lock"})
+    try:
+        _wait_stopped(holder.pid)  # stopped inside the robust mutex, mid-update
+        waiter = c.popen("gpushare-probe", "alloc", "--chunk", "8Mi")
+        time.sleep(0.3)
+        assert waiter.poll() is None, "the lock was not held"
+        t0 = time.monotonic()
+        holder.kill()
+        out, err = waiter.communicate(timeout=5)
+        elapsed = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert elapsed < 1.0, f"waiter stalled {elapsed:.2f}s after the holder died"
+    # the dead holder's half-made reservation is reclaimed: the waiter gets the whole limit
+    assert int(kv(out)["allocated"]) == LIMIT, out + err
+
+
+def test_fault_hook_ignored_outside_test_mode(make_claim):
+    c = make_claim(memory=LIMIT)
+    env = {"GPUSHARE_RUN_DIR": "", "GPUSHARE_MEMORY_LIMIT_0": str(LIMIT), "GPUSHARE_TEST_FAULT": "stop_in_lock"}
+    p = c.run("gpushare-probe", "alloc", "--chunk", "16Mi", env=env, timeout=10)
+    assert int(kv(p.stdout)["allocated"]) == LIMIT
+
+
+def test_dead_process_memory_reclaimed(make_claim):
+    c = make_claim(memory=LIMIT)
+    holder = c.popen("gpushare-probe", "alloc", "--chunk", "16Mi", "--max", "48Mi", "--hold", "60")
+    try:
+        lines = "".join(holder.stdout.readline() for _ in range(4))
+        assert "allocated=50331648 chunks=3" in lines, lines
+        assert int(kv(c.run("gpushare-probe", "meminfo").stdout)["cu_free"]) == 16 * MiB
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert int(kv(c.run("gpushare-probe", "meminfo").stdout)["cu_free"]) == LIMIT
+    assert int(kv(c.run("gpushare-probe", "alloc", "--chunk", "16Mi").stdout)["allocated"]) == LIMIT
+
+
+def test_two_claims_are_independent(make_claim):
+    a = make_claim(memory=LIMIT, name="a")
+    b = make_claim(memory=2 * LIMIT, name="b")
+    holder = a.popen("gpushare-probe", "alloc", "--chunk", "64Mi", "--max", "64Mi", "--hold", "30")
+    try:
+        holder.stdout.readline()
+        assert int(kv(b.run("gpushare-probe", "alloc", "--chunk", "16Mi").stdout)["allocated"]) == 2 * LIMIT
+    finally:
+        holder.kill()
+        holder.wait()
