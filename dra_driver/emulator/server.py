@@ -300,10 +300,14 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
 
     def _client_gone(self):
         """True when the client closed its end (the socket reads EOF)."""
+        # poll, not select: select() fails on descriptors above 1023 (many watches at once).
         try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
+            poller = select.poll()
+            poller.register(self.connection, select.POLLIN | select.POLLHUP)
+            if not poller.poll(0):
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
             return True
 
     def _start_chunked(self):

@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client, watch
 
-from conftest import pod_body
+from .emutest import pod_body
 
 CLIENTS = 100
 WATCHERS = 150

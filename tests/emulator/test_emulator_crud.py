@@ -3,7 +3,7 @@ import json
 import pytest
 from kubernetes import client
 
-from conftest import claim_body, pod_body, slice_body
+from .emutest import claim_body, pod_body, slice_body
 
 MERGE = "application/merge-patch+json"
 

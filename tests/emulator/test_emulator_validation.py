@@ -3,7 +3,7 @@ import json
 import pytest
 from kubernetes import client
 
-from conftest import claim_body, slice_body
+from .emutest import claim_body, slice_body
 from dra_driver.emulator import ApiEmulator
 
 

@@ -4,7 +4,7 @@ import time
 import pytest
 from kubernetes import client, watch
 
-from conftest import pod_body
+from .emutest import pod_body
 from dra_driver.emulator import ApiEmulator
 
 MERGE = "application/merge-patch+json"
@@ -89,7 +89,7 @@ def test_bookmarks(core):
 
 
 def test_watch_all_namespaces_and_cluster_scoped(core, resource):
-    from conftest import slice_body
+    from .emutest import slice_body
     core.create_namespaced_pod("a", pod_body("p1"))
     core.create_namespaced_pod("b", pod_body("p2"))
     resource.create_resource_slice(slice_body())

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import kv
+from .hooktest import kv
 
 
 def _opened(cmd, env, tmp_path):

@@ -3,7 +3,7 @@ import struct
 
 import pytest
 
-from conftest import MiB, kv, sim_uuid
+from .hooktest import MiB, kv, sim_uuid
 
 LIMIT = 64 * MiB
 

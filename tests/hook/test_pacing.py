@@ -3,7 +3,7 @@ import struct
 
 import pytest
 
-from conftest import MiB, kv
+from .hooktest import MiB, kv
 
 SECONDS = "2.5"
 

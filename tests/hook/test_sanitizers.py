@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import HOOK, MiB, kv
+from .hooktest import HOOK, MiB, kv
 
 LIMIT = 64 * MiB
 ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:verify_asan_link_order=0",

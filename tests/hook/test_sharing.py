@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import MiB, kv
+from .hooktest import MiB, kv
 
 LIMIT = 64 * MiB
 

@@ -1,0 +1,11 @@
+"""ResourceSlice controller: publishes a node's GPUs as DRA devices and keeps them true.
+
+- slices.py: what to publish (pure functions: GPUs -> slice dicts, semantic comparison)
+- reconciler.py: SliceController, the loop and watch that keep the server equal to it
+- commands.py: the `controller` and `cleanup` subcommands
+"""
+
+from .commands import delete_slices, run, run_cleanup
+from .reconciler import Backoff, SliceController, SliceWatch
+
+__all__ = ["Backoff", "SliceController", "SliceWatch", "delete_slices", "run", "run_cleanup"]

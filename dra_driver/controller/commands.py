@@ -1,0 +1,67 @@
+"""The `controller` and `cleanup` subcommands of gpushare-dra."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from kubernetes import client
+
+from ..discovery import make_backend
+from ..kube import api_client as make_api_client
+from ..log import get_logger
+from .reconciler import REQUEST_TIMEOUT, SliceController, _json
+
+log = get_logger("gpushare.controller")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Publish this node's slices until SIGTERM or SIGINT; the slices stay afterwards."""
+    if not args.node_name:
+        log.error("--node-name (or $NODE_NAME) is required: the slices' pool is named after the node")
+        return 2
+    backend = make_backend(args.device_backend, args.mock_gpus)
+    controller = SliceController(make_api_client(args.kubeconfig), args.driver_name, args.node_name, backend,
+                                 sharing_mode=args.sharing_mode, partitions=args.partitions)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    controller.start()
+    log.info("slice controller running", node=args.node_name, driver=args.driver_name)
+    stop.wait()
+    log.info("stopping; ResourceSlices are left in place (run `gpushare-dra cleanup` to remove them)")
+    controller.stop()
+    return 0
+
+
+def delete_slices(api_client: client.ApiClient, driver_name: str, node_name: str | None = None) -> int:
+    """Delete the driver's slices of one node (or of every node when node_name is None); how many."""
+    api = client.ResourceV1Api(api_client)
+    selector = f"spec.driver={driver_name}" + (f",spec.nodeName={node_name}" if node_name else "")
+    listed = _json(api.list_resource_slice(field_selector=selector, _preload_content=False,
+                                           _request_timeout=REQUEST_TIMEOUT))
+    deleted = 0
+    for item in listed.get("items") or []:
+        try:
+            api.delete_resource_slice(item["metadata"]["name"], _preload_content=False,
+                                      _request_timeout=REQUEST_TIMEOUT)
+            deleted += 1
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+    return deleted
+
+
+def run_cleanup(args: argparse.Namespace) -> int:
+    if not args.all_nodes and not args.node_name:
+        log.error("give --node-name (or $NODE_NAME) to delete one node's slices, or --all-nodes")
+        return 2
+    node = None if args.all_nodes else args.node_name
+    try:
+        deleted = delete_slices(make_api_client(args.kubeconfig), args.driver_name, node)
+    except client.ApiException as e:
+        log.error("cleanup failed", status=e.status, reason=e.reason)
+        return 1
+    log.info("deleted ResourceSlices", driver=args.driver_name, node=node or "<all nodes>", count=deleted)
+    return 0

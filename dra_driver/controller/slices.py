@@ -1,0 +1,263 @@
+"""Desired ResourceSlices for one node: pure functions from GPUs to slice objects.
+
+Everything here is plain data in, plain dicts out (the JSON the API server speaks), so the
+shapes fixed by CONTRACT.md can be tested without a server. The reconciler decides *when*
+to publish; this module decides *what*.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from decimal import Decimal
+
+from kubernetes.utils import parse_quantity
+
+from .. import devicemodel
+from ..devicemodel import CAPACITY, FULL_COMPUTE, PARTITION
+from ..discovery import GpuInfo
+from ..quantity import format_bytes
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES = 128  # per slice (API validation)
+MAX_DEVICES_WITH_TAINTS = 64  # per slice when any device in it has taints
+TAINT_KEY = "gpushare.dev/unhealthy"
+TAINT_EFFECT = "NoSchedule"
+
+# Capacity-mode request policy. Claims ask for memory in 256Mi steps and compute in whole
+# percent. A request that asks for no capacity consumes the whole GPU (default = max): a
+# plain "give me a gpushare device" then behaves like ordinary DRA (one exclusive GPU)
+# instead of silently getting a tiny limit. Sharing is opt-in by asking for less.
+MEMORY_STEP = 256 * 2**20
+MIN_PUBLISHABLE_MEMORY = 2 * MEMORY_STEP  # validRange needs min + step <= capacity
+
+
+def semver(text: str) -> str:
+    """A semver 2.0 version from a dotted version: "9.0" -> "9.0.0", "580.65.06" -> "580.65.6"."""
+    parts = re.findall(r"\d+", text.split("-")[0].split("+")[0])[:3]
+    numbers = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
+    return ".".join(numbers)
+
+
+def taint_value(reason: str) -> str:
+    """A short label value (<= 63 chars, [A-Za-z0-9-_.], alphanumeric ends) from a health reason."""
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", reason)[:63]
+    value = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+    return value or "Unhealthy"
+
+
+def quantity(value: Decimal | int) -> str:
+    """A canonical quantity string: whole numbers plain, fractions in milli-units (12.5 -> 12500m)."""
+    value = Decimal(value)
+    if value == value.to_integral_value():
+        return str(int(value))
+    return f"{int(value * 1000)}m"
+
+
+def _attributes(gpu: GpuInfo, mode: str) -> dict:
+    return {
+        "uuid": {"string": gpu.uuid[:64]},
+        "index": {"int": gpu.index},
+        "productName": {"string": gpu.product_name[:64]},
+        "architecture": {"string": gpu.architecture[:64]},
+        "cudaComputeCapability": {"version": semver(gpu.cuda_compute_capability)},
+        "driverVersion": {"version": semver(gpu.driver_version)},
+        "sharing": {"string": mode},
+    }
+
+
+def _capacity_device(gpu: GpuInfo) -> dict:
+    max_memory = gpu.memory_bytes // MEMORY_STEP * MEMORY_STEP  # max must be a multiple of step
+    return {
+        "name": devicemodel.whole_gpu_device(gpu.index),
+        "allowMultipleAllocations": True,
+        "attributes": _attributes(gpu, CAPACITY),
+        "capacity": {
+            "memory": {
+                "value": format_bytes(gpu.memory_bytes),
+                "requestPolicy": {
+                    "default": format_bytes(max_memory),
+                    "validRange": {"min": format_bytes(MEMORY_STEP), "step": format_bytes(MEMORY_STEP),
+                                   "max": format_bytes(max_memory)},
+                },
+            },
+            "compute": {
+                "value": str(FULL_COMPUTE),
+                "requestPolicy": {
+                    "default": str(FULL_COMPUTE),
+                    "validRange": {"min": "1", "step": "1", "max": str(FULL_COMPUTE)},
+                },
+            },
+        },
+    }
+
+
+def _share_devices(gpu: GpuInfo, partitions: int) -> list[dict]:
+    memory = format_bytes(devicemodel.share_memory(gpu, partitions))
+    compute = quantity(Decimal(FULL_COMPUTE) / partitions)
+    return [{"name": devicemodel.share_device(gpu.index, j), "attributes": _attributes(gpu, PARTITION),
+             "capacity": {"memory": {"value": memory}, "compute": {"value": compute}}}
+            for j in range(partitions)]
+
+
+def publishable(gpu: GpuInfo) -> bool:
+    """A GPU we can describe: one whose memory NVML could read (a lost GPU reports 0)."""
+    return gpu.memory_bytes >= MIN_PUBLISHABLE_MEMORY
+
+
+def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: bool) -> list[dict]:
+    """The devices of a node, ordered by GPU index then share.
+
+    An unhealthy GPU is published with a NoSchedule taint when the server keeps device taints
+    (new claims avoid it, the scheduler and operators can see why), else left out.
+    """
+    devices = []
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        if not publishable(gpu) or (not gpu.healthy and not taints):
+            continue
+        gpu_devices = [_capacity_device(gpu)] if mode == CAPACITY else _share_devices(gpu, partitions)
+        if not gpu.healthy:
+            taint = {"key": TAINT_KEY, "value": taint_value(gpu.health_reason), "effect": TAINT_EFFECT}
+            gpu_devices = [{**d, "taints": [taint]} for d in gpu_devices]
+        devices.extend(gpu_devices)
+    return devices
+
+
+def chunk_devices(devices: list[dict]) -> list[list[dict]]:
+    """Devices split into slices of at most 128 (64 when any device has taints).
+
+    One limit for the whole pool keeps the split stable and simple; a pool always has at
+    least one slice, empty when there are no devices, so consumers see the pool exists.
+    """
+    size = MAX_DEVICES_WITH_TAINTS if any(d.get("taints") for d in devices) else MAX_DEVICES
+    return [devices[i:i + size] for i in range(0, len(devices), size)] or [[]]
+
+
+def slice_name(node: str, driver: str, suffix: int | str) -> str:
+    """`<node>-<driver>-<suffix>`; shortened with a hash when that would pass 253 characters.
+
+    Deterministic names make a lost create response harmless (the retry gets 409, never a
+    duplicate slice) and let a restarted controller find its slices by name.
+    """
+    name = f"{node}-{driver}-{suffix}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(f"{node}/{driver}".encode()).hexdigest()[:10]
+    return f"{node[:200].rstrip('.-')}-{digest}-{suffix}"
+
+
+def owner_reference(node: str, node_uid: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
+
+
+def desired_slices(node: str, driver: str, devices: list[dict], node_uid: str | None) -> list[dict]:
+    """The slices of the pool, generation 0: the reconciler sets the real generation."""
+    chunks = chunk_devices(devices)
+    slices = []
+    for i, chunk in enumerate(chunks):
+        metadata: dict = {"name": slice_name(node, driver, i)}
+        if node_uid:
+            metadata["ownerReferences"] = [owner_reference(node, node_uid)]
+        slices.append({
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": metadata,
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 0, "resourceSliceCount": len(chunks)},
+                "devices": chunk,
+            },
+        })
+    return slices
+
+
+def with_generation(slice_obj: dict, generation: int) -> dict:
+    spec = slice_obj["spec"]
+    return {**slice_obj, "spec": {**spec, "pool": {**spec["pool"], "generation": generation}}}
+
+
+# --- comparing what we want with what the server has ------------------------------------
+
+def _canonical_quantities(value):
+    """Quantity strings parsed, so "12.5" equals "12500m" and "16Gi" equals "17179869184"."""
+    if isinstance(value, dict):
+        return {k: _canonical_quantities(v) for k, v in value.items()}
+    if isinstance(value, str):
+        try:
+            return parse_quantity(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _canonical_device(device: dict) -> dict:
+    device = dict(device)
+    if "capacity" in device:
+        device["capacity"] = _canonical_quantities(device["capacity"])
+    if device.get("taints"):  # timeAdded is set by the server
+        device["taints"] = sorted(({k: v for k, v in t.items() if k != "timeAdded"} for t in device["taints"]),
+                                  key=lambda t: (t["key"], t.get("value", ""), t["effect"]))
+    else:
+        device.pop("taints", None)
+    if not device.get("allowMultipleAllocations"):
+        device.pop("allowMultipleAllocations", None)
+    return device
+
+
+def content(slice_obj: dict) -> dict:
+    """What we manage in a slice, without server-set fields, the generation and list order."""
+    spec = slice_obj.get("spec") or {}
+    pool = spec.get("pool") or {}
+    owners = (slice_obj.get("metadata") or {}).get("ownerReferences") or []
+    return {
+        "owners": sorted((o.get("kind"), o.get("name"), o.get("uid"), bool(o.get("controller"))) for o in owners),
+        "driver": spec.get("driver"),
+        "nodeName": spec.get("nodeName"),
+        "pool": (pool.get("name"), pool.get("resourceSliceCount")),
+        "devices": sorted((_canonical_device(d) for d in spec.get("devices") or []), key=lambda d: d["name"]),
+        "other": sorted(k for k in spec if k not in ("driver", "nodeName", "pool", "devices")),
+    }
+
+
+def generation(slice_obj: dict) -> int:
+    return int(((slice_obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+def in_sync(desired: list[dict], actual: list[dict]) -> bool:
+    """True when the server's slices are exactly the desired ones at one common generation."""
+    by_name = {s["metadata"]["name"]: s for s in actual}
+    if set(by_name) != {s["metadata"]["name"] for s in desired}:
+        return False
+    if len({generation(s) for s in actual}) > 1:
+        return False
+    return all(content(by_name[s["metadata"]["name"]]) == content(s) for s in desired)
+
+
+# --- what the server keeps -----------------------------------------------------------------
+
+def probe_slice(node: str, driver: str) -> dict:
+    """A one-device slice using every gated field, for a dryRun create that shows what the server keeps."""
+    gpu = GpuInfo(index=0, uuid="probe", minor=0, product_name="probe", memory_bytes=2 * MIN_PUBLISHABLE_MEMORY,
+                  architecture="probe", cuda_compute_capability="0.0", driver_version="0.0.0",
+                  cuda_driver_version="0.0", healthy=False, health_reason="probe")
+    obj = desired_slices(node, driver, desired_devices([gpu], CAPACITY, 1, taints=True), None)[0]
+    obj["metadata"]["name"] = slice_name(node, driver, "probe")
+    return with_generation(obj, 1)
+
+
+def kept_features(sent: dict, returned: dict) -> tuple[bool | None, bool | None]:
+    """(consumable capacity kept, device taints kept) judged from a write and the server's answer.
+
+    None where the sent object did not use that feature, so nothing can be concluded.
+    """
+    sent_devices = (sent.get("spec") or {}).get("devices") or []
+    got = {d.get("name"): d for d in (returned.get("spec") or {}).get("devices") or []}
+    capacity = taints = None
+    for d in sent_devices:
+        back = got.get(d["name"], {})
+        if d.get("allowMultipleAllocations"):
+            capacity = (capacity is not False) and bool(back.get("allowMultipleAllocations"))
+        if d.get("taints"):
+            taints = (taints is not False) and bool(back.get("taints"))
+    return capacity, taints

@@ -1,0 +1,69 @@
+"""`cleanup` and the `controller` subcommand, through the CLI as an operator runs them."""
+
+import os
+import signal
+import subprocess
+import sys
+
+from kubernetes import client
+
+from dra_driver.cli import main
+from dra_driver.controller import delete_slices
+
+from .slicetest import emulator, slices_of, wait_until  # noqa: F401 (fixture)
+
+
+def _slice(name, driver, node):
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1,
+                                                                   "resourceSliceCount": 1}, "devices": []}}
+
+
+def _populate(emu):
+    api = client.ResourceV1Api(emu.api_client())
+    for driver in ("gpushare.dev", "other.example.com"):
+        for node in ("node-a", "node-b"):
+            api.create_resource_slice(_slice(f"{node}-{driver}", driver, node))
+
+
+def _names(emu):
+    return sorted(s.metadata.name for s in client.ResourceV1Api(emu.api_client()).list_resource_slice().items)
+
+
+def test_delete_slices_of_one_node(emulator):
+    _populate(emulator)
+    assert delete_slices(emulator.api_client(), "gpushare.dev", "node-a") == 1
+    assert _names(emulator) == ["node-a-other.example.com", "node-b-gpushare.dev", "node-b-other.example.com"]
+
+
+def test_cleanup_cli_node_and_all_nodes(emulator, tmp_path):
+    _populate(emulator)
+    kubeconfig = emulator.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    assert main(["cleanup", "--kubeconfig", kubeconfig, "--node-name", "node-b"]) == 0
+    assert _names(emulator) == ["node-a-gpushare.dev", "node-a-other.example.com", "node-b-other.example.com"]
+    assert main(["cleanup", "--kubeconfig", kubeconfig, "--all-nodes"]) == 0
+    assert _names(emulator) == ["node-a-other.example.com", "node-b-other.example.com"]
+
+
+def test_cleanup_cli_needs_a_node(emulator, tmp_path, monkeypatch):
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    kubeconfig = emulator.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    assert main(["cleanup", "--kubeconfig", kubeconfig]) == 2
+
+
+def test_controller_cli_publishes_until_sigterm_and_leaves_slices(emulator, tmp_path):
+    kubeconfig = emulator.write_kubeconfig(str(tmp_path / "kubeconfig"))
+    proc = subprocess.Popen([sys.executable, "-m", "dra_driver.cli", "controller", "--kubeconfig", kubeconfig,
+                             "--node-name", "node-a", "--device-backend", "mock", "--mock-gpus", "2x40Gi",
+                             "--sharing-mode", "partition", "--partitions", "2", "--log-format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert wait_until(lambda: slices_of(emulator), timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    [s] = slices_of(emulator)
+    assert len(s["spec"]["devices"]) == 4

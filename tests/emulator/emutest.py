@@ -1,0 +1,59 @@
+import pytest
+from kubernetes import client, dynamic
+
+from dra_driver.emulator import ApiEmulator
+
+
+@pytest.fixture
+def emu():
+    with ApiEmulator(bookmark_interval=0.2) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def api(emu):
+    with emu.api_client() as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def core(api):
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture
+def resource(api):
+    return client.ResourceV1Api(api)
+
+
+@pytest.fixture
+def dyn(api):
+    """The dynamic client: sends dicts as they are (no client-side model validation), so
+    invalid objects reach the server."""
+    return dynamic.DynamicClient(api)
+
+
+def slice_body(name="slice-a", node="node-a", devices=None, driver="gpu.example.com"):
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": name, "labels": {"node": node}},
+        "spec": {"driver": driver, "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": devices if devices is not None else [{"name": "gpu-0"}]},
+    }
+
+
+def claim_body(name="claim-a", capacity=None):
+    exactly = {"deviceClassName": "gpu.example.com"}
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+def pod_body(name="pod-a", node="node-a", labels=None):
+    return {"metadata": {"name": name, "labels": labels or {}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}}

@@ -1,0 +1,117 @@
+"""Fixtures for the enforcement library's tests: build once, lay out claims per docs/interfaces.md.
+
+Everything runs against the simulated driver (hook/build/sim) with libgpushare.so preloaded.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HOOK = REPO / "hook"
+REGION_SIZE = 1 << 20
+UUID_PREFIX = "GPU-5ea1c0de-0000-4000-8000-"
+MiB = 1 << 20
+
+
+def sim_uuid(i: int) -> str:
+    return f"{UUID_PREFIX}{i:012x}"
+
+
+def _make(*targets: str) -> None:
+    subprocess.run(["make", "-s", "-C", str(HOOK), *targets], check=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def build() -> Path:
+    _make()
+    return HOOK / "build"
+
+
+@pytest.fixture(scope="session")
+def asan_build() -> Path:
+    _make("asan")
+    return HOOK / "build-asan"
+
+
+@dataclass
+class Claim:
+    """A run dir ($GPUSHARE_RUN_DIR) with a limits file and zero-filled regions, plus the
+    environment a process of the claim runs with."""
+
+    root: Path
+    build: Path
+    env: dict = field(default_factory=dict)
+
+    @property
+    def limits(self) -> Path:
+        return self.root / "limits"
+
+    def region(self, i: int = 0) -> Path:
+        return self.root / "region" / str(i)
+
+    def run(self, *args, preload=True, env=None, timeout=60, check=True, build=None):
+        b = build or self.build
+        e = dict(self.env)
+        if preload:
+            e["LD_PRELOAD"] = str(b / "libgpushare.so")
+        e.update(env or {})
+        exe = str(args[0]) if str(args[0]).startswith("/") else str(b / args[0])
+        p = subprocess.run([exe, *map(str, args[1:])], env=e, capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{args} failed rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+        return p
+
+    def popen(self, *args, env=None):
+        e = dict(self.env, LD_PRELOAD=str(self.build / "libgpushare.so"))
+        e.update(env or {})
+        return subprocess.Popen([str(self.build / args[0]), *map(str, args[1:])], env=e,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def write_limits(path: Path, gpus: list[dict], extra: str = "") -> None:
+    lines = ["# gpushare limits (test)", "GPUSHARE_LIMITS_VERSION=1",
+             "GPUSHARE_CLAIM_UID=3f1c2a9e-6f0b-4d5e-9a43-2f5c0b7d9e11", f"GPUSHARE_GPU_COUNT={len(gpus)}"]
+    for i, g in enumerate(gpus):
+        lines.append(f"GPUSHARE_DEVICE_UUID_{i}={g.get('uuid', sim_uuid(i))}")
+        lines.append(f"GPUSHARE_MEMORY_LIMIT_{i}={g['memory']}")
+        lines.append(f"GPUSHARE_COMPUTE_LIMIT_{i}={g.get('compute', 100)}")
+        lines.append(f"GPUSHARE_COMPUTE_POLICY_{i}={g.get('policy', 'Hard')}")
+    path.write_text("\n".join(lines) + "\n" + extra)
+
+
+@pytest.fixture
+def make_claim(build, tmp_path):
+    """make_claim(memory=..., compute=..., gpus=[...], sim={...}) -> Claim"""
+
+    def make(memory=64 * MiB, compute=100, gpus=None, sim=None, name="claim"):
+        root = tmp_path / name
+        (root / "region").mkdir(parents=True)
+        gpus = gpus or [{"memory": memory, "compute": compute}]
+        write_limits(root / "limits", gpus)
+        for i in range(len(gpus)):
+            with open(root / "region" / str(i), "wb") as f:
+                f.truncate(REGION_SIZE)  # as the kubelet plugin creates it
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+        env.update({
+            "GPUSHARE_RUN_DIR": str(root),
+            "GPUSHARE_SIM_STATE": str(tmp_path / "sim.state"),
+            "LD_LIBRARY_PATH": str(build / "sim"),
+        })
+        env.update(sim or {})
+        return Claim(root, build, env)
+
+    return make
+
+
+def kv(text: str) -> dict:
+    """key=value pairs of the last line that has each key"""
+    out = {}
+    for k, v in re.findall(r"(\w+)=(\S+)", text):
+        out[k] = v
+    return out
