@@ -1,0 +1,244 @@
+"""Run programs "in a container" that was given CDI devices: the demo's and tests' workloads.
+
+Two runners, one interface (`start(name, device_ids, argv) -> Workload`):
+
+- `PodmanRunner`: a real CDI consumer. podman + runc start a container on a small root
+  filesystem (the probe, its libraries, busybox when present) with `--device` for each CDI
+  device ID, so the runtime itself applies our spec: mounts, environment, ld.so.preload.
+- `ProcessRunner`: no container runtime. It reads the same CDI spec and applies it to a
+  host process: the environment as written, and each mount translated to its host path
+  (the library finds its limits and regions through GPUSHARE_RUN_DIR, a folder laid out
+  like the container's /var/run/gpushare). Used where podman is missing or not root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# This sandbox (and some CI runners) refuse setrlimit: drop process.rlimits from the OCI
+# bundle, then run the real runc. Harmless where setrlimit works.
+_RUNC_WRAPPER = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+if "--bundle" in args:
+    path = os.path.join(args[args.index("--bundle") + 1], "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config.get("process", {{}}).pop("rlimits", None)
+    with open(path, "w") as f:
+        json.dump(config, f)
+os.execv({runc!r}, ["runc"] + args)
+"""
+
+_CONTAINERS_CONF = """[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+[engine.runtimes]
+runc = [{wrapper!r}]
+"""
+
+# Where the probe lives inside containers.
+CONTAINER_PROBE = "/usr/local/bin/gpushare-probe"
+
+
+class Workload:
+    """A running container's main process. A thread collects its stdout lines as they come."""
+
+    def __init__(self, name: str, proc: subprocess.Popen):
+        self.name = name
+        self.proc = proc
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, name=f"workload-{name}", daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)  # end of output
+
+    def read_until(self, prefix: str, timeout: float = 60) -> dict[str, str]:
+        """Read lines until one starts with `prefix`; return that line's key=value pairs."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.lines.append(line)
+            if line.startswith(prefix):
+                return parse_kv(line)
+        raise RuntimeError(f"{self.name}: no line starting with {prefix!r}; output so far: {self.lines}; "
+                           f"stderr: {self._stderr()}")
+
+    def wait(self, timeout: float = 60) -> list[str]:
+        """Wait for the process to end; all its output lines."""
+        self.proc.wait(timeout=timeout)
+        while (line := self._queue.get(timeout=timeout)) is not None:
+            self.lines.append(line)
+        return self.lines
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def _stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+
+def parse_kv(line: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+
+
+def _start(name: str, cmd: list[str], env: dict[str, str]) -> Workload:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return Workload(name, proc)
+
+
+class ProcessRunner:
+    """Applies a claim's CDI spec to a host process (no container runtime needed)."""
+
+    kind = "process"
+
+    def __init__(self, cdi_root: str, probe: str, workdir: str):
+        self.cdi_root = cdi_root
+        self.probe = probe
+        self.workdir = workdir
+
+    def _spec_edits(self, device_ids: list[str]) -> tuple[list[str], dict[str, str]]:
+        """(env, mounts containerPath -> hostPath) of the spec(s) that define these devices."""
+        env: list[str] = []
+        mounts: dict[str, str] = {}
+        for device_id in device_ids:
+            kind, _, name = device_id.partition("=")
+            for path in Path(self.cdi_root).glob("*.json"):
+                spec = json.loads(path.read_text())
+                if spec.get("kind") != kind or name not in {d["name"] for d in spec.get("devices", [])}:
+                    continue
+                edits = [spec.get("containerEdits") or {}]
+                edits += [d.get("containerEdits") or {} for d in spec["devices"] if d["name"] == name]
+                for e in edits:
+                    env += e.get("env") or []
+                    mounts.update({m["containerPath"]: m["hostPath"] for m in e.get("mounts") or []})
+        return env, mounts
+
+    def start(self, name: str, device_ids: list[str], argv: list[str]) -> Workload:
+        env_list, mounts = self._spec_edits(device_ids)
+        env = {k: v for k, v in (item.split("=", 1) for item in env_list)}
+        # The container's /var/run/gpushare, rebuilt from the spec's mounts.
+        run_dir = os.path.join(self.workdir, f"view-{name}")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os.makedirs(os.path.join(run_dir, "region"))
+        for container_path, host_path in mounts.items():
+            if container_path.startswith("/var/run/gpushare/"):
+                os.symlink(host_path, os.path.join(run_dir, container_path.removeprefix("/var/run/gpushare/")))
+        host = {**os.environ, **env, "GPUSHARE_RUN_DIR": run_dir}
+        for var, container_path in (("LD_PRELOAD", env.get("LD_PRELOAD")),
+                                    ("GPUSHARE_SIM_STATE", env.get("GPUSHARE_SIM_STATE"))):
+            if container_path in mounts:
+                host[var] = mounts[container_path]
+        if "LD_LIBRARY_PATH" in env:
+            sim_lib = mounts.get(env["LD_LIBRARY_PATH"] + "/libcuda.so.1")
+            if sim_lib:
+                host["LD_LIBRARY_PATH"] = os.path.dirname(sim_lib)
+        return _start(name, [self.probe, *argv], host)
+
+    def close(self) -> None:
+        pass
+
+
+class PodmanRunner:
+    """podman + runc with our CDI devices: the runtime applies the spec."""
+
+    kind = "podman"
+
+    @staticmethod
+    def available() -> str | None:
+        """None when podman can run here, else why not."""
+        if os.geteuid() != 0:
+            return "not root"
+        for tool in ("podman", "runc"):
+            if shutil.which(tool) is None:
+                return f"{tool} not installed (apt-get install -y podman runc)"
+        return None
+
+    def __init__(self, probe: str, libraries: list[str]):
+        why = self.available()
+        if why:
+            raise RuntimeError(f"podman runner unavailable: {why}")
+        self.work = tempfile.mkdtemp(prefix="gspodman")
+        self.rootfs = build_rootfs(os.path.join(self.work, "rootfs"), probe, libraries)
+        wrapper = os.path.join(self.work, "runc-wrapper")
+        Path(wrapper).write_text(_RUNC_WRAPPER.format(python=sys.executable, runc=shutil.which("runc")))
+        os.chmod(wrapper, 0o755)
+        conf = os.path.join(self.work, "containers.conf")
+        Path(conf).write_text(_CONTAINERS_CONF.format(wrapper=wrapper))
+        self.env = {**os.environ, "CONTAINERS_CONF": conf}
+
+    def command(self, device_ids: list[str], argv: list[str], name: str | None = None) -> list[str]:
+        cmd = ["podman", "run", "--rm", "--network=none", "--runtime", "runc"]
+        if name:
+            cmd += ["--name", name]
+        for device in device_ids:
+            cmd += ["--device", device]
+        return [*cmd, "--rootfs", self.rootfs, *argv]
+
+    def start(self, name: str, device_ids: list[str], argv: list[str]) -> Workload:
+        return _start(name, self.command(device_ids, [CONTAINER_PROBE, *argv]), self.env)
+
+    def run(self, device_ids: list[str], argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(device_ids, argv), env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def build_rootfs(rootfs: str, probe: str, libraries: list[str]) -> str:
+    """A root filesystem with the probe, the shared libraries it and `libraries` need, and busybox."""
+    for d in ("bin", "etc", "proc", "sys", "dev", "tmp", "var/run", "usr/local/bin"):
+        os.makedirs(os.path.join(rootfs, d), exist_ok=True)
+    shutil.copy(probe, os.path.join(rootfs, CONTAINER_PROBE.lstrip("/")))
+    for dep in _shared_deps([probe, *libraries]):
+        target = os.path.join(rootfs, dep.lstrip("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy(dep, target)
+    busybox = shutil.which("busybox")
+    if busybox:  # a shell and tools for scripted checks inside the container
+        shutil.copy(busybox, os.path.join(rootfs, "bin", "busybox"))
+        for tool in ("sh", "cat", "env", "stat", "grep", "sort", "echo"):
+            os.symlink("busybox", os.path.join(rootfs, "bin", tool))
+    return rootfs
+
+
+def _shared_deps(binaries: list[str]) -> set[str]:
+    """Absolute paths of the shared libraries (and the loader) these binaries load."""
+    deps: set[str] = set()
+    for binary in binaries:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            path = line.split("=>")[-1].split("(")[0].strip()
+            if path.startswith("/") and os.path.exists(path):
+                deps.add(path)
+    return deps

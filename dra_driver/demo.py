@@ -1,0 +1,442 @@
+"""`gpushare-dra demo`: the whole product on one screen, with no cluster and no GPU.
+
+The story (../shared/CONTRACT.md), each step checked, exit status 1 if any check fails:
+
+ 1. an API server (the in-process emulator, DRAConsumableCapacity on) and a node;
+ 2. the node's GPUs (mock backend; the simulated CUDA driver stands in for the real one);
+ 3. the kubelet plugin starts, registers, and publishes the node's ResourceSlices;
+ 4. a workload author's claim (4Gi, 30 % of a GPU) shared by two pods of two containers;
+ 5. the claim is allocated (the allocation stand-in does what kube-scheduler does);
+ 6. the kubelet prepares it for the first pod: a CDI spec with the library and limits;
+ 7. the first pod's containers allocate GPU memory;
+ 8. the plugin restarts; the kubelet prepares the claim for the second pod: same answer;
+ 9. the second pod's containers hit the claim's shared budget: out of memory, others unharmed;
+10. memory queries inside show the claim's limit, not the GPU's;
+11. a second claim on the same GPU keeps its own budget;
+12. kernel launches are paced to the claim's compute share;
+13. the pods end and the kubelet unprepares: nothing is left behind.
+
+The same scenario is the end-to-end test (tests/e2e), which requires podman.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from kubernetes import client
+
+from .quantity import format_bytes
+
+GiB = 1 << 30
+MiB = 1 << 20
+DRIVER = "gpushare.dev"
+NODE = "demo-node"
+NAMESPACE = "default"
+DEVICE_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DRIVER},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+}
+CLAIM_MEMORY, CLAIM_COMPUTE = 4 * GiB, 30
+SECOND_CLAIM_MEMORY, SECOND_CLAIM_COMPUTE = 2 * GiB, 20
+CHUNK = 512 * MiB
+PER_CONTAINER_ASK = 1536 * MiB  # four containers asking 1.5Gi each: 6Gi against a 4Gi budget
+PACING_SECONDS = 2.0
+PACING_TOLERANCE = 0.05
+REGION_USED_OFFSET = 96  # hook/src/region.h: gs_region_header.used
+
+
+class Story:
+    """Prints each step and what it shows; remembers whether every check held."""
+
+    def __init__(self, steps: int):
+        self.steps, self.n, self.failures = steps, 0, []
+
+    def step(self, title: str, why: str) -> None:
+        self.n += 1
+        print(f"\n[{self.n}/{self.steps}] {title}\n      {why}", flush=True)
+
+    def show(self, text: str) -> None:
+        for line in text.splitlines():
+            print(f"      {line}", flush=True)
+
+    def check(self, ok: bool, claim: str, detail: str = "") -> bool:
+        mark = "ok  " if ok else "FAIL"
+        print(f"      {mark} {claim}" + (f" ({detail})" if detail else ""), flush=True)
+        if not ok:
+            self.failures.append(claim)
+        return ok
+
+
+def _claim_body(name: str, memory: int, compute: int) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER,
+                "capacity": {"requests": {"memory": format_bytes(memory), "compute": str(compute)}}}}]}}}
+
+
+def _pod_body(name: str, claim: str, containers: list[str]) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": NODE, "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": c, "image": "gpushare-probe", "resources": {"claims": [{"name": "gpu"}]}}
+                                    for c in containers]}}
+
+
+class Demo:
+    def __init__(self, mock_gpus: str, workdir: str, runtime: str):
+        from .hookpath import native_paths
+
+        self.native = native_paths()
+        self.mock_gpus = mock_gpus
+        self.workdir = workdir
+        from .containers import PodmanRunner
+
+        if runtime == "auto":
+            runtime = "podman" if PodmanRunner.available() is None else "process"
+        self.runtime = runtime
+        self.story = Story(13)
+        self.emu = None
+        self.plugin = None
+        self.kubelet = None
+        self.runner = None
+        self.workloads = []
+        self.claims: dict[str, tuple[str, str, str]] = {}  # prepared or to prepare: name -> (ns, name, uid)
+        self.uids: set[str] = set()  # every claim the demo made, for the leftovers check
+        self.answers: dict[str, list] = {}
+
+    # ---- infrastructure ---------------------------------------------------------------------
+
+    def _choose_runner(self):
+        from .containers import PodmanRunner, ProcessRunner
+
+        if self.runtime == "podman":
+            return PodmanRunner(self.native["probe"], [self.native["library"], self.native["sim_cuda"],
+                                                       self.native["sim_nvml"]])
+        return ProcessRunner(self.cdi_root, self.native["probe"], self.workdir)
+
+    @property
+    def cdi_root(self) -> str:
+        # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi.
+        return "/var/run/cdi" if self.runtime == "podman" else os.path.join(self.workdir, "cdi")
+
+    def _hook_dir(self) -> str:
+        """What install-hook puts on a node: the library, and the simulated driver in sim/."""
+        hook = os.path.join(self.workdir, "hook")
+        os.makedirs(os.path.join(hook, "sim"), exist_ok=True)
+        shutil.copy(self.native["library"], hook)
+        shutil.copy(self.native["sim_cuda"], os.path.join(hook, "sim", "libcuda.so.1"))
+        shutil.copy(self.native["sim_nvml"], os.path.join(hook, "sim", "libnvidia-ml.so.1"))
+        return hook
+
+    def _start_plugin(self):
+        from kubeletplugin.kubeletclient import Kubelet
+        from kubeletplugin.main import Plugin
+
+        from .cli import build_parser
+
+        w = self.workdir
+        args = build_parser().parse_args([
+            "kubelet-plugin", "--node-name", NODE, "--plugin-dir", os.path.join(w, "plugin"),
+            "--registry-dir", os.path.join(w, "registry"), "--state-dir", os.path.join(w, "state"),
+            "--cdi-root", self.cdi_root, "--hook-dir", self.hook_dir, "--device-backend", "mock",
+            "--mock-gpus", self.mock_gpus, "--sharing-mode", "auto", "--metrics-addr", "",
+            "--healthcheck-port", "0"])
+        self.plugin = Plugin(args, api=self.emu.api_client()).start()
+        self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)
+
+    def _stop_plugin(self):
+        if self.kubelet:
+            self.kubelet.close()
+            self.kubelet = None
+        if self.plugin:
+            self.plugin.stop(grace=2)
+            self.plugin = None
+
+    def close(self):
+        for w in self.workloads:
+            w.stop()
+        for claim in self.claims.values():
+            if self.kubelet:
+                self.kubelet.unprepare(claim)
+        self._stop_plugin()
+        if self.runner:
+            self.runner.close()
+        if self.emu:
+            self.emu.stop()
+
+    # ---- the story --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        s = self.story
+        try:
+            self.api_server()
+            self.gpus()
+            self.plugin_starts()
+            self.author_claim()
+            self.allocate()
+            self.prepare_first_pod()
+            self.first_pod_runs()
+            self.restart_and_prepare_second_pod()
+            self.second_pod_hits_budget()
+            self.memory_queries()
+            self.second_claim()
+            self.pacing()
+            self.unprepare()
+        except Exception as e:  # a step that could not even run is a failed step, said plainly
+            s.check(False, f"step {s.n} ran to the end", f"{type(e).__name__}: {e}")
+        finally:
+            self.close()
+        if s.failures:
+            print(f"\nThe demo FAILED {len(s.failures)} check(s): " + "; ".join(s.failures))
+            return 1
+        print("\nEvery step behaved: one claim, shared by four containers in two pods, held to one budget.")
+        return 0
+
+    def api_server(self):
+        from .emulator import ApiEmulator
+
+        s = self.story
+        s.step("A Kubernetes API server", "The in-process emulator speaks the real REST and watch protocol; "
+               "DRAConsumableCapacity is on, as on a cluster with that feature gate.")
+        self.emu = ApiEmulator(consumable_capacity=True).start()
+        core = client.CoreV1Api(self.emu.api_client())
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        client.ResourceV1Api(self.emu.api_client()).create_device_class(DEVICE_CLASS)
+        s.show(f"API server {self.emu.url}; node {NODE}; DeviceClass {DRIVER} (device.driver == \"{DRIVER}\")")
+
+    def gpus(self):
+        from .discovery import make_backend
+
+        s = self.story
+        s.step("The node's GPUs", "Simulated GPUs (--device-backend mock) with the identities the simulated "
+               "CUDA driver reports, so limits find their device by UUID.")
+        gpus = make_backend("mock", self.mock_gpus).discover()
+        for g in gpus:
+            s.show(f"gpu-{g.index}: {g.product_name}, {format_bytes(g.memory_bytes)}, {g.uuid}")
+        self.gpu_memory = gpus[0].memory_bytes
+        self.hook_dir = self._hook_dir()
+        self.runner = self._choose_runner()
+        s.show(f"containers run with: {self.runner.kind}"
+               + ("" if self.runner.kind == "podman" else " (the CDI spec applied to host processes; "
+                  "podman + runc as root would run real containers)"))
+
+    def plugin_starts(self):
+        s = self.story
+        s.step("The kubelet plugin starts", "It registers with the kubelet and publishes the node's GPUs as "
+               "ResourceSlices: in capacity mode each GPU is one device whose memory and compute claims consume.")
+        self._start_plugin()
+        info = self.kubelet.get_info()
+        s.check(info.type == "DRAPlugin" and info.name == DRIVER and list(info.supported_versions) ==
+                ["v1.DRAPlugin", "v1beta1.DRAPlugin"], "registration answers as the kubelet expects",
+                f"{info.name} at {info.endpoint}")
+        synced = self.plugin.slices is not None and self.plugin.slices.wait_synced(20)
+        s.check(synced, "ResourceSlices published")
+        slices = client.ResourceV1Api(self.emu.api_client()).list_resource_slice(
+            field_selector=f"spec.driver={DRIVER}").items
+        devices = [d for sl in slices for d in sl.spec.devices or []]
+        for d in devices:
+            cap = d.capacity or {}
+            s.show(f"{d.name}: memory {cap['memory'].value}, compute {cap['compute'].value}, "
+                   f"allowMultipleAllocations={d.allow_multiple_allocations}")
+        s.check(self.plugin.slices.mode == "capacity" and all(d.allow_multiple_allocations for d in devices),
+                "capacity mode: GPUs are shared by consumable capacity", f"mode={self.plugin.slices.mode}")
+
+    def author_claim(self):
+        s = self.story
+        s.step("A workload author's claim", "ResourceClaim shared-gpu asks for 4Gi and 30 % of one GPU; pods "
+               "trainer-a and trainer-b (two containers each) use it.")
+        rapi = client.ResourceV1Api(self.emu.api_client())
+        core = client.CoreV1Api(self.emu.api_client())
+        claim = rapi.create_namespaced_resource_claim(NAMESPACE, _claim_body("shared-gpu", CLAIM_MEMORY, CLAIM_COMPUTE))
+        self.claims["shared-gpu"] = (NAMESPACE, "shared-gpu", claim.metadata.uid)
+        self.uids.add(claim.metadata.uid)
+        self.pods = {p: core.create_namespaced_pod(NAMESPACE, _pod_body(p, "shared-gpu", [f"{p[-1]}1", f"{p[-1]}2"]))
+                     for p in ("trainer-a", "trainer-b")}
+        s.show(f"claim uid {claim.metadata.uid}")
+
+    def allocate(self):
+        from .allocator import allocate_and_reserve
+
+        s = self.story
+        s.step("The scheduler allocates the claim", "The allocation stand-in does what kube-scheduler's DRA "
+               "allocator does: class selector (CEL), capacity rounded by the device's requestPolicy, a shareID.")
+        api = self.emu.api_client()
+        for pod in self.pods.values():
+            claim = allocate_and_reserve(api, NAMESPACE, "shared-gpu", NODE, pod=api.sanitize_for_serialization(pod))
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        self.shared_device = result["device"]
+        s.show(f"device {result['device']}, consumed {result.get('consumedCapacity')}, shareID {result.get('shareID')}")
+        s.check(result.get("consumedCapacity") == {"memory": "4Gi", "compute": "30"},
+                "the claim consumes 4Gi and 30 of the GPU's capacity")
+        s.check(len(claim["status"].get("reservedFor") or []) == 2, "reserved for both pods")
+
+    def prepare_first_pod(self):
+        s = self.story
+        s.step("The kubelet prepares the claim for trainer-a", "NodePrepareResources writes a CDI spec that "
+               "mounts libgpushare.so, preloads it, and carries the claim's limits.")
+        claim = self.claims["shared-gpu"]
+        answer = self.kubelet.prepare(claim).claims[claim[2]]
+        s.check(answer.error == "", "prepared", answer.error)
+        self.answers["shared-gpu"] = [list(d.cdi_device_ids) for d in answer.devices]
+        ids = self.answers["shared-gpu"][0]
+        s.show(f"CDI devices: {', '.join(ids)}")
+        spec_path = Path(self.cdi_root) / f"k8s.gpushare.dev-claim_{claim[2]}.json"
+        s.check(spec_path.exists(), "CDI spec written", str(spec_path))
+        limits = Path(self.workdir, "state", "claims", claim[2], "limits").read_text()
+        s.show("limits file (read-only in every container):\n" +
+               "\n".join("  " + line for line in limits.splitlines() if not line.startswith("#")))
+        s.check(f"GPUSHARE_MEMORY_LIMIT_0={CLAIM_MEMORY}" in limits and
+                f"GPUSHARE_COMPUTE_LIMIT_0={CLAIM_COMPUTE}" in limits, "limits are the allocation's 4Gi / 30 %")
+
+    def _alloc(self, name: str, claim: str, ask: int):
+        w = self.runner.start(name, self.answers[claim][0],
+                              ["alloc", "--chunk", str(CHUNK), "--max", str(ask), "--hold", "600"])
+        self.workloads.append(w)
+        result = w.read_until("allocated=")
+        return w, int(result["allocated"]), result["result"]
+
+    def first_pod_runs(self):
+        s = self.story
+        s.step("trainer-a's containers allocate", "Each asks for 1.5Gi in 512Mi steps and holds it.")
+        self.held = {}
+        for c in ("a1", "a2"):
+            w, got, result = self._alloc(c, "shared-gpu", PER_CONTAINER_ASK)
+            self.held[c] = (w, got)
+            s.check(got == PER_CONTAINER_ASK, f"container {c} got {format_bytes(got)}", f"result={result}")
+
+    def restart_and_prepare_second_pod(self):
+        s = self.story
+        s.step("The plugin restarts, then the kubelet prepares the claim for trainer-b",
+               "A second Prepare of a prepared claim returns the identical answer and leaves the usage "
+               "region alone, so trainer-a's processes keep sharing one budget with trainer-b's.")
+        claim = self.claims["shared-gpu"]
+        region = Path(self.workdir, "state", "claims", claim[2], "region-0")
+        before = (region.stat().st_ino, region_used(region))
+        self._stop_plugin()
+        self._start_plugin()
+        answer = self.kubelet.prepare(claim).claims[claim[2]]
+        s.check(answer.error == "" and [list(d.cdi_device_ids) for d in answer.devices] == self.answers["shared-gpu"],
+                "the same CDI devices after the restart")
+        after = (region.stat().st_ino, region_used(region))
+        s.check(after == before and after[1] == 2 * PER_CONTAINER_ASK,
+                "the usage region is the same file and still holds trainer-a's 3Gi",
+                f"{format_bytes(after[1])} in use")
+
+    def second_pod_hits_budget(self):
+        s = self.story
+        s.step("trainer-b's containers hit the claim's budget", "3Gi of the 4Gi are in use by trainer-a; "
+               "together the four containers cannot pass 4Gi.")
+        got = {}
+        for c in ("b1", "b2"):
+            w, amount, result = self._alloc(c, "shared-gpu", PER_CONTAINER_ASK)
+            self.held[c] = (w, amount)
+            got[c] = (amount, result)
+            s.show(f"container {c}: got {format_bytes(amount)}, then {result}")
+        total = sum(amount for _, amount in self.held.values())
+        s.check(total == CLAIM_MEMORY, "the four containers together hold exactly the 4Gi budget",
+                f"{format_bytes(total)}")
+        s.check(got["b1"][1] == "oom" and got["b2"][1] == "oom",
+                "the allocations that would pass it failed with CUDA_ERROR_OUT_OF_MEMORY")
+        s.check(all(w.running() for w, _ in self.held.values()), "every container keeps running")
+
+    def memory_queries(self):
+        s = self.story
+        s.step("Memory queries inside show the claim's limit", "cuMemGetInfo and NVML report 4Gi total, not "
+               f"the GPU's {format_bytes(self.gpu_memory)}; free is what the claim has left.")
+        w = self.runner.start("b3", self.answers["shared-gpu"][0], ["meminfo"])
+        self.workloads.append(w)
+        w.wait()
+        info = {}
+        for line in w.lines:
+            info.update(parse(line))
+        s.show(f"cuMemGetInfo: total {info.get('cu_total')} free {info.get('cu_free')}; "
+               f"NVML: total {info.get('nvml_total')} used {info.get('nvml_used')}")
+        s.check(info.get("cu_total") == str(CLAIM_MEMORY) and info.get("nvml_total") == str(CLAIM_MEMORY),
+                "total = the claim's 4Gi")
+        s.check(info.get("cu_free") == "0", "free = 0: the claim's budget is used up")
+
+    def second_claim(self):
+        from .allocator import allocate_and_reserve
+
+        s = self.story
+        s.step("A second claim on the same GPU keeps its own budget", "Claim other-team (2Gi, 20 %) lands on "
+               "the same GPU; the first claim being full does not touch it.")
+        api = self.emu.api_client()
+        rapi = client.ResourceV1Api(api)
+        core = client.CoreV1Api(api)
+        created = rapi.create_namespaced_resource_claim(NAMESPACE, _claim_body("other-team", SECOND_CLAIM_MEMORY,
+                                                                               SECOND_CLAIM_COMPUTE))
+        pod = core.create_namespaced_pod(NAMESPACE, _pod_body("other-pod", "other-team", ["c1"]))
+        claim = allocate_and_reserve(api, NAMESPACE, "other-team", NODE, pod=api.sanitize_for_serialization(pod))
+        ref = (NAMESPACE, "other-team", created.metadata.uid)
+        self.claims["other-team"] = ref
+        self.uids.add(ref[2])
+        device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        s.check(device == self.shared_device, f"allocated on the same GPU ({device})")
+        answer = self.kubelet.prepare(ref).claims[ref[2]]
+        s.check(answer.error == "", "prepared", answer.error)
+        self.answers["other-team"] = [list(d.cdi_device_ids) for d in answer.devices]
+        w, got, result = self._alloc("c1", "other-team", 4 * GiB)
+        w.stop()
+        s.check(got == SECOND_CLAIM_MEMORY and result == "oom", f"other-team got its {format_bytes(got)}, then {result}")
+
+    def pacing(self):
+        s = self.story
+        s.step("Kernel launches are paced to the claim's compute share", f"A container of shared-gpu "
+               f"launches kernels for {PACING_SECONDS:g}s; the library holds its GPU time near 30 %.")
+        w = self.runner.start("a3", self.answers["shared-gpu"][0], ["launch", "--seconds", str(PACING_SECONDS)])
+        self.workloads.append(w)
+        result = w.read_until("launches=", timeout=60)
+        share = float(result["busy_share"]) / 100  # the probe prints percent
+        s.show(f"{result['launches']} launches, GPU busy {share:.1%} of the time")
+        s.check(abs(share - CLAIM_COMPUTE / 100) <= PACING_TOLERANCE, "GPU time within 5 points of 30 %",
+                f"{share:.2f}")
+
+    def unprepare(self):
+        s = self.story
+        s.step("The pods end; the kubelet unprepares", "NodeUnprepareResources removes the CDI spec, the limits "
+               "file and the usage regions.")
+        for w in self.workloads:
+            w.stop()
+        self.workloads.clear()
+        for name, claim in list(self.claims.items()):
+            answer = self.kubelet.unprepare(claim).claims[claim[2]]
+            s.check(answer.error == "", f"{name} unprepared", answer.error)
+            del self.claims[name]
+        left = list(Path(self.workdir, "state", "claims").glob("*"))
+        specs = [p for p in Path(self.cdi_root).glob("k8s.gpushare.dev-claim_*") if p.stem.split("_")[-1] in self.uids]
+        s.check(not left and not specs, "no claim files and no CDI spec left behind",
+                f"{len(left)} claim folders, {len(specs)} specs")
+
+
+def region_used(path: Path) -> int:
+    """Bytes in use by every process of the claim: the region header's `used` (hook/src/region.h)."""
+    with open(path, "rb") as f:
+        f.seek(REGION_USED_OFFSET)
+        return int.from_bytes(f.read(8), "little")
+
+
+def parse(line: str) -> dict[str, str]:
+    from .containers import parse_kv
+
+    return parse_kv(line)
+
+
+def run(args: argparse.Namespace) -> int:
+    workdir = args.workdir or tempfile.mkdtemp(prefix="gpushare-demo-")
+    os.makedirs(workdir, exist_ok=True)
+    print(f"gpushare-dra demo: simulated GPUs {args.mock_gpus}; files under {workdir}")
+    started = time.monotonic()
+    try:
+        code = Demo(args.mock_gpus, workdir, args.runtime).run()
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"({time.monotonic() - started:.1f}s)")
+    return code
