@@ -18,6 +18,20 @@ STRATEGIC_MERGE_KEYS = {
     ("status", "devices"): ("driver", "pool", "device"),
     ("spec", "containers"): ("name",),
 }
+# Pod-spec lists merge by key wherever a pod spec appears (a Pod, a workload's template).
+POD_SPEC_LIST_KEYS = {
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "env": ("name",),
+    "volumeMounts": ("mountPath",),
+    "volumes": ("name",),
+}
+
+
+def _list_keys(path):
+    if path in STRATEGIC_MERGE_KEYS:
+        return STRATEGIC_MERGE_KEYS[path]
+    return POD_SPEC_LIST_KEYS.get(path[-1]) if "spec" in path[:-1] else None
 
 
 def merge_patch(target, patch):
@@ -32,7 +46,7 @@ def merge_patch(target, patch):
     return result
 
 
-def _merge_list(current, patch, key_fields):
+def _merge_list(current, patch, key_fields, path):
     if not key_fields:  # a set of scalars
         return list(current) + [v for v in patch if v not in current]
     def key(item):
@@ -46,7 +60,7 @@ def _merge_list(current, patch, key_fields):
         elif index is None:
             result.append(copy.deepcopy(item))
         else:
-            result[index] = merge_patch(result[index], item)
+            result[index] = strategic_merge_patch(result[index], item, path)
     return result
 
 
@@ -59,9 +73,9 @@ def strategic_merge_patch(target, patch, path=()):
         field_path = path + (key,)
         if value is None:
             result.pop(key, None)
-        elif field_path in STRATEGIC_MERGE_KEYS and isinstance(value, list) \
+        elif _list_keys(field_path) is not None and isinstance(value, list) \
                 and isinstance(result.get(key), list):
-            result[key] = _merge_list(result[key], value, STRATEGIC_MERGE_KEYS[field_path])
+            result[key] = _merge_list(result[key], value, _list_keys(field_path), field_path)
         else:
             result[key] = strategic_merge_patch(result.get(key), value, field_path)
     return result
