@@ -82,6 +82,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be greater than zero")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpushare-dra", description=DESCRIPTION, formatter_class=_Formatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -112,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "kubelet's liveness probe; 0 disables")
     g.add_argument("--publish-slices", default=True, action=argparse.BooleanOptionalAction,
                    help="run the ResourceSlice controller for this node's pool inside this process")
+    g.add_argument("--agent-interval", type=_positive_float, default=1.0,
+                   help="seconds between the node agent's samples: NVML telemetry, compute-share rate "
+                        "control, backstop (docs/agent.md)")
+    g.add_argument("--enforce", default="report", choices=("report", "kill"),
+                   help="when NVML shows a claim's processes above its memory limit (memory allocated "
+                        "around libgpushare.so): report = Warning Event on the ResourceClaim and a metric; "
+                        "kill = also SIGKILL its largest processes on that GPU until the rest fits")
     _add_devices(p)
     _add_logging(p)
     p.set_defaults(run=_lazy("kubeletplugin.main", "run"))
@@ -157,6 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging(p)
     # The story is the output; component logs only when something goes wrong.
     p.set_defaults(run=_lazy("dra_driver.demo", "run"), log_level="warning")
+
+    p = sub.add_parser("top", formatter_class=_Formatter,
+                       help="a node's claims in the terminal: limits, memory, utilization, paced time",
+                       description="Read a kubelet plugin's metrics endpoint and show each claim's memory "
+                                   "limit and use, compute share and measured utilization, and paced time, "
+                                   "refreshing every --interval seconds.")
+    p.add_argument("--url", default="http://127.0.0.1:9400/metrics", help="the plugin's metrics endpoint")
+    p.add_argument("--interval", type=_positive_float, default=2.0, help="seconds between refreshes")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.set_defaults(run=_lazy("dra_driver.top", "run"))
 
     p = sub.add_parser("hook-path", formatter_class=_Formatter,
                        help="print where libgpushare.so, the simulated driver and the probe are",

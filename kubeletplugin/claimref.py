@@ -15,7 +15,14 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 
 class ClaimError(Exception):
-    """This claim cannot be prepared or unprepared; the message goes back to the kubelet."""
+    """This claim cannot be prepared or unprepared; the message goes back to the kubelet.
+
+    `reason` is a short word for the errors metric (claim_not_found, uid_mismatch, io, ...).
+    """
+
+    def __init__(self, message: str, reason: str = "invalid_claim"):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)

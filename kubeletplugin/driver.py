@@ -88,11 +88,37 @@ class Driver:
         self._locks = KeyedLocks()
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()
+        # told of every completed Prepare/Unprepare (the node agent: claim status); never fail a call
+        self.listeners: list = []
+        self.on_error = lambda operation, reason: None  # metrics: failed calls by reason
 
     # ---- Prepare ---------------------------------------------------------------------------
 
     def prepare(self, namespace: str, name: str, uid: str) -> list[dict]:
         """The Device entries of the claim's answer; ClaimError says why not."""
+        with self._reasons("prepare"):
+            return self._prepare(namespace, name, uid)
+
+    @contextmanager
+    def _reasons(self, operation: str) -> Iterator[None]:
+        """Count a failed call by reason (the ClaimError's `reason`, set where it is raised)."""
+        try:
+            yield
+        except ClaimError as e:
+            self.on_error(operation, e.reason)
+            raise
+        except Exception:
+            self.on_error(operation, "internal")
+            raise
+
+    def _tell(self, event: str, prepared: dict | None) -> None:
+        for listener in self.listeners if prepared else ():
+            try:
+                getattr(listener, event)(prepared)
+            except Exception:
+                log.exception("listener failed", listener_event=event, uid=prepared.get("uid"))
+
+    def _prepare(self, namespace: str, name: str, uid: str) -> list[dict]:
         ref = check_ref(namespace, name, uid)
         with self._locks.hold(uid):
             entry = self.checkpoint.get(uid)
@@ -119,11 +145,12 @@ class Driver:
                 log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="write",
                           error=str(e))
                 self._remove(uid, "rollback of a failed prepare")
-                raise ClaimError(f"writing the claim's files: {e}") from None
+                raise ClaimError(f"writing the claim's files: {e}", reason="io") from None
             faults.reached("prepare-completed-recorded")
             log.info("claim prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare",
                      gpus=[f"{g['uuid']} memory={g['memoryLimit']} compute={g['computeLimit']}"
                            for g in prepared["gpus"]])
+            self._tell("claim_prepared", prepared)
             return prepared["devices"]
 
     def _plan(self, ref: ClaimRef) -> dict:
@@ -150,14 +177,15 @@ class Driver:
             claim = json.loads(resp.data)
         except client.ApiException as e:
             if e.status == 404:
-                raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: not found") from None
-            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: HTTP {e.status} {e.reason}") from None
+                raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: not found", reason="claim_not_found") from None
+            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: HTTP {e.status} {e.reason}",
+                                 reason="api_error") from None
         except Exception as e:  # connection refused, timeouts: the kubelet retries
-            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
+            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {e}", reason="api_error") from None
         got = (claim.get("metadata") or {}).get("uid")
         if got != ref.uid:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: metadata.uid is {got!r}, the kubelet asked "
-                             f"for {ref.uid!r} (deleted and recreated?)")
+                             f"for {ref.uid!r} (deleted and recreated?)", reason="uid_mismatch")
         return claim
 
     def _gpus_for(self, claim: dict) -> dict[int, GpuInfo]:
@@ -177,6 +205,10 @@ class Driver:
 
     def unprepare(self, namespace: str, name: str, uid: str) -> None:
         """Remove the claim's spec and files; a claim unknown to us is already unprepared."""
+        with self._reasons("unprepare"):
+            self._unprepare(namespace, name, uid)
+
+    def _unprepare(self, namespace: str, name: str, uid: str) -> None:
         check_uid(uid, "claim uid")
         with self._locks.hold(uid):
             entry = self.checkpoint.get(uid)
@@ -189,6 +221,7 @@ class Driver:
             self._remove(uid, "unprepare")
             faults.reached("unprepare-completed")
             log.info("claim unprepared", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
+            self._tell("claim_unprepared", (entry or {}).get("prepared"))
 
     def _remove(self, uid: str, why: str) -> None:
         self.specs.remove(uid)

@@ -17,6 +17,8 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from dra_driver.agent.agent import Agent
+from dra_driver.agent.metrics import AgentCollector
 from dra_driver.discovery import DeviceBackend, make_backend
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.log import get_logger
@@ -80,6 +82,11 @@ class Plugin:
                              os.path.abspath(args.state_dir), os.path.abspath(args.cdi_root), library,
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None)
         self.metrics = Metrics()
+        self.driver.on_error = self.metrics.error
+        self.agent = Agent(self.driver, self.api, interval=getattr(args, "agent_interval", 1.0),
+                           enforce=getattr(args, "enforce", "report"), sim=self.driver.sim)
+        self.driver.listeners.append(self.agent)
+        self.metrics.registry.register(AgentCollector(self.agent))
         self.registration = RegistrationServicer(args.driver_name, self.dra_socket)
         self.health = health.HealthServicer()
         self.slices = None
@@ -105,6 +112,7 @@ class Plugin:
 
     def start(self) -> "Plugin":
         self.driver.recover()
+        self.agent.start()
         dra = grpc.server(futures.ThreadPoolExecutor(GRPC_WORKERS, thread_name_prefix="dra"))
         add_dra_services(dra, self.driver, self.metrics)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, dra)
@@ -154,6 +162,7 @@ class Plugin:
             _unlink(path)
         if self.slices is not None:
             self.slices.stop()
+        self.agent.stop()
         self.metrics.stop()
         log.info("kubelet plugin stopped", driver=self.args.driver_name)
 

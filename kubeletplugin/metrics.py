@@ -1,4 +1,6 @@
-"""Prometheus metrics of Prepare and Unprepare, served on --metrics-addr (empty disables)."""
+"""The plugin's one Prometheus registry, served on --metrics-addr (empty disables): Prepare and
+Unprepare counts, latencies and errors by reason here; the node agent's per-claim and per-GPU
+metrics join it as a collector (dra_driver/agent/metrics.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,12 @@ class Metrics:
         self.latency = Histogram("gpushare_kubelet_plugin_claim_seconds", "Time to handle one claim, by operation",
                                  ["operation"], registry=self.registry,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10))
+        self.errors = Counter("gpushare_kubelet_plugin_errors_total", "Claims that failed, by operation and reason",
+                              ["operation", "reason"], registry=self.registry)
         self._server = None
+
+    def error(self, operation: str, reason: str) -> None:
+        self.errors.labels(operation, reason).inc()
 
     def observe(self, operation: str, seconds: float, ok: bool) -> None:
         self.calls.labels(operation, "success" if ok else "error").inc()

@@ -42,9 +42,6 @@ class GpuShareConfigV1alpha1:
             raise ConfigError("computeLimit", self.computeLimit, "must be a percentage from 1 to 100")
         if self.computePolicy not in ("Hard", "Burst"):
             raise ConfigError("computePolicy", self.computePolicy, "must be Hard or Burst")
-        if self.computePolicy == "Burst":
-            raise ConfigError("computePolicy", self.computePolicy,
-                              "Burst is reserved for the node agent and not supported yet; use Hard")
 
     def to_internal(self, hub: type) -> Any:
         return hub(memory_limit=self.memoryLimit, compute_limit=self.computeLimit,

@@ -185,11 +185,15 @@ SIM_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizati
     return NVML_SUCCESS;
 }
 
-/* per process: share of the GPU over the process's lifetime */
+/* per process share of the GPU. last_seen == 0: over the process's lifetime; otherwise, as
+ * real NVML averages the samples newer than last_seen, over the time since this caller's
+ * previous query (first query of a process: its lifetime) */
+static uint64_t g_pu_prev_t[SIM_MAX_DEV][SIM_MAX_PROC], g_pu_prev_busy[SIM_MAX_DEV][SIM_MAX_PROC];
+static uint64_t g_pu_prev_start[SIM_MAX_DEV][SIM_MAX_PROC];
+
 SIM_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s,
                                                      unsigned int *count, unsigned long long last_seen)
 {
-    (void)last_seen;
     DEV(d);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     struct sim_proc *ps[SIM_MAX_PROC];
@@ -198,10 +202,20 @@ SIM_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcess
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
+    int dev = d->index;
     uint64_t now = sim_now_ns();
     for (unsigned i = 0; i < n; i++) {
-        uint64_t life = now > ps[i]->start_ns ? now - ps[i]->start_ns : 1;
-        uint64_t pct = __atomic_load_n(&ps[i]->busy_ns[d->index], __ATOMIC_RELAXED) * 100 / life;
+        int slot = (int)(ps[i] - sim->proc);
+        uint64_t busy = __atomic_load_n(&ps[i]->busy_ns[dev], __ATOMIC_RELAXED);
+        uint64_t t0 = ps[i]->start_ns, b0 = 0;
+        if (last_seen && g_pu_prev_start[dev][slot] == ps[i]->start_ns && g_pu_prev_t[dev][slot]) {
+            t0 = g_pu_prev_t[dev][slot];
+            b0 = g_pu_prev_busy[dev][slot];
+        }
+        g_pu_prev_t[dev][slot] = now;
+        g_pu_prev_busy[dev][slot] = busy;
+        g_pu_prev_start[dev][slot] = ps[i]->start_ns;
+        uint64_t dt = now > t0 ? now - t0 : 1, pct = (busy > b0 ? busy - b0 : 0) * 100 / dt;
         s[i] = (nvmlProcessUtilizationSample_t){(unsigned)ps[i]->pid, now / 1000, pct > 100 ? 100 : (unsigned)pct, 0, 0, 0};
     }
     *count = n;

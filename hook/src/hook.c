@@ -669,6 +669,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind)
         } while (!__atomic_compare_exchange_n(tat, &old, base + interval, 1, __ATOMIC_RELAXED,
                                               __ATOMIC_RELAXED));
         if (base > now + BURST_NS) {
+            __atomic_add_fetch(&g->region.hdr->paced_ns, base - BURST_NS - now, __ATOMIC_RELAXED);
             sleep_until(base - BURST_NS);
             now = base - BURST_NS;
         }

@@ -232,6 +232,8 @@ int gs_region_reserve(struct gs_region *r, uint64_t size, uint64_t limit)
         if (r->fault_stop) raise(SIGSTOP); /* test only: die here, holding the lock */
         r->hdr->used += size;
         rc = 0;
+    } else {
+        __atomic_add_fetch(&r->hdr->oom_refusals, 1, __ATOMIC_RELAXED);
     }
 out:
     region_unlock(r);

@@ -37,6 +37,9 @@ struct gs_region_header {
                                      library never exceeds the claim's limit whatever it says) */
     uint32_t reserved2;      /* 132 */
     uint64_t pace_gpu_ns;    /* 136: estimated GPU time charged to the claim (diagnostics) */
+    /* counters for the node agent's metrics: atomic adds, zero in a fresh region */
+    uint64_t paced_ns;       /* 144: wall time launches slept to hold the compute share */
+    uint64_t oom_refusals;   /* 152: allocations refused because the claim was at its limit */
 };
 
 struct gs_slot {
@@ -53,6 +56,8 @@ _Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex too big");
 _Static_assert(sizeof(struct gs_slot) == GS_SLOT_SIZE, "slot size");
 _Static_assert(__builtin_offsetof(struct gs_region_header, used) == 96, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, pace_rate_ppm) == 128, "layout");
+_Static_assert(__builtin_offsetof(struct gs_region_header, paced_ns) == 144, "layout");
+_Static_assert(__builtin_offsetof(struct gs_region_header, oom_refusals) == 152, "layout");
 
 /* Per-process view of one region. */
 struct gs_region {

@@ -1,0 +1,186 @@
+"""The node agent's loop: every --agent-interval, sample NVML, map processes to claims, set
+each claim's pacing rate, run the backstop; the metrics collector reads the result at scrape
+time. It also owns the claim-status writer, fed by the driver's Prepare/Unprepare."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from dra_driver.log import get_logger
+
+from .backstop import Backstop
+from .procmap import ProcessMap
+from .regions import Region
+from .sampler import GpuSample, Sampler, load_simulated_nvml
+from .shares import Share, control_gpu, to_ppm
+from .status import StatusWriter
+
+log = get_logger("agent")
+
+
+@dataclass
+class ClaimView:
+    uid: str
+    namespace: str
+    name: str
+    gpus: list[dict]                      # prepared["gpus"]: uuid, memoryLimit, computeLimit, computePolicy
+    limits_path: str
+    regions: list[Region | None]
+    shares: list[Share]
+    process_memory: list[dict[int, int]] = field(default_factory=list)  # per GPU: pid -> NVML bytes
+
+    def close(self) -> None:
+        for r in self.regions:
+            if r is not None:
+                r.close()
+
+
+class Agent:
+    def __init__(self, driver, api, interval: float = 1.0, enforce: str = "report", sim=None):
+        self.driver = driver
+        self.interval = interval
+        self.status = StatusWriter(api, driver.driver_name)
+        self.backstop = Backstop(api, driver.node_name, enforce, driver.backend.name)
+        self.procs = ProcessMap()
+        self.claims: dict[str, ClaimView] = {}
+        self.gpus: list[GpuSample] = []
+        self.lock = threading.Lock()  # claims and gpus, shared with the metrics collector
+        self.last_tick_s = 0.0
+        self._sim = sim
+        self._sampler: Sampler | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agent", daemon=True)
+
+    # ---- driver listener ----------------------------------------------------------------------
+    def claim_prepared(self, prepared: dict) -> None:
+        self.status.prepared(prepared)
+
+    def claim_unprepared(self, prepared: dict) -> None:
+        self.status.unprepared(prepared)
+
+    # ---- life -----------------------------------------------------------------------------------
+    def start(self) -> "Agent":
+        self._sampler = self._open_nvml()
+        for uid in self.driver.prepared_uids():  # statuses lost to a crash are written again
+            entry = self.driver.checkpoint.get(uid)
+            if entry and entry.get("prepared"):
+                self.status.prepared(entry["prepared"])
+        self.status.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.status.stop()
+        with self.lock:
+            for c in self.claims.values():
+                c.close()
+            self.claims.clear()
+        if self._sampler is not None:
+            self._sampler.close()
+
+    def _open_nvml(self) -> Sampler | None:
+        try:
+            if self.driver.backend.name == "mock":
+                if self._sim is None:
+                    log.warning("mock backend without the simulated NVML: no GPU sampling")
+                    return None
+                load_simulated_nvml(self._sim.host_dir, self._sim.state_path)
+            return Sampler()
+        except Exception as e:  # no NVML: telemetry from the regions only, no rate control or backstop
+            log.error("NVML unavailable; sampling disabled", error=str(e))
+            return None
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:
+                log.exception("agent period failed")
+            self.last_tick_s = time.monotonic() - started
+            next_at = max(next_at + self.interval, time.monotonic())
+            self._stop.wait(next_at - time.monotonic())
+
+    # ---- one period -----------------------------------------------------------------------------
+    def tick(self) -> None:
+        self._refresh_claims()
+        samples = self._sampler.sample() if self._sampler else []
+        claims = dict(self.claims)
+        self.procs.update({u: c.limits_path for u, c in claims.items()},
+                          {u: [s for r in c.regions if r for s in r.slots()] for u, c in claims.items()})
+        for c in claims.values():
+            c.process_memory = [{} for _ in c.gpus]
+            for s in c.shares:
+                s.measured = 0.0
+        on_gpu: dict[str, list[Share]] = {}
+        other_busy: dict[str, float] = {}
+        for g in samples:
+            other_busy[g.uuid] = 0.0
+            for pid in set(g.process_memory) | set(g.process_util):
+                hit = self._claim_gpu(claims, self.procs.claim_of(pid), g.uuid)
+                util = g.process_util.get(pid, 0.0) / 100.0
+                if hit is None:
+                    other_busy[g.uuid] += util
+                    continue
+                c, i = hit
+                c.process_memory[i][pid] = g.process_memory.get(pid, 0)
+                c.shares[i].measured += util
+        for c in claims.values():
+            for i, gpu in enumerate(c.gpus):
+                on_gpu.setdefault(gpu["uuid"], []).append(c.shares[i])
+        if samples:
+            for uuid, shares in on_gpu.items():
+                control_gpu(shares, other_busy.get(uuid, 0.0))
+            for c in claims.values():
+                for i, gpu in enumerate(c.gpus):
+                    if c.regions[i] is not None and gpu["computeLimit"] < 100:  # limit 100 is never paced
+                        c.regions[i].pace_rate_ppm = to_ppm(c.shares[i].rate)
+                    self.backstop.check(c, i, gpu["memoryLimit"], c.regions[i].used if c.regions[i] else 0,
+                                        c.process_memory[i])
+        self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
+        with self.lock:
+            self.gpus = samples
+
+    @staticmethod
+    def _claim_gpu(claims: dict[str, ClaimView], uid: str | None, uuid: str) -> tuple[ClaimView, int] | None:
+        c = claims.get(uid) if uid else None
+        if c is None:
+            return None
+        for i, gpu in enumerate(c.gpus):
+            if gpu["uuid"] == uuid:
+                return c, i
+        return None
+
+    def _refresh_claims(self) -> None:
+        current = {}
+        for uid in self.driver.prepared_uids():
+            entry = self.driver.checkpoint.get(uid)
+            if entry and entry.get("prepared"):
+                current[uid] = entry["prepared"]
+        with self.lock:
+            for uid in set(self.claims) - set(current):
+                self.claims.pop(uid).close()
+            for uid in set(current) - set(self.claims):
+                self.claims[uid] = self._view(current[uid])
+
+    def _view(self, prepared: dict) -> ClaimView:
+        files = self.driver.files
+        uid = prepared["uid"]
+        regions: list[Region | None] = []
+        for i in range(len(prepared["gpus"])):
+            try:
+                regions.append(Region(files.region_path(uid, i)))
+            except (OSError, ValueError) as e:
+                log.error("cannot map a usage region", uid=uid, gpu=i, error=str(e))
+                regions.append(None)
+        shares = [Share(limit=g["computeLimit"] / 100.0, burst=g.get("computePolicy") == "Burst")
+                  for g in prepared["gpus"]]
+        return ClaimView(uid, prepared["namespace"], prepared["name"], prepared["gpus"],
+                         files.limits_path(uid), regions, shares, [{} for _ in prepared["gpus"]])

@@ -1,0 +1,74 @@
+"""The agent's Prometheus metrics: a collector that reads the regions and the agent's last NVML
+sample at scrape time (registered in the plugin's one registry, kubeletplugin/metrics.py).
+
+Per claim and GPU (labels namespace, claim, gpu = uuid): limits, memory used (the region's
+accounting), NVML memory of its processes, measured utilization, pacing rate, paced time,
+out-of-memory refusals, backstop violations and kills. Per GPU: NVML memory, utilization,
+temperature and power where NVML has them. Per node: prepared claims and the agent period.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CLAIM = ["namespace", "claim", "gpu"]
+
+
+class AgentCollector:
+    def __init__(self, agent):
+        self.agent = agent
+
+    def collect(self):
+        a = self.agent
+        g = {name: GaugeMetricFamily(f"gpushare_claim_{name}", doc, labels=CLAIM) for name, doc in (
+            ("memory_limit_bytes", "The claim's memory limit on the GPU"),
+            ("memory_used_bytes", "Memory the claim's processes hold, as the library accounts it (usage region)"),
+            ("memory_nvml_bytes", "Memory the claim's processes hold, as NVML reports it"),
+            ("compute_limit_percent", "The claim's compute share of the GPU, percent"),
+            ("utilization_percent", "GPU time the claim's processes used in the last agent period, percent"),
+            ("pace_rate_percent", "Refill rate the agent set for the claim's pacing, percent of the GPU"),
+        )}
+        c = {name: CounterMetricFamily(f"gpushare_claim_{name}", doc, labels=CLAIM) for name, doc in (
+            ("paced_seconds", "Time the claim's kernel launches waited to hold the compute share"),
+            ("oom_refusals", "Allocations refused because the claim was at its memory limit"),
+            ("backstop_violations", "Times the claim's processes held more memory than its limit (NVML)"),
+            ("backstop_kills", "Processes of the claim killed by the backstop (--enforce=kill)"),
+        )}
+        with a.lock:
+            claims = list(a.claims.values())
+            gpus = list(a.gpus)
+            for cl in claims:
+                for i, gpu in enumerate(cl.gpus):
+                    labels = [cl.namespace, cl.name, gpu["uuid"]]
+                    region = cl.regions[i]
+                    share = cl.shares[i]
+                    g["memory_limit_bytes"].add_metric(labels, gpu["memoryLimit"])
+                    g["memory_used_bytes"].add_metric(labels, region.used if region else 0)
+                    g["memory_nvml_bytes"].add_metric(labels, sum(cl.process_memory[i].values()))
+                    g["compute_limit_percent"].add_metric(labels, gpu["computeLimit"])
+                    g["utilization_percent"].add_metric(labels, round(share.measured * 100, 2))
+                    g["pace_rate_percent"].add_metric(labels, round(share.rate * 100, 2) if share.rate
+                                                      else gpu["computeLimit"])
+                    c["paced_seconds"].add_metric(labels, (region.paced_ns if region else 0) / 1e9)
+                    c["oom_refusals"].add_metric(labels, region.oom_refusals if region else 0)
+                    c["backstop_violations"].add_metric(labels, a.backstop.violations.get((cl.uid, i), 0))
+                    c["backstop_kills"].add_metric(labels, a.backstop.kills.get((cl.uid, i), 0))
+        yield from g.values()
+        yield from c.values()
+        yield GaugeMetricFamily("gpushare_prepared_claims", "Claims prepared on this node", value=len(claims))
+        yield GaugeMetricFamily("gpushare_agent_period_seconds", "Time the agent's last period took",
+                                value=a.last_tick_s)
+        per_gpu = {name: GaugeMetricFamily(f"gpushare_gpu_{name}", doc, labels=["gpu", "index"]) for name, doc in (
+            ("memory_used_bytes", "GPU memory in use (NVML)"), ("memory_total_bytes", "GPU memory (NVML)"),
+            ("utilization_percent", "GPU busy time in the last agent period (NVML)"),
+            ("temperature_celsius", "GPU temperature (NVML)"), ("power_watts", "GPU power draw (NVML)"),
+        )}
+        for s in gpus:
+            labels = [s.uuid, str(s.index)]
+            per_gpu["memory_used_bytes"].add_metric(labels, s.memory_used)
+            per_gpu["memory_total_bytes"].add_metric(labels, s.memory_total)
+            for name, value in (("utilization_percent", s.utilization), ("temperature_celsius", s.temperature),
+                                ("power_watts", s.power_watts)):
+                if value is not None:
+                    per_gpu[name].add_metric(labels, value)
+        yield from per_gpu.values()

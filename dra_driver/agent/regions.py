@@ -1,0 +1,92 @@
+"""The usage regions (hook/src/region.h, documented in hook/README.md), seen by the node agent.
+
+The agent only reads the region, except for `pace_rate_ppm`, which the layout reserves for it
+(a 32-bit aligned store: the library reads it with one atomic load). Everything read here is
+tenant-writable, so it is treated as a claim's own report about itself, never as a limit.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+
+REGION_SIZE = 1 << 20
+MAGIC = 0x0031474552534750
+VERSION = 1
+HEADER_SIZE = 4096
+SLOT_SIZE = 64
+SLOT_COUNT = (REGION_SIZE - HEADER_SIZE) // SLOT_SIZE
+
+# header offsets
+_MAGIC, _VERSION, _USED, _SLOTS_HW = 0, 8, 96, 104
+_PACE_RATE_PPM, _PACED_NS, _OOM_REFUSALS = 128, 144, 152
+# slot: in_use u32, pid i32, start_time u64, pidns u64, used u64
+_SLOT = struct.Struct("<IiQQQ")
+
+
+@dataclass(frozen=True)
+class Slot:
+    pid: int          # in the owner's pid namespace
+    start_time: int   # /proc/<pid>/stat field 22 of the owner
+    pidns: int        # inode of the owner's pid namespace
+    used: int
+
+
+class Region:
+    """One mapped region file. A region nobody has used yet is all zeros and reads as empty."""
+
+    def __init__(self, path: str):
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            if os.fstat(fd).st_size != REGION_SIZE:
+                raise ValueError(f"{path}: size {os.fstat(fd).st_size}, expected {REGION_SIZE}")
+            self._map = mmap.mmap(fd, REGION_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)  # the mapping keeps the file
+
+    def close(self) -> None:
+        self._map.close()
+
+    def _u64(self, offset: int) -> int:
+        return struct.unpack_from("<Q", self._map, offset)[0]
+
+    @property
+    def initialised(self) -> bool:
+        return self._u64(_MAGIC) == MAGIC and struct.unpack_from("<I", self._map, _VERSION)[0] == VERSION
+
+    @property
+    def used(self) -> int:
+        return self._u64(_USED) if self.initialised else 0
+
+    @property
+    def paced_ns(self) -> int:
+        return self._u64(_PACED_NS) if self.initialised else 0
+
+    @property
+    def oom_refusals(self) -> int:
+        return self._u64(_OOM_REFUSALS) if self.initialised else 0
+
+    @property
+    def pace_rate_ppm(self) -> int:
+        return struct.unpack_from("<I", self._map, _PACE_RATE_PPM)[0]
+
+    @pace_rate_ppm.setter
+    def pace_rate_ppm(self, ppm: int) -> None:
+        # Only into an initialised region: the first user's initialisation zeroes the header.
+        if self.initialised and self.pace_rate_ppm != ppm:
+            struct.pack_into("<I", self._map, _PACE_RATE_PPM, max(0, min(ppm, 1_000_000)))
+
+    def slots(self) -> list[Slot]:
+        """Slots in use (their owners may have died and not been reaped yet)."""
+        if not self.initialised:
+            return []
+        hw = min(struct.unpack_from("<I", self._map, _SLOTS_HW)[0], SLOT_COUNT)
+        out = []
+        for i in range(hw):
+            in_use, pid, start, pidns, used = _SLOT.unpack_from(self._map, HEADER_SIZE + i * SLOT_SIZE)
+            if in_use:
+                out.append(Slot(pid, start, pidns, used))
+        return out

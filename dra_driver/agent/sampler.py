@@ -1,0 +1,82 @@
+"""NVML sampling: per GPU memory, utilization, temperature and power; per process memory and
+GPU utilization (host pids).
+
+Mock nodes sample the simulated NVML every container of the node maps (the SimDriver's
+library and state file): it is loaded by absolute path with RTLD_GLOBAL before pynvml's
+nvmlInit, so pynvml's own dlopen("libnvidia-ml.so.1") finds it by soname.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from dataclasses import dataclass, field
+
+import pynvml
+
+from dra_driver.log import get_logger
+
+log = get_logger("agent.sampler")
+
+
+@dataclass
+class GpuSample:
+    uuid: str
+    index: int
+    memory_used: int
+    memory_total: int
+    utilization: float | None            # percent of the last period
+    temperature: float | None = None     # Celsius
+    power_watts: float | None = None
+    process_memory: dict[int, int] = field(default_factory=dict)    # host pid -> bytes
+    process_util: dict[int, float] = field(default_factory=dict)    # host pid -> percent since last sample
+
+
+def load_simulated_nvml(sim_dir: str, state_path: str) -> None:
+    """Make pynvml use the node's simulated NVML (call before the first nvmlInit)."""
+    os.environ["GPUSHARE_SIM_STATE"] = state_path
+    ctypes.CDLL(os.path.join(sim_dir, "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
+
+
+def _optional(fn, *args):
+    """A value NVML may not have on this GPU (temperature, power): None when unsupported."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+class Sampler:
+    def __init__(self) -> None:
+        pynvml.nvmlInit()
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self._last_seen = [0] * len(self._handles)  # NVML timestamps (us) of the previous util sample
+
+    def sample(self) -> list[GpuSample]:
+        return [self._sample(i, h) for i, h in enumerate(self._handles)]
+
+    def _sample(self, index: int, h) -> GpuSample:
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        util = _optional(pynvml.nvmlDeviceGetUtilizationRates, h)
+        power = _optional(pynvml.nvmlDeviceGetPowerUsage, h)
+        s = GpuSample(uuid=pynvml.nvmlDeviceGetUUID(h), index=index, memory_used=mem.used, memory_total=mem.total,
+                      utilization=None if util is None else float(util.gpu),
+                      temperature=_optional(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+                      power_watts=None if power is None else power / 1000.0)
+        for p in _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []:
+            s.process_memory[p.pid] = s.process_memory.get(p.pid, 0) + (p.usedGpuMemory or 0)
+        # Samples newer than the previous call: the share each process had in the last period.
+        last_seen = self._last_seen[index] or int(time.time() * 1e6) - 1_000_000
+        samples: dict[int, list[float]] = {}
+        for p in _optional(pynvml.nvmlDeviceGetProcessUtilization, h, last_seen) or []:
+            samples.setdefault(p.pid, []).append(float(p.smUtil))
+            self._last_seen[index] = max(self._last_seen[index], p.timeStamp)
+        s.process_util = {pid: sum(v) / len(v) for pid, v in samples.items()}
+        return s
+
+    def close(self) -> None:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass

@@ -1,0 +1,109 @@
+"""ResourceClaim.status.devices: what each prepared claim got on this node.
+
+Prepare and Unprepare only queue the change; a thread writes it with a strategic merge patch
+of the status subresource (the list is keyed by driver/pool/device, so other drivers' entries
+stay), retrying with backoff. A failed write never fails Prepare.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kubernetes import client
+
+from dra_driver.log import get_logger
+
+log = get_logger("agent.status")
+
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+RETRY_S = (1, 2, 5, 10, 30)
+
+
+def device_entries(driver: str, prepared: dict) -> list[dict]:
+    """One status entry per prepared device, with the limits of its GPU in `data`."""
+    gpus = {g["index"]: g for g in prepared["gpus"]}
+    entries = []
+    for d in prepared["devices"]:
+        gpu = gpus[int(d["deviceName"].split("-")[1])]
+        entry = {"driver": driver, "pool": d["poolName"], "device": d["deviceName"],
+                 "data": {"uuid": gpu["uuid"], "memoryLimit": str(gpu["memoryLimit"]),
+                          "computeLimit": gpu["computeLimit"], "computePolicy": gpu.get("computePolicy", "Hard")}}
+        if d.get("shareID"):
+            entry["shareID"] = d["shareID"]
+        entries.append(entry)
+    return entries
+
+
+class StatusWriter:
+    def __init__(self, api: client.ApiClient, driver: str):
+        self.resource_api = client.ResourceV1Api(api)
+        self.driver = driver
+        self._pending: dict[str, tuple[str, str, list[dict], int, float]] = {}  # uid -> ns, name, patch, tries, due
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="agent-status", daemon=True)
+
+    def start(self) -> "StatusWriter":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+    def prepared(self, prepared: dict) -> None:
+        self._queue(prepared, device_entries(self.driver, prepared))
+
+    def unprepared(self, prepared: dict) -> None:
+        self._queue(prepared, [{**{k: e[k] for k in ("driver", "pool", "device")}, "$patch": "delete"}
+                               for e in device_entries(self.driver, prepared)])
+
+    def _queue(self, prepared: dict, patch: list[dict]) -> None:
+        with self._cond:  # a newer change of the same claim replaces an unwritten older one
+            self._pending[prepared["uid"]] = (prepared["namespace"], prepared["name"], patch, 0, 0.0)
+            self._cond.notify()
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._pending
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._due():
+                    due = min((p[4] for p in self._pending.values()), default=None)
+                    self._cond.wait(None if due is None else max(0.0, due - time.monotonic()))
+                if self._stop:
+                    return
+                uid, (ns, name, patch, tries, _) = next((u, p) for u, p in self._pending.items()
+                                                        if p[4] <= time.monotonic())
+            ok = self._write(ns, name, uid, patch)
+            with self._cond:
+                if self._pending.get(uid, (None, None, None))[2] is patch:  # not replaced meanwhile
+                    if ok:
+                        del self._pending[uid]
+                    else:
+                        delay = RETRY_S[min(tries, len(RETRY_S) - 1)]
+                        self._pending[uid] = (ns, name, patch, tries + 1, time.monotonic() + delay)
+
+    def _due(self) -> bool:
+        now = time.monotonic()
+        return any(p[4] <= now for p in self._pending.values())
+
+    def _write(self, ns: str, name: str, uid: str, patch: list[dict]) -> bool:
+        body = {"metadata": {"uid": uid}, "status": {"devices": patch}}  # uid: never patch a recreated claim
+        try:
+            self.resource_api.patch_namespaced_resource_claim_status(name, ns, body, _content_type=STRATEGIC_MERGE)
+            log.debug("claim status written", claim=f"{ns}/{name}", uid=uid)
+            return True
+        except client.ApiException as e:
+            if e.status in (404, 409) and patch and patch[0].get("$patch") == "delete":
+                return True  # the claim is gone or recreated: nothing of ours to remove
+            log.warning("writing claim status failed; will retry", claim=f"{ns}/{name}", uid=uid,
+                        error=f"HTTP {e.status} {e.reason}")
+        except Exception as e:  # connection refused, timeouts
+            log.warning("writing claim status failed; will retry", claim=f"{ns}/{name}", uid=uid, error=str(e))
+        return False

@@ -1,0 +1,76 @@
+"""`gpushare-dra top`: a node's claims in the terminal, from the plugin's metrics endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+COLUMNS = ("NAMESPACE/CLAIM", "GPU", "MEM LIMIT", "MEM USED", "NVML MEM", "COMPUTE", "UTIL", "RATE", "PACED", "OOM")
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "Ki", "Mi", "Gi", "Ti"):
+        if abs(n) < 1024 or unit == "Ti":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def scrape(url: str, timeout: float = 5.0) -> dict[str, dict[tuple, float]]:
+    """metric sample name -> {(namespace, claim, gpu) or (gpu, index) or (): value}"""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        text = resp.read().decode()
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = tuple(s.labels.get(k, "") for k in ("namespace", "claim", "gpu")) if "claim" in s.labels else \
+                tuple(s.labels.get(k, "") for k in ("gpu", "index"))
+            out.setdefault(s.name, {})[key] = s.value
+    return out
+
+
+def frame(m: dict[str, dict[tuple, float]]) -> str:
+    def get(name, key, default=0.0):
+        return m.get(name, {}).get(key, default)
+
+    rows = []
+    for key in sorted(m.get("gpushare_claim_memory_limit_bytes", {})):
+        ns, claim, gpu = key
+        rows.append((f"{ns}/{claim}", gpu[-12:],
+                     _bytes(get("gpushare_claim_memory_limit_bytes", key)),
+                     _bytes(get("gpushare_claim_memory_used_bytes", key)),
+                     _bytes(get("gpushare_claim_memory_nvml_bytes", key)),
+                     f"{get('gpushare_claim_compute_limit_percent', key):.0f}%",
+                     f"{get('gpushare_claim_utilization_percent', key):.1f}%",
+                     f"{get('gpushare_claim_pace_rate_percent', key):.1f}%",
+                     f"{get('gpushare_claim_paced_seconds_total', key):.1f}s",
+                     f"{get('gpushare_claim_oom_refusals_total', key):.0f}"))
+    widths = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in [COLUMNS, *rows]]
+    gpus = []
+    for key, used in sorted(m.get("gpushare_gpu_memory_used_bytes", {}).items()):
+        total = get("gpushare_gpu_memory_total_bytes", key)
+        util = get("gpushare_gpu_utilization_percent", key, None)
+        gpus.append(f"GPU {key[1]} {key[0]}: memory {_bytes(used)} / {_bytes(total)}"
+                    + (f", utilization {util:.0f}%" if util is not None else ""))
+    claims = int(m.get("gpushare_prepared_claims", {}).get((), len(rows)))
+    return "\n".join([f"prepared claims: {claims}", *gpus, "", *lines]) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    while True:
+        try:
+            text = frame(scrape(args.url))
+        except OSError as e:
+            print(f"gpushare-dra top: cannot read {args.url}: {e}", file=sys.stderr)
+            return 1
+        if args.once:
+            sys.stdout.write(text)
+            return 0
+        sys.stdout.write("\033[H\033[2J" + time.strftime("%H:%M:%S ") + args.url + "\n" + text)
+        sys.stdout.flush()
+        time.sleep(args.interval)

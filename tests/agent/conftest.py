@@ -1,0 +1,142 @@
+"""Fixtures: a kubelet plugin on mock GPUs with the simulated driver (so probes run and the
+agent samples the simulated NVML), its metrics on a free port, and probes "in containers"
+through ProcessRunner (the claim's CDI spec applied to a host process)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import urllib.request
+
+import pytest
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from dra_driver.cli import build_parser
+from dra_driver.containers import ProcessRunner
+from kubeletplugin.main import Plugin
+from tests.kubeletplugin.conftest import Dirs, api, emulator  # noqa: F401  (fixtures)
+from tests.kubeletplugin.kubelet import Kubelet, make_claim, result
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.join(REPO, "hook", "build")
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="session")
+def sim_hook_dir():
+    """libgpushare.so with the simulated driver beside it (sim/), as install-hook --with-sim lays out."""
+    if not os.path.isfile(os.path.join(BUILD, "sim", "libnvidia-ml.so.1")):
+        pytest.skip("hook/build not built (make -C hook)")
+    folder = tempfile.mkdtemp(prefix="gsag")
+    shutil.copy(os.path.join(BUILD, "libgpushare.so"), folder)
+    shutil.copytree(os.path.join(BUILD, "sim"), os.path.join(folder, "sim"), symlinks=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class Node:
+    """A running plugin with its agent, a kubelet stand-in and a container runner."""
+
+    def __init__(self, api, dirs: Dirs, hook_dir: str, extra: list[str]):
+        self.api = api
+        self.dirs = dirs
+        args = build_parser().parse_args(["kubelet-plugin", *dirs.flags(hook_dir), "--metrics-addr", "127.0.0.1:0",
+                                          "--agent-interval", "0.5", *extra])
+        self.plugin = Plugin(args, api=api).start()
+        self.kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+        self.runner = ProcessRunner(dirs.cdi, os.path.join(BUILD, "gpushare-probe"), dirs.root)
+        self.workloads = []
+        self.url = f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"
+
+    def claim(self, memory: str = "1Gi", compute: int = 50, gpu: int = 0, config: list | None = None):
+        """Create, allocate and prepare a claim; returns ((ns, name, uid), cdi device ids)."""
+        ref = make_claim(self.api, [result(f"gpu-{gpu}", consumed={"memory": memory, "compute": str(compute)})],
+                         config=config)
+        answer = self.kubelet.prepare(ref).claims[ref[2]]
+        assert not answer.error, answer.error
+        return ref, [i for d in answer.devices for i in d.cdi_device_ids]
+
+    def run(self, name: str, ids: list[str], *argv: str):
+        w = self.runner.start(name, ids, list(argv))
+        self.workloads.append(w)
+        return w
+
+    def scrape(self) -> dict[str, dict[tuple, float]]:
+        text = urllib.request.urlopen(self.url, timeout=10).read().decode()
+        out: dict[str, dict[tuple, float]] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+        return out
+
+    def claim_metric(self, name: str, ref) -> float | None:
+        for labels, value in self.scrape().get(name, {}).items():
+            if dict(labels).get("claim") == ref[1]:
+                return value
+        return None
+
+    def share(self, ref, gpu: int = 0):
+        """The agent's controller state of the claim (after its first period with the claim)."""
+        return wait_for(lambda: self.plugin.agent.claims.get(ref[2])).shares[gpu]
+
+    def read_claim(self, ref) -> dict:
+        return client.ResourceV1Api(self.api).read_namespaced_resource_claim(
+            ref[1], ref[0], _preload_content=False).json()
+
+    def close(self) -> None:
+        for w in self.workloads:
+            w.stop()
+        self.kubelet.close()
+        self.plugin.stop(grace=1)
+
+
+def wait_for(check, timeout: float = 10.0, interval: float = 0.1):
+    """Poll until check() is truthy; return its value (fail with the last one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            assert value, f"timed out waiting; last value {value!r}"
+            return value
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def node_root():
+    root = tempfile.mkdtemp(prefix="gsag")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def node_factory(api, sim_hook_dir, node_root):
+    """One node at a time, all on one state dir: the agent loads the simulated NVML once per
+    process and it keeps the state file it opened first, so every node keeps that sim.state.
+    Everything else is removed between nodes."""
+    nodes: list[Node] = []
+
+    def make(*extra: str) -> Node:
+        assert not nodes, "one node per test"
+        for entry in os.listdir(node_root):
+            if entry != "state":
+                shutil.rmtree(os.path.join(node_root, entry))
+        state = os.path.join(node_root, "state")
+        for entry in os.listdir(state) if os.path.isdir(state) else []:
+            if entry != "sim.state":
+                path = os.path.join(state, entry)
+                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+        n = Node(api, Dirs(node_root), sim_hook_dir, list(extra))
+        nodes.append(n)
+        return n
+
+    yield make
+    for n in nodes:
+        n.close()
+
+
+@pytest.fixture
+def node(node_factory):
+    return node_factory()

@@ -1,0 +1,76 @@
+"""Backstop: memory allocated around the library (here: the probe run without LD_PRELOAD but
+inside the claim's mapping, so the region never sees it while NVML does)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from .conftest import MiB, wait_for
+
+UNHOOKED = ("-u", "LD_PRELOAD")  # argv of /usr/bin/env before the probe
+
+
+def escape(node, ids, name="escape"):
+    """A process of the claim that allocates 512 MiB the library does not see."""
+    probe = node.runner.probe
+    node.runner.probe = "/usr/bin/env"
+    try:
+        w = node.run(name, ids, *UNHOOKED, probe, "alloc", "--chunk", "128Mi", "--max", "512Mi", "--hold", "30")
+    finally:
+        node.runner.probe = probe
+    assert w.read_until("allocated=", timeout=20)["allocated"] == str(512 * MiB)
+    return w
+
+
+def events(node, ref):
+    from kubernetes import client
+    items = client.CoreV1Api(node.api).list_namespaced_event(ref[0]).items
+    return [e for e in items if e.involved_object.uid == ref[2] and e.reason == "GpuMemoryLimitExceeded"]
+
+
+def test_escape_is_reported(node):
+    ref, ids = node.claim(memory="256Mi")
+    w = escape(node, ids)
+    wait_for(lambda: node.claim_metric("gpushare_claim_backstop_violations_total", ref) == 1)
+    assert node.claim_metric("gpushare_claim_memory_nvml_bytes", ref) == 512 * MiB
+    assert node.claim_metric("gpushare_claim_memory_used_bytes", ref) == 0
+    evs = wait_for(lambda: events(node, ref))
+    assert len(evs) == 1 and evs[0].type == "Warning" and "above the limit" in evs[0].message
+    assert w.running()  # report only: nothing killed
+    assert node.claim_metric("gpushare_claim_backstop_kills_total", ref) == 0
+
+
+def test_within_limit_is_not_reported(node):
+    ref, ids = node.claim(memory="1Gi")
+    escape(node, ids)  # 512 MiB unhooked, still within the limit
+    wait_for(lambda: node.claim_metric("gpushare_claim_memory_nvml_bytes", ref) == 512 * MiB)
+    assert node.claim_metric("gpushare_claim_backstop_violations_total", ref) == 0
+
+
+def test_enforce_kill(node_factory):
+    node = node_factory("--enforce", "kill")
+    ref, ids = node.claim(memory="256Mi")
+    w = escape(node, ids)
+    w.proc.wait(timeout=10)
+    assert w.proc.returncode == -9
+    assert node.claim_metric("gpushare_claim_backstop_kills_total", ref) == 1
+    evs = wait_for(lambda: events(node, ref))
+    assert f"killed pid(s) {w.proc.pid}" in evs[0].message
+
+
+def test_process_to_claim_mapping(node, tmp_path):
+    """Host processes map through GPUSHARE_RUN_DIR's limits inode; a copy of a claim's limits
+    file (same text, another inode) maps nowhere."""
+    ref, ids = node.claim(memory="1Gi")
+    w = node.run("p", ids, "alloc", "--chunk", "64Mi", "--max", "64Mi", "--hold", "30")
+    w.read_until("allocated=")
+    procs = node.plugin.agent.procs
+    wait_for(lambda: procs.claim_of(w.proc.pid) == ref[2])
+    (tmp_path / "limits").write_bytes(open(node.plugin.driver.files.limits_path(ref[2]), "rb").read())
+    forged = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(tmp_path)})
+    try:
+        assert procs.claim_of(forged.pid) is None
+    finally:
+        forged.kill()
+        forged.wait()

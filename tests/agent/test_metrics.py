@@ -1,0 +1,76 @@
+"""Per-claim telemetry over HTTP, claim status through the emulator, `top --once`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .conftest import MiB, wait_for
+
+
+def test_metrics_match_what_the_claim_did(node):
+    ref, ids = node.claim(memory="256Mi", compute=30)
+    hog = node.run("hog", ids, "alloc", "--chunk", "64Mi", "--max", "1Gi", "--hold", "30")
+    got = hog.read_until("allocated=", timeout=20)
+    assert got["result"] == "oom" and int(got["allocated"]) == 256 * MiB
+    # memory used (region) and NVML's view of the claim's processes
+    assert wait_for(lambda: node.claim_metric("gpushare_claim_memory_used_bytes", ref) == 256 * MiB)
+    assert wait_for(lambda: node.claim_metric("gpushare_claim_memory_nvml_bytes", ref) == 256 * MiB)
+    assert node.claim_metric("gpushare_claim_oom_refusals_total", ref) == 1
+    assert node.claim_metric("gpushare_claim_memory_limit_bytes", ref) == 256 * MiB
+    assert node.claim_metric("gpushare_claim_compute_limit_percent", ref) == 30
+    # pacing: a launch loop at 30 % waits most of the time
+    node.run("spin", ids, "launch", "--seconds", "1.5").wait(timeout=30)
+    assert node.claim_metric("gpushare_claim_paced_seconds_total", ref) > 0.5
+    m = node.scrape()
+    assert m["gpushare_prepared_claims"][()] == 1
+    gpu0 = next(v for k, v in m["gpushare_gpu_memory_used_bytes"].items() if dict(k)["index"] == "0")
+    assert gpu0 >= 256 * MiB
+    assert any(v == 1 for k, v in m["gpushare_kubelet_plugin_claims_total"].items()
+               if dict(k) == {"operation": "prepare", "result": "success"})
+
+
+def test_errors_are_counted_by_reason(node):
+    answer = node.kubelet.prepare(("default", "missing", "00000000-0000-0000-0000-000000000001"))
+    assert answer.claims["00000000-0000-0000-0000-000000000001"].error
+    errors = node.scrape()["gpushare_kubelet_plugin_errors_total"]
+    assert errors[(("operation", "prepare"), ("reason", "claim_not_found"))] == 1
+
+
+def test_claim_status_written_and_cleared(node):
+    ref, _ = node.claim(memory="512Mi", compute=20)
+    devices = wait_for(lambda: (node.read_claim(ref).get("status") or {}).get("devices"))
+    assert len(devices) == 1
+    d = devices[0]
+    assert (d["driver"], d["pool"], d["device"]) == ("gpushare.dev", "node-a", "gpu-0")
+    assert d["data"] == {"uuid": "GPU-5ea1c0de-0000-4000-8000-000000000000", "memoryLimit": str(512 * MiB),
+                         "computeLimit": 20, "computePolicy": "Hard"}
+    node.kubelet.unprepare(ref)
+    wait_for(lambda: not (node.read_claim(ref).get("status") or {}).get("devices"))
+
+
+def test_status_write_failure_does_not_fail_prepare(node, monkeypatch):
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise OSError("API server unreachable")
+
+    monkeypatch.setattr(node.plugin.agent.status.resource_api, "patch_namespaced_resource_claim_status", refuse)
+    monkeypatch.setattr("dra_driver.agent.status.RETRY_S", (0.2,))
+    ref, _ = node.claim()  # asserts no error
+    wait_for(lambda: len(calls) >= 2)  # retried
+    monkeypatch.undo()
+    wait_for(lambda: (node.read_claim(ref).get("status") or {}).get("devices"), timeout=15)
+
+
+def test_top_once(node):
+    ref, ids = node.claim(memory="256Mi", compute=40)
+    node.run("hold", ids, "alloc", "--chunk", "128Mi", "--max", "128Mi", "--hold", "30").read_until("allocated=")
+    wait_for(lambda: node.claim_metric("gpushare_claim_memory_nvml_bytes", ref) == 128 * MiB)
+    out = subprocess.run([sys.executable, "-m", "dra_driver.cli", "top", "--once", "--url", node.url],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if ref[1] in line)
+    assert "256.0Mi" in row and "128.0Mi" in row and "40%" in row, out.stdout
+    assert "prepared claims: 1" in out.stdout
