@@ -149,10 +149,11 @@ class ProcessRunner:
         # The container's /var/run/gpushare, rebuilt from the spec's mounts.
         run_dir = os.path.join(self.workdir, f"view-{name}")
         shutil.rmtree(run_dir, ignore_errors=True)
-        os.makedirs(os.path.join(run_dir, "region"))
         for container_path, host_path in mounts.items():
             if container_path.startswith("/var/run/gpushare/"):
-                os.symlink(host_path, os.path.join(run_dir, container_path.removeprefix("/var/run/gpushare/")))
+                link = os.path.join(run_dir, container_path.removeprefix("/var/run/gpushare/"))
+                os.makedirs(os.path.dirname(link), exist_ok=True)
+                os.symlink(host_path, link)
         host = {**os.environ, **env, "GPUSHARE_RUN_DIR": run_dir}
         for var, container_path in (("LD_PRELOAD", env.get("LD_PRELOAD")),
                                     ("GPUSHARE_SIM_STATE", env.get("GPUSHARE_SIM_STATE"))):
