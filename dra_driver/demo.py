@@ -14,7 +14,8 @@ The story (../shared/CONTRACT.md), each step checked, exit status 1 if any check
 10. memory queries inside show the claim's limit, not the GPU's;
 11. a second claim on the same GPU keeps its own budget;
 12. kernel launches are paced to the claim's compute share;
-13. the pods end and the kubelet unprepares: nothing is left behind.
+13. the node agent reports each claim's use (what `gpushare-dra top` shows);
+14. the pods end and the kubelet unprepares: nothing is left behind.
 
 The same scenario is the end-to-end test (tests/e2e), which requires podman.
 """
@@ -100,7 +101,7 @@ class Demo:
         if runtime == "auto":
             runtime = "podman" if PodmanRunner.available() is None else "process"
         self.runtime = runtime
-        self.story = Story(13)
+        self.story = Story(14)
         self.emu = None
         self.plugin = None
         self.kubelet = None
@@ -145,7 +146,7 @@ class Demo:
             "kubelet-plugin", "--node-name", NODE, "--plugin-dir", os.path.join(w, "plugin"),
             "--registry-dir", os.path.join(w, "registry"), "--state-dir", os.path.join(w, "state"),
             "--cdi-root", self.cdi_root, "--hook-dir", self.hook_dir, "--device-backend", "mock",
-            "--mock-gpus", self.mock_gpus, "--sharing-mode", "auto", "--metrics-addr", "",
+            "--mock-gpus", self.mock_gpus, "--sharing-mode", "auto", "--metrics-addr", "127.0.0.1:0",
             "--healthcheck-port", "0"])
         self.plugin = Plugin(args, api=self.emu.api_client()).start()
         self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)
@@ -187,6 +188,7 @@ class Demo:
             self.memory_queries()
             self.second_claim()
             self.pacing()
+            self.telemetry()
             self.unprepare()
         except Exception as e:  # a step that could not even run is a failed step, said plainly
             s.check(False, f"step {s.n} ran to the end", f"{type(e).__name__}: {e}")
@@ -397,6 +399,28 @@ class Demo:
         s.show(f"{result['launches']} launches, GPU busy {share:.1%} of the time")
         s.check(abs(share - CLAIM_COMPUTE / 100) <= PACING_TOLERANCE, "GPU time within 5 points of 30 %",
                 f"{share:.2f}")
+
+    def telemetry(self):
+        from . import top
+
+        s = self.story
+        s.step("The node agent reports each claim's use", "The plugin's /metrics (what `gpushare-dra top` "
+               "shows): limits, memory in use from the usage regions, refusals, time spent paced.")
+        metrics = top.scrape(f"http://127.0.0.1:{self.plugin.metrics_port}/metrics")
+        s.show(top.frame(metrics))
+        uuid = Path(self.workdir, "state", "claims", self.claims["shared-gpu"][2], "limits").read_text()
+        uuid = next(line.split("=", 1)[1] for line in uuid.splitlines() if line.startswith("GPUSHARE_DEVICE_UUID_0="))
+        key = (NAMESPACE, "shared-gpu", uuid)
+
+        def value(name):
+            return metrics.get(name, {}).get(key)
+
+        s.check(value("gpushare_claim_memory_limit_bytes") == CLAIM_MEMORY, "memory limit 4Gi")
+        s.check(value("gpushare_claim_memory_used_bytes") == CLAIM_MEMORY, "memory used 4Gi: the four containers")
+        s.check((value("gpushare_claim_oom_refusals_total") or 0) >= 2, "the refused allocations are counted",
+                f"{value('gpushare_claim_oom_refusals_total')}")
+        s.check((value("gpushare_claim_paced_seconds_total") or 0) > 0, "time spent paced is counted",
+                f"{value('gpushare_claim_paced_seconds_total')}")
 
     def unprepare(self):
         s = self.story

@@ -56,4 +56,4 @@ def test_demo_command_exits_zero():
     out = subprocess.run([sys.executable, "-m", "dra_driver.cli", "demo", "--runtime", "process"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "[13/13]" in out.stdout and "Every step behaved" in out.stdout
+    assert "[14/14]" in out.stdout and "Every step behaved" in out.stdout
