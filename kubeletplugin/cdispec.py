@@ -1,7 +1,7 @@
 """The CDI spec of one prepared claim.
 
 Design: everything a container needs from the claim (env for all its GPUs, limits file,
-regions, library, ld.so.preload, device nodes) is in the *spec-level* containerEdits,
+regions, control files, library, ld.so.preload, device nodes) is in the *spec-level* containerEdits,
 which a runtime applies once per container that gets any device of the spec. A container
 holds one gpushare claim, and it may be given several of the claim's device IDs (one per
 request it uses) without getting duplicate mounts. Each device entry only sets an
@@ -20,6 +20,7 @@ from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
 KIND = "k8s.gpushare.dev/claim"
 CONTAINER_LIMITS = "/var/run/gpushare/limits"
 CONTAINER_REGION_DIR = "/var/run/gpushare/region"
+CONTAINER_CONTROL_DIR = "/var/run/gpushare/control"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_SIM_DIR = "/usr/local/gpushare/sim"
 CONTAINER_SIM_STATE = "/var/run/gpushare/sim.state"
@@ -74,6 +75,8 @@ def build_spec(uid: str, prepared: dict, files: ClaimFiles, host_library: str, s
         env += [f"GPUSHARE_MEMORY_LIMIT_{i}={gpu['memoryLimit']}", f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu['computeLimit']}",
                 f"GPUSHARE_DEVICE_UUID_{i}={gpu['uuid']}"]
         mounts.append(Mount(files.region_path(uid, i), f"{CONTAINER_REGION_DIR}/{i}", _RW))
+        # the agent's rate: trusted by the library because no tenant can write it
+        mounts.append(Mount(files.control_path(uid, i), f"{CONTAINER_CONTROL_DIR}/{i}", _RO))
     if sim is not None:
         sim_env, sim_mounts = sim.edits()
         env += sim_env

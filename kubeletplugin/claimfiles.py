@@ -3,6 +3,7 @@
     claims/<uid>/                0711: containers cannot list it
     claims/<uid>/limits          0444: the authoritative limits (limits file format v1)
     claims/<uid>/region-<i>      0666: usage region of the container's GPU i, 1 MiB of zeros
+    claims/<uid>/control-<i>     0644: the node agent's control file of GPU i, 4 KiB of zeros
     claims/<uid>/ld.so.preload   0444: the library's container path, mounted at /etc/ld.so.preload
     claims/<uid>/prepared.json   0600: what Prepare answered (rebuilds a lost checkpoint)
 """
@@ -18,6 +19,7 @@ from cdi import fsync_dir, write_atomic
 from .claimref import UID
 
 REGION_SIZE = 1 << 20  # bytes; hook/src/region.h
+CONTROL_SIZE = 4096  # bytes; hook/src/control.h
 LIMITS_VERSION = 1
 CONTAINER_LIBRARY = "/usr/local/gpushare/lib/libgpushare.so"
 
@@ -51,18 +53,23 @@ class ClaimFiles:
     def region_path(self, uid: str, i: int) -> str:
         return os.path.join(self.dir(uid), f"region-{i}")
 
+    def control_path(self, uid: str, i: int) -> str:
+        return os.path.join(self.dir(uid), f"control-{i}")
+
     def preload_path(self, uid: str) -> str:
         return os.path.join(self.dir(uid), "ld.so.preload")
 
     def write(self, uid: str, prepared: dict) -> None:
-        """Create the claim's files. Existing regions are kept as they are (never re-zeroed)."""
+        """Create the claim's files. Existing regions and control files are kept as they are
+        (never re-zeroed: running processes map them)."""
         folder = self.dir(uid)
         _mkdir(folder, 0o711)
         gpus = prepared["gpus"]
         write_atomic(self.limits_path(uid), limits_text(uid, gpus).encode(), mode=0o444)
         write_atomic(self.preload_path(uid), (CONTAINER_LIBRARY + "\n").encode(), mode=0o444)
         for i in range(len(gpus)):
-            _create_region(self.region_path(uid, i))
+            _create_zeroed(self.region_path(uid, i), REGION_SIZE, 0o666)
+            _create_zeroed(self.control_path(uid, i), CONTROL_SIZE, 0o644)
         write_atomic(os.path.join(folder, "prepared.json"), json.dumps(prepared).encode(), mode=0o600)
         fsync_dir(folder)
 
@@ -92,21 +99,28 @@ class ClaimFiles:
             return set()
 
     def reset_regions(self, uid: str, count: int) -> None:
-        """Zero the regions (after a reboot no process can still hold usage in them)."""
+        """Zero the regions (after a reboot no process can still hold usage in them) and the
+        control files (a rate from the old boot is stale until the agent measures again)."""
         for i in range(count):
-            path = self.region_path(uid, i)
-            with open(path, "r+b") as f:
-                os.ftruncate(f.fileno(), 0)
-                os.ftruncate(f.fileno(), REGION_SIZE)
-                os.fsync(f.fileno())
+            _zero(self.region_path(uid, i), REGION_SIZE)
+            if os.path.exists(self.control_path(uid, i)):  # absent: prepared by an older plugin
+                _zero(self.control_path(uid, i), CONTROL_SIZE)
 
 
-def _create_region(path: str) -> None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+def _zero(path: str, size: int) -> None:
+    with open(path, "r+b") as f:
+        os.ftruncate(f.fileno(), 0)
+        os.ftruncate(f.fileno(), size)
+        os.fsync(f.fileno())
+
+
+def _create_zeroed(path: str, size: int, mode: int) -> None:
+    """Create path as `size` zero bytes with `mode`; an existing file of that size is kept as is."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        if os.fstat(fd).st_size != REGION_SIZE:
-            os.ftruncate(fd, REGION_SIZE)  # a sparse file of zeros
-        os.fchmod(fd, 0o666)  # not subject to the umask
+        if os.fstat(fd).st_size != size:
+            os.ftruncate(fd, size)  # a sparse file of zeros
+        os.fchmod(fd, mode)  # not subject to the umask
         os.fsync(fd)
     finally:
         os.close(fd)

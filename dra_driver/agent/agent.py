@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from dra_driver.log import get_logger
 
 from .backstop import Backstop
+from .control import Control
 from .procmap import ProcessMap
 from .regions import Region
 from .sampler import GpuSample, Sampler, load_simulated_nvml
@@ -29,13 +30,21 @@ class ClaimView:
     gpus: list[dict]                      # prepared["gpus"]: uuid, memoryLimit, computeLimit, computePolicy
     limits_path: str
     regions: list[Region | None]
+    controls: list[Control | None]        # None: no control file (older plugin), rate goes to the region
     shares: list[Share]
     process_memory: list[dict[int, int]] = field(default_factory=list)  # per GPU: pid -> NVML bytes
+    paced_ns: list[int] = field(default_factory=list)                  # per GPU: the region's, last period
+
+    def set_rate(self, i: int, ppm: int) -> None:
+        """The library's refill rate for GPU i: the control file when there is one, else the region."""
+        target = self.controls[i] or self.regions[i]
+        if target is not None:
+            target.rate_ppm = ppm
 
     def close(self) -> None:
-        for r in self.regions:
-            if r is not None:
-                r.close()
+        for f in (*self.regions, *self.controls):
+            if f is not None:
+                f.close()
 
 
 class Agent:
@@ -79,6 +88,9 @@ class Agent:
         self.status.stop()
         with self.lock:
             for c in self.claims.values():
+                for ctl in c.controls:  # nobody corrects a trusted rate now: back to the limit
+                    if ctl is not None:
+                        ctl.rate_ppm = 0
                 c.close()
             self.claims.clear()
         if self._sampler is not None:
@@ -117,8 +129,11 @@ class Agent:
                           {u: [s for r in c.regions if r for s in r.slots()] for u, c in claims.items()})
         for c in claims.values():
             c.process_memory = [{} for _ in c.gpus]
-            for s in c.shares:
+            paced_ns = [r.paced_ns if r else 0 for r in c.regions]
+            for s, now, before in zip(c.shares, paced_ns, c.paced_ns or paced_ns):
                 s.measured = 0.0
+                s.paced = now > before
+            c.paced_ns = paced_ns
         on_gpu: dict[str, list[Share]] = {}
         other_busy: dict[str, float] = {}
         for g in samples:
@@ -140,8 +155,8 @@ class Agent:
                 control_gpu(shares, other_busy.get(uuid, 0.0))
             for c in claims.values():
                 for i, gpu in enumerate(c.gpus):
-                    if c.regions[i] is not None and gpu["computeLimit"] < 100:  # limit 100 is never paced
-                        c.regions[i].pace_rate_ppm = to_ppm(c.shares[i].rate)
+                    if gpu["computeLimit"] < 100:  # limit 100 is never paced
+                        c.set_rate(i, to_ppm(c.shares[i].rate))
                     self.backstop.check(c, i, gpu["memoryLimit"], c.regions[i].used if c.regions[i] else 0,
                                         c.process_memory[i])
         self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
@@ -174,13 +189,21 @@ class Agent:
         files = self.driver.files
         uid = prepared["uid"]
         regions: list[Region | None] = []
+        controls: list[Control | None] = []
         for i in range(len(prepared["gpus"])):
             try:
                 regions.append(Region(files.region_path(uid, i)))
             except (OSError, ValueError) as e:
                 log.error("cannot map a usage region", uid=uid, gpu=i, error=str(e))
                 regions.append(None)
-        shares = [Share(limit=g["computeLimit"] / 100.0, burst=g.get("computePolicy") == "Burst")
-                  for g in prepared["gpus"]]
+            try:
+                controls.append(Control(files.control_path(uid, i)))
+            except FileNotFoundError:  # prepared by an older plugin
+                controls.append(None)
+            except (OSError, ValueError) as e:
+                log.error("cannot map a control file", uid=uid, gpu=i, error=str(e))
+                controls.append(None)
+        shares = [Share(limit=g["computeLimit"] / 100.0, burst=g.get("computePolicy") == "Burst",
+                        trusted=controls[i] is not None) for i, g in enumerate(prepared["gpus"])]
         return ClaimView(uid, prepared["namespace"], prepared["name"], prepared["gpus"],
-                         files.limits_path(uid), regions, shares, [{} for _ in prepared["gpus"]])
+                         files.limits_path(uid), regions, controls, shares, [{} for _ in prepared["gpus"]])

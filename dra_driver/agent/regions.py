@@ -1,7 +1,8 @@
 """The usage regions (hook/src/region.h, documented in hook/README.md), seen by the node agent.
 
 The agent only reads the region, except for `pace_rate_ppm`, which the layout reserves for it
-(a 32-bit aligned store: the library reads it with one atomic load). Everything read here is
+(a 32-bit aligned store: the library reads it with one atomic load); it writes there only for
+claims without a control file (control.py; prepared by an older plugin). Everything read here is
 tenant-writable, so it is treated as a claim's own report about itself, never as a limit.
 """
 
@@ -46,8 +47,11 @@ class Region:
             self._map = mmap.mmap(fd, REGION_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)  # the mapping keeps the file
+        # one aligned 32-bit store for pace_rate_ppm (struct.pack_into writes byte by byte)
+        self._words = memoryview(self._map).cast("I")  # x86-64: native = little endian
 
     def close(self) -> None:
+        self._words.release()
         self._map.close()
 
     def _u64(self, offset: int) -> int:
@@ -70,14 +74,16 @@ class Region:
         return self._u64(_OOM_REFUSALS) if self.initialised else 0
 
     @property
-    def pace_rate_ppm(self) -> int:
-        return struct.unpack_from("<I", self._map, _PACE_RATE_PPM)[0]
+    def rate_ppm(self) -> int:
+        """`pace_rate_ppm` (named like Control.rate_ppm: the agent writes one or the other)."""
+        return self._words[_PACE_RATE_PPM // 4]
 
-    @pace_rate_ppm.setter
-    def pace_rate_ppm(self, ppm: int) -> None:
+    @rate_ppm.setter
+    def rate_ppm(self, ppm: int) -> None:
         # Only into an initialised region: the first user's initialisation zeroes the header.
-        if self.initialised and self.pace_rate_ppm != ppm:
-            struct.pack_into("<I", self._map, _PACE_RATE_PPM, max(0, min(ppm, 1_000_000)))
+        ppm = max(0, min(ppm, 1_000_000))
+        if self.initialised and self.rate_ppm != ppm:
+            self._words[_PACE_RATE_PPM // 4] = ppm
 
     def slots(self) -> list[Slot]:
         """Slots in use (their owners may have died and not been reaped yet)."""

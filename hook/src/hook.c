@@ -9,12 +9,17 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "control.h"
 #include "cuda_abi.h"
 #include "limits.h"
 #include "log.h"
@@ -132,6 +137,7 @@ struct gpu_state {
     uint64_t limit;
     int compute, burst;
     struct gs_region region;
+    const struct gs_control *control; /* the agent's trusted rate; NULL = none */
     /* pacing: cost of one launch (GPU ns) measured with an event pair every SAMPLE_NS */
     uint64_t cost_ns[2];       /* [kernel, graph], 0 = unknown */
     uint64_t next_sample_ns;
@@ -242,6 +248,39 @@ static inline void ensure_nvml(void)
 
 /* ------------------------------------------------------------------ device -> limit slot */
 
+/* The agent's control file of GPU i, mapped read-only. NULL = none: missing (a claim prepared
+ * by an older plugin) or unusable. It is root-owned, so a bad one is a bug, not an attack:
+ * one log line, and pacing falls back to the region's rate and the limit. All zeros is fine
+ * (the agent has not written it yet); the header is checked again with every rate read. */
+static const struct gs_control *open_control(int i)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/control/%d", g_limits.dir, i);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) gs_log("cannot open control file %s: %s; ignored", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (fstat(fd, &st) != 0 || st.st_size != GS_CONTROL_SIZE)
+        gs_log("control file %s has size %lld, expected %u; ignored", path, (long long)st.st_size,
+               GS_CONTROL_SIZE);
+    else if ((p = mmap(NULL, GS_CONTROL_SIZE, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        gs_log("cannot map control file %s: %s; ignored", path, strerror(errno));
+    close(fd); /* the mapping keeps the file */
+    if (p == MAP_FAILED) return NULL;
+    const struct gs_control *c = p;
+    uint64_t magic = __atomic_load_n(&c->magic, __ATOMIC_ACQUIRE);
+    if (magic != 0 && (magic != GS_CONTROL_MAGIC || c->version != GS_CONTROL_VERSION)) {
+        gs_log("control file %s has magic %#llx version %u, expected %#llx version %u; ignored", path,
+               (unsigned long long)magic, c->version, (unsigned long long)GS_CONTROL_MAGIC, GS_CONTROL_VERSION);
+        munmap(p, GS_CONTROL_SIZE);
+        return NULL;
+    }
+    return c;
+}
+
 static struct gpu_state *open_slot(int i)
 {
     struct gpu_state *g = &g_gpu[i];
@@ -255,6 +294,8 @@ static struct gpu_state *open_slot(int i)
     snprintf(path, sizeof path, "%s/region/%d", g_limits.dir, i);
     g->failed = gs_region_open(&g->region, g_limits.mode == GS_MODE_ENV ? NULL : path) != 0;
     g->region.fault_stop = g_fault_stop;
+    if (g_limits.mode != GS_MODE_ENV && !g->failed && g->compute < 100) /* only pacing reads it */
+        g->control = open_control(i);
     g_gpu_open[i] = 1;
     return g;
 }
@@ -598,8 +639,9 @@ HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
  * each launch books cost/rate wall nanoseconds of the claim's timeline and may run at most
  * BURST_NS ahead of it. cost = the launch's GPU time, measured by the library with an event
  * pair around one launch every SAMPLE_NS (first launch: measured synchronously). rate = the
- * compute limit, or the region's pace_rate_ppm when a node agent writes one (never above the
- * limit under the Hard policy). Lock-free: one CAS per launch. */
+ * agent's rate in the control file when it wrote one; else the region's pace_rate_ppm (never
+ * above the limit under the Hard policy: the region is tenant-writable); else the compute
+ * limit. Lock-free: one CAS per launch. */
 
 #define BURST_NS 10000000ull    /* 10 ms */
 #define SAMPLE_NS 10000000ull   /* one measured launch per 10 ms */
@@ -613,6 +655,10 @@ struct launch {
 
 static uint64_t rate_ppm(struct gpu_state *g)
 {
+    /* Trusted (root-owned, read-only in the container), so it may exceed the limit: the agent
+     * holds the claim's measured share to the limit, compensating for an overcharged cost. */
+    uint64_t trusted = g->control ? gs_control_rate(g->control) : 0;
+    if (trusted) return trusted > 1000000 ? 1000000 : trusted;
     uint64_t limit = (uint64_t)g->compute * 10000;
     uint64_t agent = __atomic_load_n(&g->region.hdr->pace_rate_ppm, __ATOMIC_RELAXED);
     if (agent == 0 || (!g->burst && agent > limit)) return limit;

@@ -34,31 +34,36 @@ def test_single_claim_holds_its_share(node, share):
     assert abs(agent_view - share) <= 5, agent_view
 
 
-def run_two_tenants(node):
+def run_two_tenants(node, seconds: float = 12.5, settle: float = 4.5):
+    """A Hard claim at 30 % and one at 70 % on one GPU, both launching flat out. Returns the
+    agent's per-period shares (percent) of both after `settle` seconds, and the shares the
+    probes report for their whole run (launch rate x the simulated kernel time, 100 us)."""
     a, ids_a = node.claim(compute=30)
     b, ids_b = node.claim(compute=70)
-    wa = node.run("a", ids_a, "launch", "--seconds", SECONDS)
-    wb = node.run("b", ids_b, "launch", "--seconds", SECONDS)
-    time.sleep(1.5)
-    got = measured(node, a), node.share(b).measured * 100
+    wa = node.run("a", ids_a, "launch", "--seconds", str(seconds))
+    wb = node.run("b", ids_b, "launch", "--seconds", str(seconds))
+    time.sleep(settle)  # the agent learns how far each claim's measured launch cost is overcharged
+    periods = []
+    while len(periods) < (seconds - settle - 1) / node.plugin.agent.interval:
+        time.sleep(node.plugin.agent.interval)
+        periods.append((node.share(a).measured * 100, node.share(b).measured * 100))
     outs = wa.read_until("launches=", timeout=30), wb.read_until("launches=", timeout=30)
-    # GPU share from the launch rate and the simulated kernel time (100 us)
-    return got, [float(o["launches_per_s"]) * 100e-6 * 100 for o in outs]
+    return periods, [float(o["launches_per_s"]) * 100e-6 * 100 for o in outs]
 
 
-def test_two_tenants_30_70_never_above_their_shares(node):
-    (agent_a, agent_b), (a, b) = run_two_tenants(node)
-    assert a <= 35 and b <= 75, (a, b)
-    assert a >= 15 and b >= 55, (a, b)  # see the xfail below
-    assert abs(agent_a - a) <= 5 and abs(agent_b - b) <= 5, (agent_a, a, agent_b, b)
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
 
 
-@pytest.mark.xfail(strict=True, reason="Hard caps the agent's rate at the limit, and the library's launch cost "
-                                       "includes queueing behind the other tenant, so both undershoot "
-                                       "(docs/agent.md, known gaps)")
 def test_two_tenants_30_70_within_5_points(node):
-    _, (a, b) = run_two_tenants(node)
-    assert abs(a - 30) <= 5 and abs(b - 70) <= 5, (a, b)
+    # Each tenant's event-timed launch cost includes queueing behind the other's kernels; the
+    # agent's rate in the trusted control file (above the limit, under Hard) makes up for it.
+    periods, probes = run_two_tenants(node)
+    a, b = mean(p[0] for p in periods), mean(p[1] for p in periods)
+    assert abs(a - 30) <= 5 and abs(b - 70) <= 5, (a, b, periods)
+    # the whole runs, convergence included, stay near the shares too, never well above
+    assert probes[0] <= 35 and probes[1] <= 75 and probes[0] >= 20 and probes[1] >= 60, probes
 
 
 def test_burst_borrows_idle_time_and_hands_it_back(node):
@@ -74,7 +79,7 @@ def test_burst_borrows_idle_time_and_hands_it_back(node):
     wait_for(lambda: node.share(b).busy and node.share(a).rate <= 0.5 + 1e-6, timeout=3)
     handed_back = time.monotonic() - started
     assert handed_back <= 2 * node.plugin.agent.interval + 0.5, handed_back
-    # A keeps its share plus what B leaves idle (20 %); B gets its share less the contention
-    # undershoot of Hard pacing (see the 30/70 xfail)
+    # A keeps at most its share plus what B leaves idle (20 %); B, Hard with a control file,
+    # holds its share: the agent's trusted rate makes up for the contention
     got_a, got_b = measured(node, a), node.share(b).measured * 100
-    assert got_a <= 55 and got_b >= 35, (got_a, got_b)
+    assert got_a <= 55 and got_b >= 45, (got_a, got_b)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "hook"
 REGION_SIZE = 1 << 20
+CONTROL_SIZE = 4096
+CONTROL_MAGIC = 0x31304C5254435347  # "GSCTRL01"
 UUID_PREFIX = "GPU-5ea1c0de-0000-4000-8000-"
 MiB = 1 << 20
 
@@ -54,6 +57,12 @@ class Claim:
 
     def region(self, i: int = 0) -> Path:
         return self.root / "region" / str(i)
+
+    def write_control(self, rate_ppm: int, i: int = 0, magic: int = CONTROL_MAGIC, version: int = 1) -> None:
+        """The node agent's control file (hook/src/control.h): header, then the rate."""
+        path = self.root / "control" / str(i)
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(struct.pack("<QII", magic, version, rate_ppm).ljust(CONTROL_SIZE, b"\0"))
 
     def run(self, *args, preload=True, env=None, timeout=60, check=True, build=None):
         b = build or self.build

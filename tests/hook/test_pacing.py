@@ -36,8 +36,13 @@ def test_node_agent_rate_lowers_share(make_claim):
     assert abs(got - 20) <= 5, out
 
 
-def test_tenant_cannot_raise_rate_under_hard_policy(make_claim):
+@pytest.mark.parametrize("control", [False, True])
+def test_tenant_cannot_raise_rate_under_hard_policy(make_claim, control):
+    """The region is tenant-writable: its rate stays capped at the limit, also beside a control
+    file the agent has not written a rate into."""
     c = make_claim(memory=64 * MiB, compute=30)
+    if control:
+        c.write_control(0)
     c.run("gpushare-probe", "meminfo")
     with open(c.region(0), "r+b") as f:
         f.seek(120)
@@ -54,3 +59,36 @@ def test_share_is_per_claim_not_per_process(make_claim):
     # from launch rates and the simulated kernel time (a calibration can queue behind the other)
     total = sum(float(o["launches_per_s"]) for o in outs) * 100e-6 * 100
     assert abs(total - 40) <= 5, outs
+
+
+def test_control_rate_may_exceed_the_limit(make_claim):
+    """The control file is root-owned and read-only in the container: its rate is trusted,
+    above the limit too (the agent holds the measured share to the limit), and beats the region's."""
+    c = make_claim(memory=64 * MiB, compute=30)
+    c.write_control(600_000)
+    c.run("gpushare-probe", "meminfo")
+    with open(c.region(0), "r+b") as f:
+        f.seek(128)
+        f.write(struct.pack("<I", 100_000))  # pace_rate_ppm: 10 %
+    got, out = busy(c)
+    assert abs(got - 60) <= 5, out
+
+
+@pytest.mark.parametrize("header", [{"magic": 0x1234}, {"version": 2}])
+def test_bad_control_file_is_ignored_with_one_log_line(make_claim, header):
+    c = make_claim(memory=64 * MiB, compute=30)
+    c.write_control(1_000_000, **header)
+    p = c.run("gpushare-probe", "launch", "--seconds", SECONDS, timeout=60)
+    got = float(kv(p.stdout)["busy_share"])
+    assert abs(got - 30) <= 5, p.stdout  # the limit
+    lines = [line for line in p.stderr.splitlines() if "control file" in line]
+    assert len(lines) == 1 and "ignored" in lines[0], p.stderr
+
+
+def test_control_file_of_wrong_size_is_ignored(make_claim):
+    c = make_claim(memory=64 * MiB, compute=30)
+    c.write_control(1_000_000)
+    with open(c.root / "control" / "0", "ab") as f:
+        f.write(b"x")
+    got, out = busy(c)
+    assert abs(got - 30) <= 5, out

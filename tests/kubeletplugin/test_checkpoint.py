@@ -131,13 +131,18 @@ def test_v1_checkpoint_is_migrated(start_plugin, dirs, hook_dir):
 
 def test_reboot_zeroes_regions_but_keeps_claims(prepared, start_plugin, dirs):
     plugin, kubelet, claim, answer = prepared
-    with open(region(dirs, claim[2]), "r+b") as f:
-        f.write(b"stale usage of processes gone with the reboot")
+    control = os.path.join(dirs.state, "claims", claim[2], "control-0")
+    for path in (region(dirs, claim[2]), control):
+        with open(path, "r+b") as f:
+            f.write(b"stale usage or rate from before the reboot")
     plugin.stop(grace=1)
     edit_checkpoint(dirs, lambda claims, boot: "an-earlier-boot")
     start_plugin()
     with open(region(dirs, claim[2]), "rb") as f:
         assert f.read() == bytes(1 << 20)
+    with open(control, "rb") as f:  # no rate; the agent may have written its header again
+        data = f.read()
+    assert data[12:] == bytes(4096 - 12) and data[:8] in (bytes(8), b"GSCTRL01"), data[:16]
     assert kubelet.prepare(claim) == answer
 
 

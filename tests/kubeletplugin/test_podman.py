@@ -95,7 +95,7 @@ SCRIPT = f"""
 env | grep '^GPUSHARE_\\|^LD_PRELOAD' | sort
 echo ---limits; cat /var/run/gpushare/limits
 echo ---preload; cat /etc/ld.so.preload
-echo ---region; stat -c %s /var/run/gpushare/region/0
+echo ---region; stat -c %s /var/run/gpushare/region/0 /var/run/gpushare/control/0
 echo ---library; stat -c %s {LIBRARY}
 """
 
@@ -128,11 +128,15 @@ def test_podman_runs_container_with_our_cdi_devices(api, start_plugin, dirs, pod
             assert f"LD_PRELOAD={LIBRARY}\n" in env
             assert f"GPUSHARE_MEMORY_LIMIT_0={memory}\n" in limits and f"GPUSHARE_CLAIM_UID={uid}\n" in limits
             assert preload.strip() == LIBRARY
-            assert region.strip() == str(1 << 20)
+            assert region.split() == [str(1 << 20), "4096"]
             assert library.strip() == str(os.path.getsize(os.path.join(hook_dir, "libgpushare.so")))
         # The container cannot change its limits: the file is mounted read-only.
         out = run_in_container(podman_env, list(answer.devices[0].cdi_device_ids),
                                "echo GPUSHARE_MEMORY_LIMIT_0=1 >> /var/run/gpushare/limits && echo writable || echo refused")
+        assert out.strip().endswith("refused")
+        # Nor the agent's rate: the control file is mounted read-only too (root in the container).
+        out = run_in_container(podman_env, list(answer.devices[0].cdi_device_ids),
+                               "echo x > /var/run/gpushare/control/0 && echo writable || echo refused")
         assert out.strip().endswith("refused")
     finally:
         assert kubelet.unprepare(claim).claims[uid].error == ""

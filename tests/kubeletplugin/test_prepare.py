@@ -80,9 +80,11 @@ def test_capacity_mode(api, kubelet, dirs):
     assert env["LD_PRELOAD"] == "/usr/local/gpushare/lib/libgpushare.so"
     mounts = {m["containerPath"]: m for m in spec["containerEdits"]["mounts"]}
     assert set(mounts) == {"/usr/local/gpushare/lib/libgpushare.so", "/etc/ld.so.preload", "/var/run/gpushare/limits",
-                           "/var/run/gpushare/region/0"}
-    for path in ("/usr/local/gpushare/lib/libgpushare.so", "/etc/ld.so.preload", "/var/run/gpushare/limits"):
+                           "/var/run/gpushare/region/0", "/var/run/gpushare/control/0"}
+    for path in ("/usr/local/gpushare/lib/libgpushare.so", "/etc/ld.so.preload", "/var/run/gpushare/limits",
+                 "/var/run/gpushare/control/0"):
         assert "ro" in mounts[path]["options"]
+    assert mounts["/var/run/gpushare/control/0"]["hostPath"] == os.path.join(dirs.state, "claims", uid, "control-0")
     assert "rw" in mounts["/var/run/gpushare/region/0"]["options"]
     limits = limits_of(dirs, uid)
     assert limits["GPUSHARE_MEMORY_LIMIT_0"] == str(4 * GiB) and limits["GPUSHARE_COMPUTE_LIMIT_0"] == "30"
@@ -96,6 +98,11 @@ def test_capacity_mode(api, kubelet, dirs):
         assert f.read() == "/usr/local/gpushare/lib/libgpushare.so\n"
     with open(region, "rb") as f:
         assert f.read() == bytes(1 << 20)
+    control = os.stat(os.path.join(claim_dir, "control-0"))  # the agent's, read-only for containers
+    assert (stat.S_IMODE(control.st_mode), control.st_uid, control.st_size) == (0o644, os.geteuid(), 4096)
+    with open(os.path.join(claim_dir, "control-0"), "rb") as f:
+        assert f.read() == bytes(4096)
+    assert sorted(os.listdir(claim_dir)) == ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]
 
 
 def test_capacity_mode_missing_consumed_capacity_is_whole_gpu(api, kubelet, dirs):
@@ -127,23 +134,27 @@ def test_multi_gpu_claim_orders_gpus_by_index(api, kubelet, dirs):
     assert env["GPUSHARE_DEVICE_UUID_0"] == sim_uuid(1) and env["GPUSHARE_MEMORY_LIMIT_0"] == str(4 * GiB)
     assert env["GPUSHARE_DEVICE_UUID_1"] == sim_uuid(3) and env["GPUSHARE_COMPUTE_LIMIT_1"] == "10"
     assert os.path.getsize(os.path.join(dirs.state, "claims", claim[2], "region-1")) == 1 << 20
+    assert os.path.getsize(os.path.join(dirs.state, "claims", claim[2], "control-1")) == 4096
     assert len(load_spec(dirs, claim[2])["devices"]) == 2
 
 
 def test_shared_claim_second_prepare_is_identical_and_keeps_region(api, kubelet, dirs):
     claim = make_claim(api, [result("gpu-0", share_id=str(uuid.uuid4()), consumed={"memory": "1Gi", "compute": "5"})])
     first = kubelet.prepare(claim)
-    region = os.path.join(dirs.state, "claims", claim[2], "region-0")
-    with open(region, "r+b") as f:  # a running container's usage
-        f.write(b"in use")
-    before = os.stat(region)
+    # a running container's usage, and the agent's rate
+    files = {name: os.path.join(dirs.state, "claims", claim[2], name) for name in ("region-0", "control-0")}
+    for name, path in files.items():
+        with open(path, "r+b") as f:
+            f.write(b"in use")
+    before = {name: os.stat(path) for name, path in files.items()}
     spec_before = os.stat(spec_path(dirs, claim[2]))
     second = kubelet.prepare(claim)
     assert second == first
-    after = os.stat(region)
-    assert (after.st_mtime_ns, after.st_ino) == (before.st_mtime_ns, before.st_ino)
-    with open(region, "rb") as f:
-        assert f.read(6) == b"in use"
+    for name, path in files.items():
+        after = os.stat(path)
+        assert (after.st_mtime_ns, after.st_ino) == (before[name].st_mtime_ns, before[name].st_ino), name
+        with open(path, "rb") as f:
+            assert f.read(6) == b"in use", name
     assert os.stat(spec_path(dirs, claim[2])).st_mtime_ns == spec_before.st_mtime_ns
 
 

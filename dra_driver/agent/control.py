@@ -1,0 +1,51 @@
+"""The trusted control file of a (claim, GPU) (hook/src/control.h, docs/interfaces.md).
+
+Created zero-filled by the kubelet plugin (root, 0644) and mounted read-only into containers,
+so unlike the usage region no tenant can write it: the library trusts its rate, even above the
+claim's limit. Only the agent writes it: magic and version once, then the rate with one aligned
+32-bit store through a native-int view (struct.pack_into writes byte by byte: a reader could see
+half of it); the library reads it with one atomic load.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+CONTROL_SIZE = 4096
+MAGIC = 0x31304C5254435347  # "GSCTRL01" little endian
+VERSION = 1
+_MAGIC, _VERSION, _RATE_PPM = 0, 8, 12
+
+
+class Control:
+    def __init__(self, path: str):
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            size = os.fstat(fd).st_size
+            if size != CONTROL_SIZE:
+                raise ValueError(f"{path}: size {size}, expected {CONTROL_SIZE}")
+            self._map = mmap.mmap(fd, CONTROL_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)  # the mapping keeps the file
+        self._words = memoryview(self._map).cast("I")  # x86-64: native = little endian
+        if struct.unpack_from("<Q", self._map, _MAGIC)[0] != MAGIC:
+            # header before any rate: the library reads a rate only under a valid header
+            struct.pack_into("<I", self._map, _VERSION, VERSION)
+            struct.pack_into("<Q", self._map, _MAGIC, MAGIC)
+
+    def close(self) -> None:
+        self._words.release()
+        self._map.close()
+
+    @property
+    def rate_ppm(self) -> int:
+        return self._words[_RATE_PPM // 4]
+
+    @rate_ppm.setter
+    def rate_ppm(self, ppm: int) -> None:
+        ppm = max(0, min(ppm, 1_000_000))
+        if self.rate_ppm != ppm:
+            self._words[_RATE_PPM // 4] = ppm

@@ -1,0 +1,34 @@
+/* Trusted control file: one per (claim, GPU), GS_CONTROL_SIZE bytes, created zero-filled by
+ * the kubelet plugin (root, 0644) and mounted read-only, so no tenant can write it. Only the
+ * node agent (root, on the host) writes it: magic and version once, then rate_ppm with single
+ * aligned 32-bit stores. Layout documented in hook/README.md and docs/interfaces.md. */
+#ifndef GPUSHARE_CONTROL_H
+#define GPUSHARE_CONTROL_H
+
+#include <stdint.h>
+
+#define GS_CONTROL_SIZE 4096u
+#define GS_CONTROL_MAGIC 0x31304c5254435347ULL /* "GSCTRL01" little endian */
+#define GS_CONTROL_VERSION 1u
+
+struct gs_control {
+    uint64_t magic;     /*  0: GS_CONTROL_MAGIC; 0 = the agent has not written the file yet */
+    uint32_t version;   /*  8: GS_CONTROL_VERSION */
+    uint32_t rate_ppm;  /* 12: refill rate, millionths of the GPU; 0 = no override */
+};
+
+_Static_assert(__builtin_offsetof(struct gs_control, version) == 8, "layout");
+_Static_assert(__builtin_offsetof(struct gs_control, rate_ppm) == 12, "layout");
+
+/* The agent's rate, or 0 (none yet, or a header this library does not know). The agent writes
+ * magic and version before the first rate, so a rate seen here comes with its header. */
+static inline uint32_t gs_control_rate(const struct gs_control *c)
+{
+    uint32_t rate = __atomic_load_n(&c->rate_ppm, __ATOMIC_ACQUIRE);
+    if (rate == 0 || __atomic_load_n(&c->magic, __ATOMIC_RELAXED) != GS_CONTROL_MAGIC ||
+        __atomic_load_n(&c->version, __ATOMIC_RELAXED) != GS_CONTROL_VERSION)
+        return 0;
+    return rate;
+}
+
+#endif
