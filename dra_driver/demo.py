@@ -415,6 +415,9 @@ class Demo:
         def value(name):
             return metrics.get(name, {}).get(key)
 
+        gpu_total = metrics.get("gpushare_gpu_memory_total_bytes", {}).get((uuid, "0"))
+        s.check(gpu_total == self.gpu_memory, "the agent's NVML sees the node's GPU as it is",
+                f"{format_bytes(int(gpu_total or 0))} total")
         s.check(value("gpushare_claim_memory_limit_bytes") == CLAIM_MEMORY, "memory limit 4Gi")
         s.check(value("gpushare_claim_memory_used_bytes") == CLAIM_MEMORY, "memory used 4Gi: the four containers")
         s.check((value("gpushare_claim_oom_refusals_total") or 0) >= 2, "the refused allocations are counted",

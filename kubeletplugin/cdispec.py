@@ -49,9 +49,18 @@ class SimDriver:
         sim_dir = os.path.join(library_dir, "sim")
         return sim_dir if all(os.path.exists(os.path.join(sim_dir, n)) for n in SIM_LIBRARIES) else None
 
+    def env(self, state_path: str) -> dict[str, str]:
+        """What the simulated driver reads; the state file is named as its reader sees it.
+
+        Every process that opens the state file must agree on the devices: the first one
+        initialises it (the node agent on the host, or a container).
+        """
+        return {"GPUSHARE_SIM_STATE": state_path, "GPUSHARE_SIM_DEVICES": str(self.devices),
+                "GPUSHARE_SIM_MEMORY": str(self.memory_bytes)}
+
     def edits(self) -> tuple[list[str], list[Mount]]:
-        env = [f"LD_LIBRARY_PATH={CONTAINER_SIM_DIR}", f"GPUSHARE_SIM_STATE={CONTAINER_SIM_STATE}",
-               f"GPUSHARE_SIM_DEVICES={self.devices}", f"GPUSHARE_SIM_MEMORY={self.memory_bytes}"]
+        env = [f"LD_LIBRARY_PATH={CONTAINER_SIM_DIR}",
+               *(f"{k}={v}" for k, v in self.env(CONTAINER_SIM_STATE).items())]
         mounts = [Mount(os.path.join(self.host_dir, n), f"{CONTAINER_SIM_DIR}/{n}", _RO) for n in SIM_LIBRARIES]
         mounts.append(Mount(self.state_path, CONTAINER_SIM_STATE, _RW))
         return env, mounts

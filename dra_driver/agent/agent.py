@@ -102,7 +102,7 @@ class Agent:
                 if self._sim is None:
                     log.warning("mock backend without the simulated NVML: no GPU sampling")
                     return None
-                load_simulated_nvml(self._sim.host_dir, self._sim.state_path)
+                load_simulated_nvml(self._sim.host_dir, self._sim.env(self._sim.state_path))
             return Sampler()
         except Exception as e:  # no NVML: telemetry from the regions only, no rate control or backstop
             log.error("NVML unavailable; sampling disabled", error=str(e))

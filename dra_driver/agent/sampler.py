@@ -33,9 +33,13 @@ class GpuSample:
     process_util: dict[int, float] = field(default_factory=dict)    # host pid -> percent since last sample
 
 
-def load_simulated_nvml(sim_dir: str, state_path: str) -> None:
-    """Make pynvml use the node's simulated NVML (call before the first nvmlInit)."""
-    os.environ["GPUSHARE_SIM_STATE"] = state_path
+def load_simulated_nvml(sim_dir: str, env: dict[str, str]) -> None:
+    """Make pynvml use the node's simulated NVML (call before the first nvmlInit).
+
+    `env` is the simulated driver's environment (SimDriver.env): the node's state file and
+    the same device count and size the containers get, so whoever opens it first agrees.
+    """
+    os.environ.update(env)
     ctypes.CDLL(os.path.join(sim_dir, "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
 
 
