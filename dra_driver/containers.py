@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 # This sandbox (and some CI runners) refuse setrlimit: drop process.rlimits from the OCI
@@ -54,9 +55,10 @@ CONTAINER_PROBE = "/usr/local/bin/gpushare-probe"
 class Workload:
     """A running container's main process. A thread collects its stdout lines as they come."""
 
-    def __init__(self, name: str, proc: subprocess.Popen):
+    def __init__(self, name: str, proc: subprocess.Popen, kill=None):
         self.name = name
         self.proc = proc
+        self._kill = kill  # kills it from outside: a container's PID 1 ignores SIGTERM
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, name=f"workload-{name}", daemon=True).start()
@@ -91,6 +93,8 @@ class Workload:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
+            if self._kill:
+                self._kill()
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=20)
@@ -111,9 +115,9 @@ def parse_kv(line: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line.split() if "=" in part)
 
 
-def _start(name: str, cmd: list[str], env: dict[str, str]) -> Workload:
+def _start(name: str, cmd: list[str], env: dict[str, str], kill=None) -> Workload:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return Workload(name, proc)
+    return Workload(name, proc, kill)
 
 
 class ProcessRunner:
@@ -184,7 +188,7 @@ class PodmanRunner:
                 return f"{tool} not installed (apt-get install -y podman runc)"
         return None
 
-    def __init__(self, probe: str, libraries: list[str]):
+    def __init__(self, probe: str | None = None, libraries: tuple[str, ...] = ()):
         why = self.available()
         if why:
             raise RuntimeError(f"podman runner unavailable: {why}")
@@ -206,7 +210,10 @@ class PodmanRunner:
         return [*cmd, "--rootfs", self.rootfs, *argv]
 
     def start(self, name: str, device_ids: list[str], argv: list[str]) -> Workload:
-        return _start(name, self.command(device_ids, [CONTAINER_PROBE, *argv]), self.env)
+        container = f"gpushare-{name}-{uuid.uuid4().hex[:8]}"
+        return _start(name, self.command(device_ids, [CONTAINER_PROBE, *argv], name=container), self.env,
+                      kill=lambda: subprocess.run(["podman", "kill", container], env=self.env, capture_output=True,
+                                                  timeout=60))
 
     def run(self, device_ids: list[str], argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(device_ids, argv), env=self.env, capture_output=True, text=True,
@@ -216,12 +223,13 @@ class PodmanRunner:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def build_rootfs(rootfs: str, probe: str, libraries: list[str]) -> str:
-    """A root filesystem with the probe, the shared libraries it and `libraries` need, and busybox."""
+def build_rootfs(rootfs: str, probe: str | None, libraries: tuple[str, ...]) -> str:
+    """A root filesystem with busybox, the probe if given, and the shared libraries they need."""
     for d in ("bin", "etc", "proc", "sys", "dev", "tmp", "var/run", "usr/local/bin"):
         os.makedirs(os.path.join(rootfs, d), exist_ok=True)
-    shutil.copy(probe, os.path.join(rootfs, CONTAINER_PROBE.lstrip("/")))
-    for dep in _shared_deps([probe, *libraries]):
+    if probe:
+        shutil.copy(probe, os.path.join(rootfs, CONTAINER_PROBE.lstrip("/")))
+    for dep in _shared_deps([p for p in (probe, *libraries) if p]):
         target = os.path.join(rootfs, dep.lstrip("/"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copy(dep, target)

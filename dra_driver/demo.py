@@ -117,8 +117,8 @@ class Demo:
         from .containers import PodmanRunner, ProcessRunner
 
         if self.runtime == "podman":
-            return PodmanRunner(self.native["probe"], [self.native["library"], self.native["sim_cuda"],
-                                                       self.native["sim_nvml"]])
+            return PodmanRunner(self.native["probe"], (self.native["library"], self.native["sim_cuda"],
+                                                       self.native["sim_nvml"]))
         return ProcessRunner(self.cdi_root, self.native["probe"], self.workdir)
 
     @property

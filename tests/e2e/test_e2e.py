@@ -8,6 +8,8 @@ sees 4Gi total; a second claim on the same GPU keeps its own budget; a plugin re
 between pod starts keeps the shared budget; Unprepare leaves no file behind.
 """
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,9 @@ def test_story_in_podman_containers(tmp_path):
         pytest.skip(f"podman runner unavailable: {why_not} (CI installs podman and runc and runs as root)")
     demo = run_story(tmp_path, "podman")
     assert demo.runner.kind == "podman"
+    left = subprocess.run(["podman", "ps", "-aq", "--filter", "name=gpushare-"], capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert not left, f"containers left running: {left}"
 
 
 def test_story_with_the_spec_applied_to_host_processes(tmp_path):
@@ -50,9 +55,6 @@ def test_demo_device_class_is_the_shipped_one():
 
 
 def test_demo_command_exits_zero():
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-m", "dra_driver.cli", "demo", "--runtime", "process"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

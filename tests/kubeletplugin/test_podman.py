@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import uuid
 
 import pytest
 
+from dra_driver.containers import PodmanRunner
 from dra_driver.discovery import sim_uuid
 
 from .kubelet import GiB, Kubelet, make_claim, result
@@ -32,62 +30,22 @@ if os.geteuid() != 0:
 if PODMAN is None:
     pytest.skip("podman not installed (apt-get install -y podman runc busybox-static)", allow_module_level=True)
 
-# This sandbox refuses setrlimit: drop process.rlimits from the bundle, then run the real runc.
-RUNC_WRAPPER = """#!{python}
-import json, os, sys
-args = sys.argv[1:]
-if "--bundle" in args:
-    path = os.path.join(args[args.index("--bundle") + 1], "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config.get("process", {{}}).pop("rlimits", None)
-    with open(path, "w") as f:
-        json.dump(config, f)
-os.execv({runc!r}, ["runc"] + args)
-"""
-
-CONTAINERS_CONF = """[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-[engine.runtimes]
-runc = [{wrapper!r}]
-"""
-
-
 @pytest.fixture(scope="module")
 def podman_env():
-    runc = shutil.which("runc")
-    if runc is None:
-        pytest.skip("runc not installed (apt-get install -y runc)")
-    busybox = shutil.which("busybox")
-    if busybox is None:
+    """podman + runc set up as dra_driver.containers does it, on a busybox root filesystem."""
+    why_not = PodmanRunner.available()
+    if why_not:
+        pytest.skip(f"podman runner unavailable: {why_not}")
+    if shutil.which("busybox") is None:
         pytest.fail("busybox not installed (apt-get install -y busybox-static): the container's rootfs needs it")
-    work = tempfile.mkdtemp(prefix="gspodman")
-    rootfs = os.path.join(work, "rootfs")
-    for d in ("bin", "etc", "proc", "sys", "dev", "tmp", "var/run"):
-        os.makedirs(os.path.join(rootfs, d))
-    shutil.copy(busybox, os.path.join(rootfs, "bin", "busybox"))
-    for tool in ("sh", "cat", "env", "stat", "grep", "sort"):
-        os.symlink("busybox", os.path.join(rootfs, "bin", tool))
-    wrapper = os.path.join(work, "runc-wrapper")
-    with open(wrapper, "w") as f:
-        f.write(RUNC_WRAPPER.format(python=sys.executable, runc=runc))
-    os.chmod(wrapper, 0o755)
-    conf = os.path.join(work, "containers.conf")
-    with open(conf, "w") as f:
-        f.write(CONTAINERS_CONF.format(wrapper=wrapper))
-    yield {"rootfs": rootfs, "env": {**os.environ, "CONTAINERS_CONF": conf}}
-    shutil.rmtree(work, ignore_errors=True)
+    runner = PodmanRunner()
+    yield runner
+    runner.close()
 
 
-def run_in_container(podman_env, device_ids: list[str], script: str) -> str:
-    cmd = [PODMAN, "run", "--rm", "--network=none", "--runtime", "runc"]
-    for device in device_ids:
-        cmd += ["--device", device]
-    cmd += ["--rootfs", podman_env["rootfs"], "/bin/sh", "-c", script]
-    proc = subprocess.run(cmd, env=podman_env["env"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
+def run_in_container(runner: PodmanRunner, device_ids: list[str], script: str) -> str:
+    proc = runner.run(device_ids, ["/bin/sh", "-c", script])
+    assert proc.returncode == 0, f"{proc.args}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
     return proc.stdout
 
 
