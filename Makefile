@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast hook codegen bench clean
+.PHONY: demo test hook codegen bench clean
 
 demo: $(STAMP) hook          ## run the whole path on simulated GPUs, no cluster
 	$(BIN)/gpushare-dra demo
