@@ -83,8 +83,8 @@ class Plugin:
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None)
         self.metrics = Metrics()
         self.driver.on_error = self.metrics.error
-        self.agent = Agent(self.driver, self.api, interval=getattr(args, "agent_interval", 1.0),
-                           enforce=getattr(args, "enforce", "report"), sim=self.driver.sim)
+        self.agent = Agent(self.driver, self.api, interval=args.agent_interval, enforce=args.enforce,
+                           sim=self.driver.sim)
         self.driver.listeners.append(self.agent)
         self.metrics.registry.register(AgentCollector(self.agent))
         self.registration = RegistrationServicer(args.driver_name, self.dra_socket)
