@@ -10,8 +10,8 @@
 #include <fcntl.h>
 #include <string.h>
 
-/* Take the byte lock for our slot; 0 on success, -1 if someone holds it. */
-static inline int gs_live_claim(int fd, long offset)
+/* A write lock request on the one byte at `offset`. */
+static inline struct flock gs_byte_lock(long offset)
 {
     struct flock fl;
     memset(&fl, 0, sizeof fl);
@@ -19,6 +19,13 @@ static inline int gs_live_claim(int fd, long offset)
     fl.l_whence = SEEK_SET;
     fl.l_start = offset;
     fl.l_len = 1;
+    return fl;
+}
+
+/* Take the byte lock for our slot; 0 on success, -1 if someone holds it. */
+static inline int gs_live_claim(int fd, long offset)
+{
+    struct flock fl = gs_byte_lock(offset);
     return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -1;
 }
 
@@ -26,12 +33,7 @@ static inline int gs_live_claim(int fd, long offset)
  * alive: never reclaim what we cannot prove dead. */
 static inline int gs_live_held(int fd, long offset)
 {
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = offset;
-    fl.l_len = 1;
+    struct flock fl = gs_byte_lock(offset);
     if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return 1;
     return fl.l_type != F_UNLCK;
 }
