@@ -32,6 +32,7 @@ from . import slices
 
 MODES = ("auto", devicemodel.CAPACITY, devicemodel.PARTITION)
 REQUEST_TIMEOUT = (5, 30)  # (connect, read) seconds: a hung server never blocks the loop
+NODE_RETRY_S = 60.0  # a missing Node is looked up again this often (for the ownerReference)
 MIN_WATCH_SECONDS = 1.0  # a watch ending sooner than this is treated as a failure (backoff)
 WATCH_SECONDS = (240, 360)  # server-side watch timeout, randomised so many nodes do not re-watch together
 EVENT_NAMESPACE = "default"  # Node events live in "default", as the kubelet's do
@@ -184,6 +185,7 @@ class SliceController:
         self._capacity_kept: bool | None = None
         self._taints_kept: bool | None = None
         self._node_uid: str | None = None
+        self._node_checked_at = 0.0
         self._node_checked = False
         self._fallback_reported = False
         self._gpus: list[GpuInfo] | None = None
@@ -230,6 +232,7 @@ class SliceController:
         while not self._stopped.is_set():
             if time.monotonic() >= next_poll:
                 dirty |= self._rediscover()
+                dirty |= self._node_lookup_due()
                 next_poll = time.monotonic() + self.gpu_poll_interval
             # Never publish before the GPUs were read once: an empty pool would unschedule the node.
             if self._gpus is not None and (dirty or self._wake.is_set()):
@@ -375,7 +378,16 @@ class SliceController:
 
     # --- the Node -------------------------------------------------------------------------
 
+    def _node_lookup_due(self) -> bool:
+        """A missing Node is looked up again now and then: once it exists, the slices get their
+        ownerReference (no request at all while the Node is known)."""
+        if not self._node_checked or self._node_uid or time.monotonic() - self._node_checked_at < NODE_RETRY_S:
+            return False
+        self._node_checked = False
+        return True
+
     def _look_up_node(self) -> None:
+        self._node_checked_at = time.monotonic()
         try:
             node = _json(self._core.read_node(self.node, _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
             self._node_uid = node["metadata"]["uid"]

@@ -79,6 +79,19 @@ def test_missing_node_publishes_without_owner_reference(emulator, gpus, controll
     assert "ownerReferences" not in slices_of(emulator)[0]["metadata"]
 
 
+def test_node_created_later_gets_its_owner_reference(emulator, gpus, controllers, monkeypatch):
+    """A missing Node is looked up again; once it exists, the slices are owned by it."""
+    from dra_driver.controller import reconciler
+
+    monkeypatch.setattr(reconciler, "NODE_RETRY_S", 0.2)
+    ctl = controllers(emulator, gpus.backend(), gpu_poll_interval=0.1)
+    assert ctl.wait_synced(10)
+    assert "ownerReferences" not in slices_of(emulator)[0]["metadata"]
+    uid = create_node(emulator)
+    assert wait_until(lambda: [o["uid"] for o in slices_of(emulator)[0]["metadata"].get("ownerReferences", [])]
+                      == [uid], timeout=5)
+
+
 def test_200_gpus_split_into_consistent_slices(emulator, tmp_path, controllers):
     ctrl = controllers(emulator, MockBackend("200x80Gi"))
     assert ctrl.wait_synced(10)
