@@ -31,6 +31,7 @@ from pathlib import Path
 
 from kubernetes import client
 
+from .containers import parse_kv
 from .quantity import format_bytes
 
 GiB = 1 << 30
@@ -50,7 +51,6 @@ CHUNK = 512 * MiB
 PER_CONTAINER_ASK = 1536 * MiB  # four containers asking 1.5Gi each: 6Gi against a 4Gi budget
 PACING_SECONDS = 2.0
 PACING_TOLERANCE = 0.05
-REGION_USED_OFFSET = 96  # hook/src/region.h: gs_region_header.used
 
 
 class Story:
@@ -356,7 +356,7 @@ class Demo:
         w.wait()
         info = {}
         for line in w.lines:
-            info.update(parse(line))
+            info.update(parse_kv(line))
         s.show(f"cuMemGetInfo: total {info.get('cu_total')} free {info.get('cu_free')}; "
                f"NVML: total {info.get('nvml_total')} used {info.get('nvml_used')}")
         s.check(info.get("cu_total") == str(CLAIM_MEMORY) and info.get("nvml_total") == str(CLAIM_MEMORY),
@@ -443,16 +443,14 @@ class Demo:
 
 
 def region_used(path: Path) -> int:
-    """Bytes in use by every process of the claim: the region header's `used` (hook/src/region.h)."""
-    with open(path, "rb") as f:
-        f.seek(REGION_USED_OFFSET)
-        return int.from_bytes(f.read(8), "little")
+    """Bytes in use by every process of the claim, read as the node agent reads it."""
+    from .agent.regions import Region
 
-
-def parse(line: str) -> dict[str, str]:
-    from .containers import parse_kv
-
-    return parse_kv(line)
+    region = Region(str(path))
+    try:
+        return region.used
+    finally:
+        region.close()
 
 
 def run(args: argparse.Namespace) -> int:
