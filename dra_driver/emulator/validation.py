@@ -152,27 +152,26 @@ def resource_slice_errors(slice_obj):
         if any_taints:
             detail += " when any device has taints"
         errors.append(FieldError("spec.devices", "TooMany", detail, len(devices), True))
-    seen = set()
-    for i, device in enumerate(devices):
-        name = device.get("name") if isinstance(device, dict) else None
-        field = f"spec.devices[{i}].name"
-        _check_dns(name, field, DNS_LABEL, DNS_LABEL_HELP, 63, errors)
-        if name in seen:
-            errors.append(FieldError(field, "Duplicate", "", name, True))
-        seen.add(name)
+    _check_unique_names(devices, "spec.devices", errors)
     return errors
 
 
-def _claim_spec_errors(claim_spec, base):
-    errors, seen = [], set()
-    requests = ((claim_spec or {}).get("devices") or {}).get("requests") or []
-    for i, request in enumerate(requests if isinstance(requests, list) else []):
-        name = request.get("name") if isinstance(request, dict) else None
-        field = f"{base}.devices.requests[{i}].name"
+def _check_unique_names(items, base, errors):
+    """Each item's `name` is a DNS label, unique in the list (devices of a slice, requests of a claim)."""
+    seen = set()
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        name = item.get("name") if isinstance(item, dict) else None
+        field = f"{base}[{i}].name"
         _check_dns(name, field, DNS_LABEL, DNS_LABEL_HELP, 63, errors)
         if name in seen:
             errors.append(FieldError(field, "Duplicate", "", name, True))
         seen.add(name)
+
+
+def _claim_spec_errors(claim_spec, base):
+    errors = []
+    requests = ((claim_spec or {}).get("devices") or {}).get("requests") or []
+    _check_unique_names(requests, f"{base}.devices.requests", errors)
     return errors
 
 
