@@ -92,10 +92,16 @@ static void init_state(void *p)
     __atomic_store_n(&s->magic, SIM_MAGIC, __ATOMIC_RELEASE);
 }
 
-static int map_state(void)
+/* The state file every simulated process shares (docs/interfaces.md). */
+static const char *state_path(void)
 {
     const char *path = getenv("GPUSHARE_SIM_STATE");
-    if (!path || !*path) path = "/dev/shm/gpushare-sim.state";
+    return path && *path ? path : "/dev/shm/gpushare-sim.state";
+}
+
+static int map_state(void)
+{
+    const char *path = state_path();
     mode_t old = umask(0);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     umask(old);
@@ -140,8 +146,7 @@ int sim_open(void)
         }
         if (!sim) rc = map_state();
         else if (g_lock_fd < 0) { /* fork child: own description, own liveness lock */
-            const char *path = getenv("GPUSHARE_SIM_STATE");
-            g_lock_fd = open(path && *path ? path : "/dev/shm/gpushare-sim.state", O_RDWR | O_CLOEXEC);
+            g_lock_fd = open(state_path(), O_RDWR | O_CLOEXEC);
             rc = g_lock_fd < 0 ? -1 : 0;
         }
         if (rc == 0) {
