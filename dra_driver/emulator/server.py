@@ -122,6 +122,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
 
     def _send_json(self, code, payload):
         data = json.dumps(payload).encode()
+        if self._record:  # before the answer: a client that has it must find the request logged
+            self._log_request(code)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
