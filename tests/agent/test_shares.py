@@ -74,10 +74,13 @@ def test_burst_borrows_idle_time_and_hands_it_back(node):
     # alone on the GPU: the Burst claim takes the idle time
     wait_for(lambda: node.share(a).measured >= 0.8, timeout=4)
     node.run("b", ids_b, "launch", "--seconds", "4")
-    started = time.monotonic()
-    # the other claim needs its share: the borrowed time is handed back within one period
-    wait_for(lambda: node.share(b).busy and node.share(a).rate <= 0.5 + 1e-6, timeout=3)
-    handed_back = time.monotonic() - started
+    # the other claim needs its share from the moment the agent sees it busy (its process start
+    # under a loaded CI machine is not part of the hand-back time)
+    wait_for(lambda: node.share(b).busy, timeout=10)
+    seen_busy = time.monotonic()
+    # the borrowed time is handed back within one period
+    wait_for(lambda: node.share(a).rate <= 0.5 + 1e-6, timeout=3)
+    handed_back = time.monotonic() - seen_busy
     assert handed_back <= 2 * node.plugin.agent.interval + 0.5, handed_back
     # A keeps at most its share plus what B leaves idle (20 %); B, Hard with a control file,
     # holds its share: the agent's trusted rate makes up for the contention
