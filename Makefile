@@ -4,13 +4,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test hook codegen bench clean
+.PHONY: demo test test-deps hook codegen bench clean
 
 demo: $(STAMP) hook          ## run the whole path on simulated GPUs, no cluster
 	$(BIN)/gpushare-dra demo
 
-test: $(STAMP) hook          ## every test suite, as CI runs it
+test: test-deps $(STAMP) hook   ## every test suite, as CI runs it (as root: podman and the rest installed)
 	$(BIN)/python -m pytest -q
+
+test-deps:                   ## as root: apt-install what the container tests need; else say what skips
+	@hack/test-deps
 
 hook:                        ## build libgpushare.so, the simulated driver and the probe (gcc only)
 	$(MAKE) -C hook

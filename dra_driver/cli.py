@@ -1,6 +1,6 @@
 """`gpushare-dra`: one command, a subcommand per role.
 
-Flags and defaults are those promised in ../shared/CONTRACT.md; each subcommand's work
+Flags and defaults are those promised in docs/contract.md; each subcommand's work
 lives in its own module and is imported only when that subcommand runs, so `--help` is fast
 and a node without NVML can still run the mock backend.
 """

@@ -1,6 +1,6 @@
 """`gpushare-dra demo`: the whole product on one screen, with no cluster and no GPU.
 
-The story (../shared/CONTRACT.md), each step checked, exit status 1 if any check fails:
+The story (docs/contract.md, "Local run"), each step checked, exit status 1 if any check fails:
 
  1. an API server (the in-process emulator, DRAConsumableCapacity on) and a node;
  2. the node's GPUs (mock backend; the simulated CUDA driver stands in for the real one);

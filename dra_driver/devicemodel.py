@@ -1,7 +1,7 @@
 """How a GPU becomes ResourceSlice devices, and back: one place for names and shares.
 
 The controller publishes devices with these names and capacities; the kubelet plugin reads
-an allocation's device names back into (GPU, share) and limits. CONTRACT.md fixes the names:
+an allocation's device names back into (GPU, share) and limits. docs/contract.md fixes the names:
 capacity mode publishes `gpu-<index>` (the whole GPU, shared by consumable capacity);
 partition mode publishes `gpu-<index>-share-<j>`, each 1/N of the GPU.
 """

@@ -57,7 +57,7 @@ class GpuInfo:
 
     @property
     def device_name(self) -> str:
-        """The ResourceSlice device name of the whole GPU (CONTRACT: gpu-<index>)."""
+        """The ResourceSlice device name of the whole GPU (docs/contract.md: gpu-<index>)."""
         return f"gpu-{self.index}"
 
 

@@ -67,7 +67,7 @@ class SimDriver:
 
 
 def device_name(uid: str, device: dict) -> str:
-    """`<claimUID>-<device>` plus `-<shareID>` when the allocation has one (CONTRACT)."""
+    """`<claimUID>-<device>` plus `-<shareID>` when the allocation has one (docs/contract.md)."""
     suffix = f"{device['deviceName']}-{device['shareID']}" if device.get("shareID") else device["deviceName"]
     return f"{uid}-{suffix}"
 

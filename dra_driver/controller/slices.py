@@ -1,7 +1,7 @@
 """Desired ResourceSlices for one node: pure functions from GPUs to slice objects.
 
 Everything here is plain data in, plain dicts out (the JSON the API server speaks), so the
-shapes fixed by CONTRACT.md can be tested without a server. The reconciler decides *when*
+shapes fixed by docs/contract.md can be tested without a server. The reconciler decides *when*
 to publish; this module decides *what*.
 """
 

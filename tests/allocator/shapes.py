@@ -1,4 +1,4 @@
-"""Hand-built API objects (camelCase dicts) in the shapes CONTRACT.md fixes for gpushare.dev."""
+"""Hand-built API objects (camelCase dicts) in the shapes docs/contract.md fixes for gpushare.dev."""
 
 import copy
 import uuid

@@ -1,4 +1,5 @@
-"""The official CDI JSON schema (../shared/schemas/cdi), which refers to defs.json by name."""
+"""The official CDI JSON schema, vendored in cdi-schema/ (source and licence in its README);
+schema.json refers to defs.json by name."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import jsonschema
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-SCHEMA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "schemas", "cdi")
+SCHEMA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cdi-schema")
 
 
 @functools.cache
