@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable
+from typing import Callable, NoReturn
+
+from . import flags
 
 DEFAULT_DRIVER_NAME = "gpushare.dev"
 # Imported only by the emulator, demo and allocation stand-in: the `demo` extra.
@@ -31,7 +33,18 @@ Start here:
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # Each default shown once: not when the help already says it, nor "None" for "unset".
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every command-line error is one line: `gpushare-dra CMD: error: --flag: ...`, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message.removeprefix('argument ')}\n")
 
 
 def _add_logging(p: argparse.ArgumentParser) -> None:
@@ -50,7 +63,7 @@ def _add_cluster(p: argparse.ArgumentParser) -> None:
     g.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="this node's name; the ResourceSlice pool is named after it (env NODE_NAME, "
                         "set from the downward API in the DaemonSet)")
-    g.add_argument("--kubeconfig", default=None,
+    g.add_argument("--kubeconfig", default=None, type=flags.existing_file,
                    help="kubeconfig file; unset: the in-cluster service account config")
     g.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                    help="DRA driver name: in ResourceSlices, DeviceClass selectors and socket names")
@@ -93,7 +106,7 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpushare-dra", description=DESCRIPTION, formatter_class=_Formatter)
+    parser = _Parser(prog="gpushare-dra", description=DESCRIPTION, formatter_class=_Formatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("kubelet-plugin", formatter_class=_Formatter,
@@ -115,9 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hook-dir", default=None,
                    help="host folder holding libgpushare.so to mount into containers (default: the "
                         "library shipped in this package, see `gpushare-dra hook-path`)")
-    g.add_argument("--metrics-addr", default=":9400",
+    g.add_argument("--metrics-addr", default=":9400", type=flags.host_port,
                    help="HOST:PORT serving Prometheus metrics at /metrics; empty disables")
-    g.add_argument("--healthcheck-port", type=int, default=51515,
+    g.add_argument("--healthcheck-port", type=flags.port, default=51515,
                    help="TCP port serving the gRPC health service (service name 'liveness') for the "
                         "kubelet's liveness probe; 0 disables")
     g.add_argument("--publish-slices", default=True, action=argparse.BooleanOptionalAction,
@@ -155,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("discover", formatter_class=_Formatter,
                        help="print the GPUs this node would publish, as YAML",
-                       description="Discover GPUs with --device-backend and print them.")
+                       description="Discover GPUs with --device-backend and print them as YAML: 'gpus' "
+                                   "(a file --mock-gpus accepts), 'sharing' and, per sharing mode, the "
+                                   "'devices' the ResourceSlices would hold (auto: both modes).")
     _add_devices(p)
     _add_logging(p)
     p.set_defaults(run=_run_discover)
@@ -173,14 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "process (the CDI spec applied to host processes), auto: podman when it can run")
     _add_logging(p)
     # The story is the output; component logs only when something goes wrong.
-    p.set_defaults(run=_lazy("dra_driver.demo", "run"), log_level="warning")
+    p.set_defaults(run=_lazy("dra_driver.demo", "run"), log_level="warning", needs_demo_extra=True)
 
     p = sub.add_parser("top", formatter_class=_Formatter,
                        help="a node's claims in the terminal: limits, memory, utilization, paced time",
                        description="Read a kubelet plugin's metrics endpoint and show each claim's memory "
                                    "limit and use, compute share and measured utilization, and paced time, "
                                    "refreshing every --interval seconds.")
-    p.add_argument("--url", default="http://127.0.0.1:9400/metrics", help="the plugin's metrics endpoint")
+    p.add_argument("--url", default="http://127.0.0.1:9400/metrics", type=flags.metrics_url,
+                   help="the plugin's metrics endpoint: a URL, or HOST:PORT (http:// and /metrics added)")
     p.add_argument("--interval", type=_positive_float, default=2.0, help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.set_defaults(run=_lazy("dra_driver.top", "run"))
@@ -209,17 +225,19 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Serve an in-memory Kubernetes API (Nodes, Pods, Events, "
                                    "resource.k8s.io/v1) for local runs without a cluster.")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8001, help="TCP port (0: any free port)")
+    p.add_argument("--port", type=flags.port, default=8001, help="TCP port (0: any free port)")
     p.add_argument("--consumable-capacity", default=True, action=argparse.BooleanOptionalAction,
                    help="keep DRAConsumableCapacity fields, as a server with that feature gate does")
     p.add_argument("--device-taints", default=True, action=argparse.BooleanOptionalAction,
                    help="keep device taints in ResourceSlices, as a server with DRADeviceTaints does")
     p.add_argument("--validate", default=True, action=argparse.BooleanOptionalAction,
                    help="refuse resource.k8s.io objects the upstream OpenAPI schemas refuse")
-    p.add_argument("--kube-version", default=None, help="Kubernetes version whose schemas to use (default: newest known)")
+    p.add_argument("--kube-version", default=None,
+                   help="Kubernetes version (MAJOR.MINOR) whose schemas to use; one of those kubernetes-validate "
+                        "ships (default: the newest)")
     p.add_argument("--kubeconfig-out", default=None, help="write a kubeconfig for the emulator here")
     _add_logging(p)
-    p.set_defaults(run=_lazy("dra_driver.emulator.__main__", "run"))
+    p.set_defaults(run=_lazy("dra_driver.emulator.__main__", "run"), needs_demo_extra=True)
     return parser
 
 
@@ -233,14 +251,23 @@ def _lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _run_discover(args: argparse.Namespace) -> int:
-    import dataclasses
-
+    """The GPUs as a mock GPU file (--mock-gpus FILE reads it back) plus the devices each
+    sharing mode publishes for them; `auto` shows both modes, since the server decides."""
     import yaml
 
-    from .discovery import make_backend
+    from .controller.slices import desired_devices
+    from .discovery import make_backend, mock_entry
 
     gpus = make_backend(args.device_backend, args.mock_gpus).discover()
-    print(yaml.safe_dump({"gpus": [dataclasses.asdict(g) for g in gpus]}, sort_keys=False), end="")
+    modes = ("capacity", "partition") if args.sharing_mode == "auto" else (args.sharing_mode,)
+    devices = {mode: [{"name": d["name"], **{k: c["value"] for k, c in d["capacity"].items()},
+                       **({"taints": [t["value"] for t in d["taints"]]} if "taints" in d else {})}
+                      for d in desired_devices(gpus, mode, args.partitions, taints=True)]
+               for mode in modes}
+    doc = {"gpus": [mock_entry(g) for g in gpus],
+           "sharing": {"mode": args.sharing_mode, "partitions": args.partitions},
+           "devices": devices}
+    print(yaml.safe_dump(doc, sort_keys=False), end="")
     return 0
 
 
@@ -256,13 +283,39 @@ def _run_hook_path(args: argparse.Namespace) -> int:
     return 0
 
 
+def _missing_demo_extra() -> str | None:
+    """The first module of the `demo` extra that cannot be imported, else None."""
+    import importlib
+
+    for name in sorted(_DEMO_EXTRA_MODULES):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            return name
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from .discovery import DiscoveryError
     from .hookpath import NativeFilesMissing
     from .kube import KubeConfigError
-    from .log import configure, get_logger
+    from .log import configure
 
     args = build_parser().parse_args(argv)
+
+    def usage_error(message: str) -> int:
+        # A human line even when stderr is not a terminal: logs may be JSON, CLI errors never are.
+        print(f"gpushare-dra {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+    def demo_extra_error(module: str) -> int:
+        return usage_error(f"needs the optional 'demo' dependencies ({module} is missing); "
+                           "install them with: pip install 'gpushare-dra[demo]'")
+
+    if getattr(args, "needs_demo_extra", False):
+        missing = _missing_demo_extra()
+        if missing:
+            return demo_extra_error(missing)
     if hasattr(args, "log_level"):
         configure(args.log_level, args.log_format)
     try:
@@ -270,13 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as e:
         if e.name not in _DEMO_EXTRA_MODULES:
             raise
-        get_logger("gpushare-dra").error(
-            "missing an optional dependency", module=e.name,
-            fix="pip install 'gpushare-dra[demo]' (the emulator, demo and allocation stand-in need it)")
-        return 2
-    except (DiscoveryError, KubeConfigError, NativeFilesMissing) as e:
-        get_logger("gpushare-dra").error("cannot start", error=str(e))
-        return 2
+        return demo_extra_error(e.name)
+    except (flags.FlagError, DiscoveryError, KubeConfigError, NativeFilesMissing) as e:
+        return usage_error(str(e))
     except KeyboardInterrupt:
         return 130
 

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import yaml
 
-from .quantity import QuantityError, parse_bytes
+from .quantity import QuantityError, format_bytes, parse_bytes
 
 # Identity of simulated GPUs; must stay equal to the defaults of hook/sim (docs/interfaces.md).
 SIM_UUID_PREFIX = "GPU-5ea1c0de-0000-4000-8000-"
@@ -89,8 +89,12 @@ def _mock_gpu(index: int, memory_bytes: int, **overrides: object) -> GpuInfo:
 
 
 _COUNT_X_MEMORY = re.compile(r"^\s*(\d+)\s*x\s*(\S+)\s*$")
+MIN_MOCK_MEMORY = 1 << 30  # a smaller "GPU" is a missing unit ("2x80": 80 bytes), never meant
+SHORTHAND_ACCEPTED = "accepted: COUNTxMEMORY groups such as 2x80Gi or 1x80Gi,2x40Gi, or a YAML file"
+# Top-level keys of a mock GPU file: `discover` prints all three; only `gpus` is read.
+_MOCK_YAML_KEYS = ("gpus", "sharing", "devices")
 
-# YAML keys of a mock GPU entry and the GpuInfo field each sets.
+# YAML keys (camelCase, as `discover` prints them) of a mock GPU entry and the GpuInfo field each sets.
 _MOCK_YAML_FIELDS = {
     "uuid": "uuid",
     "productName": "product_name",
@@ -114,7 +118,7 @@ class MockBackend:
 
     def __init__(self, spec: str):
         if not spec or not spec.strip():
-            raise DiscoveryError("--mock-gpus: empty; give COUNTxMEMORY (e.g. 2x80Gi) or a YAML file path")
+            raise DiscoveryError(f"--mock-gpus: empty ({SHORTHAND_ACCEPTED})")
         self.spec = spec.strip()
         self.discover()  # fail at start-up, not at the first reconcile
 
@@ -129,13 +133,10 @@ class MockBackend:
         for group in spec.split(","):
             m = _COUNT_X_MEMORY.match(group)
             if not m:
-                raise DiscoveryError(f"--mock-gpus: {group!r} is not COUNTxMEMORY (e.g. 2x80Gi)")
-            try:
-                memory = parse_bytes(m.group(2), "--mock-gpus memory")
-            except QuantityError as e:
-                raise DiscoveryError(str(e)) from None
-            if memory <= 0:
-                raise DiscoveryError(f"--mock-gpus: memory in {group!r} must be positive")
+                raise DiscoveryError(f"--mock-gpus: {group!r} is not COUNTxMEMORY ({SHORTHAND_ACCEPTED})")
+            if int(m.group(1)) < 1:
+                raise DiscoveryError(f"--mock-gpus: count in {group!r} is below 1 ({SHORTHAND_ACCEPTED})")
+            memory = _mock_memory(m.group(2), "--mock-gpus memory", f" in {group!r}")
             gpus.extend(_mock_gpu(len(gpus), memory) for _ in range(int(m.group(1))))
         return gpus
 
@@ -144,12 +145,17 @@ class MockBackend:
         try:
             doc = yaml.safe_load(path.read_text())
         except FileNotFoundError:
-            raise DiscoveryError(f"--mock-gpus: {str(path)!r} is neither COUNTxMEMORY (e.g. 2x80Gi) nor an existing YAML file") from None
+            raise DiscoveryError(f"--mock-gpus: {str(path)!r} is neither COUNTxMEMORY nor an existing file "
+                                 f"({SHORTHAND_ACCEPTED})") from None
         except (OSError, yaml.YAMLError) as e:
             raise DiscoveryError(f"--mock-gpus: cannot read {path}: {e}") from None
         entries = doc.get("gpus") if isinstance(doc, dict) else None
         if not isinstance(entries, list):
-            raise DiscoveryError(f"--mock-gpus: {path} must hold a mapping with a list 'gpus'")
+            raise DiscoveryError(f"--mock-gpus: {path} must hold a mapping with a list 'gpus' "
+                                 "(what `gpushare-dra discover` prints)")
+        unknown = set(doc) - set(_MOCK_YAML_KEYS)
+        if unknown:
+            raise DiscoveryError(f"{path}: unknown top-level key(s) {sorted(unknown)} (accepted: {', '.join(_MOCK_YAML_KEYS)})")
         gpus = []
         for i, entry in enumerate(entries):
             where = f"{path}: gpus[{i}]"
@@ -157,11 +163,9 @@ class MockBackend:
                 raise DiscoveryError(f"{where}: expected a mapping, got {entry!r}")
             unknown = set(entry) - set(_MOCK_YAML_FIELDS) - {"memory", "index"}
             if unknown:
-                raise DiscoveryError(f"{where}: unknown field(s) {sorted(unknown)}")
-            try:
-                memory = parse_bytes(entry.get("memory", "16Gi"), f"{where}.memory")
-            except QuantityError as e:
-                raise DiscoveryError(str(e)) from None
+                accepted = ", ".join(["index", "memory", *_MOCK_YAML_FIELDS])
+                raise DiscoveryError(f"{where}: unknown field(s) {sorted(unknown)} (accepted, camelCase: {accepted})")
+            memory = _mock_memory(entry.get("memory", "16Gi"), f"{where}.memory")
             index = entry.get("index", i)
             if not isinstance(index, int) or isinstance(index, bool) or index < 0:
                 raise DiscoveryError(f"{where}.index: expected a non-negative integer, got {index!r}")
@@ -172,11 +176,30 @@ class MockBackend:
                     if not isinstance(entry[key], want):
                         raise DiscoveryError(f"{where}.{key}: expected {want.__name__}, got {entry[key]!r}")
                     overrides[attr] = entry[key]
-            gpus.append(_mock_gpu(index, memory, minor=index, uuid=sim_uuid(index), **overrides))
+            gpus.append(_mock_gpu(index, memory, **overrides))
         indexes = [g.index for g in gpus]
         if len(set(indexes)) != len(indexes):
             raise DiscoveryError(f"{path}: GPU indexes must be unique, got {indexes}")
         return sorted(gpus, key=lambda g: g.index)
+
+
+def _mock_memory(value: object, field: str, where: str = "") -> int:
+    try:
+        memory = parse_bytes(value, field)
+    except QuantityError as e:
+        raise DiscoveryError(str(e)) from None
+    if memory < MIN_MOCK_MEMORY:
+        raise DiscoveryError(f"{field}: {value!r}{where} is below 1Gi (accepted: 1Gi or more, with its unit: 80Gi)")
+    return memory
+
+
+def mock_entry(gpu: GpuInfo) -> dict:
+    """A GPU as one entry of a mock GPU file: what `discover` prints, read back by --mock-gpus FILE."""
+    entry = {"index": gpu.index, "memory": format_bytes(gpu.memory_bytes)}
+    entry.update({key: getattr(gpu, attr) for key, attr in _MOCK_YAML_FIELDS.items()})
+    if not entry["healthReason"]:
+        del entry["healthReason"]
+    return entry
 
 
 class NvmlBackend:

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from dra_driver.agent.agent import Agent
 from dra_driver.agent.metrics import AgentCollector
 from dra_driver.discovery import DeviceBackend, make_backend
+from dra_driver.flags import FlagError, check_port_free, split_host_port
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.log import get_logger
 
@@ -37,8 +38,8 @@ SHUTDOWN_GRACE_S = 10.0
 LIVENESS_SERVICE = "liveness"  # the service name the DaemonSet's livenessProbe asks for
 
 
-class PluginConfigError(RuntimeError):
-    """A flag value the plugin cannot start with; the message names the flag."""
+class PluginConfigError(FlagError):
+    """A flag value the plugin cannot start with; the CLI prints it as one line, exit 2."""
 
 
 def default_hook_dir() -> str | None:
@@ -54,11 +55,11 @@ def default_hook_dir() -> str | None:
 
 def host_library(hook_dir: str | None) -> str:
     if not hook_dir:
-        raise PluginConfigError("--hook-dir: not set and the packaged libgpushare.so was not found "
+        raise PluginConfigError("--hook-dir", "not set and the packaged libgpushare.so was not found "
                                 "(build it with `make -C hook`, or pass --hook-dir)")
     path = os.path.join(os.path.abspath(hook_dir), LIBRARY_NAME)
     if not os.path.isfile(path):
-        raise PluginConfigError(f"--hook-dir: {LIBRARY_NAME} not found in {hook_dir!r} (build it with `make -C hook`)")
+        raise PluginConfigError("--hook-dir", f"{LIBRARY_NAME} not found in {hook_dir!r} (build it with `make -C hook`)")
     # install-hook makes libgpushare.so a symlink to a versioned file; specs name that file,
     # so every container of a claim maps the same build even across an upgrade.
     return os.path.realpath(path)
@@ -69,7 +70,12 @@ class Plugin:
 
     def __init__(self, args: argparse.Namespace, api=None, backend: DeviceBackend | None = None):
         if not args.node_name:
-            raise PluginConfigError("--node-name: required (or set NODE_NAME)")
+            raise PluginConfigError("--node-name", "required (or set NODE_NAME)")
+        # Ports first, before any file or socket exists: a taken port is one line, nothing left behind.
+        if args.metrics_addr:
+            host, port = split_host_port(args.metrics_addr)
+            check_port_free("--metrics-addr", host or "0.0.0.0", port)
+        check_port_free("--healthcheck-port", "", args.healthcheck_port, zero="0 to disable")
         self.args = args
         self.plugin_dir = os.path.abspath(args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}")
         self.registry_dir = os.path.abspath(args.registry_dir)
@@ -119,27 +125,38 @@ class Plugin:
         reg = grpc.server(futures.ThreadPoolExecutor(2, thread_name_prefix="registration"))
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, reg)
-        # The DRA socket first: the kubelet calls it as soon as registration succeeds.
-        for server, path in ((dra, self.dra_socket), (reg, self.reg_socket)):
-            _serve_unix(server, path)
-            self._servers.append(server)
-        if self.args.healthcheck_port:
-            self._servers.append(self._serve_liveness(self.args.healthcheck_port))
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-        if self.args.publish_slices:
-            self._start_slices()
-        self.metrics_port = self.metrics.serve(self.args.metrics_addr)
+        try:
+            # The DRA socket first: the kubelet calls it as soon as registration succeeds.
+            for server, path in ((dra, self.dra_socket), (reg, self.reg_socket)):
+                _serve_unix(server, path)
+                self._servers.append(server)
+            if self.args.healthcheck_port:
+                self._servers.append(self._serve_liveness(self.args.healthcheck_port))
+            self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+            self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+            if self.args.publish_slices:
+                self._start_slices()
+            self.metrics_port = self.metrics.serve(self.args.metrics_addr)
+        except BaseException:
+            self.stop(grace=0)  # a port taken since the check: no sockets left behind
+            raise
         log.info("kubelet plugin serving", driver=self.args.driver_name, node=self.args.node_name,
                  dra_socket=self.dra_socket, registration_socket=self.reg_socket, metrics_port=self.metrics_port)
         return self
 
     def _serve_liveness(self, port: int) -> grpc.Server:
         """The health service on TCP too: the kubelet's gRPC liveness probe cannot dial a unix socket."""
-        server = grpc.server(futures.ThreadPoolExecutor(1, thread_name_prefix="liveness"))
+        # No SO_REUSEPORT (gRPC's default): a second plugin on the same port must fail, not share it.
+        server = grpc.server(futures.ThreadPoolExecutor(1, thread_name_prefix="liveness"),
+                             options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        if not server.add_insecure_port(f"[::]:{port}"):
-            raise PluginConfigError(f"--healthcheck-port: cannot listen on port {port}")
+        try:
+            bound = server.add_insecure_port(f"[::]:{port}")
+        except RuntimeError:  # newer grpcio raises instead of returning 0
+            bound = 0
+        if not bound:
+            raise PluginConfigError("--healthcheck-port", f"cannot listen on port {port} (accepted: a free port, "
+                                    "or 0 to disable)")
         server.start()
         return server
 
@@ -190,11 +207,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    try:
-        plugin = Plugin(args).start()
-    except PluginConfigError as e:
-        log.error("cannot start", error=str(e))
-        return 2
+    plugin = Plugin(args).start()  # a bad flag raises PluginConfigError: the CLI's one-line error
     stop.wait()
     log.info("signal received, shutting down")
     plugin.stop()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
+from dra_driver.flags import split_host_port
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -30,8 +32,8 @@ class Metrics:
         """Serve /metrics on HOST:PORT (":9400" = all addresses); return the bound port."""
         if not addr:
             return None
-        host, _, port = addr.rpartition(":")
-        self._server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=self.registry)
+        host, port = split_host_port(addr)
+        self._server, _thread = start_http_server(port, addr=host or "0.0.0.0", registry=self.registry)
         return self._server.server_port
 
     def stop(self) -> None:

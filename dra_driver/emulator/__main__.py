@@ -7,14 +7,30 @@ import signal
 import sys
 import threading
 
+from ..flags import FlagError, check_port_free
 from ..log import get_logger
+
+
+def kube_version(text):
+    """'1.35', 'v1.35' or '1.35.2' -> '1.35' when kubernetes-validate ships schemas for every
+    resource.k8s.io type the emulator serves (older versions would fail every write), else FlagError."""
+    from .resources import RESOURCE_TYPES
+    from .validation import kube_versions_with_schemas
+
+    known = kube_versions_with_schemas([rt for rt in RESOURCE_TYPES if rt.group == "resource.k8s.io"])
+    wanted = ".".join(text.strip().lstrip("v").split(".")[:2])
+    if wanted not in known:
+        raise FlagError("--kube-version", f"no resource.k8s.io schemas for {text!r} (accepted: {', '.join(known)})")
+    return wanted
 
 
 def run(args) -> int:
     from .emulator import ApiEmulator
 
+    version = kube_version(args.kube_version) if args.kube_version else None
+    check_port_free("--port", args.host, args.port)
     emulator = ApiEmulator(consumable_capacity=args.consumable_capacity, device_taints=args.device_taints,
-                           validate=args.validate, kube_version=args.kube_version,
+                           validate=args.validate, kube_version=version,
                            host=args.host, port=args.port).start()
     if args.kubeconfig_out:
         emulator.write_kubeconfig(args.kubeconfig_out)

@@ -49,13 +49,23 @@ def _schema_dir(kube_version):
     return max(candidates, key=lambda d: _version_key(d.name))
 
 
-@functools.lru_cache(maxsize=None)
-def _validator(kube_version, kind, group, version):
-    schema_dir = _schema_dir(kube_version)
+def _schema_file(schema_dir, kind, group, version):
     group_prefix = group.split(".")[0] if group else ""
     file_name = f"{kind.lower()}-{group_prefix}-{version}.json" if group else \
         f"{kind.lower()}-{version}.json"
-    schema = json.loads((schema_dir / file_name).read_text())
+    return schema_dir / file_name
+
+
+def kube_versions_with_schemas(resource_types):
+    """The available versions that have a schema for every one of resource_types."""
+    return [v for v in available_kube_versions()
+            if all(_schema_file(_schema_dir(v), rt.kind, rt.group, rt.version).is_file() for rt in resource_types)]
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(kube_version, kind, group, version):
+    schema_dir = _schema_dir(kube_version)
+    schema = json.loads(_schema_file(schema_dir, kind, group, version).read_text())
     definitions = json.loads((schema_dir / "_definitions.json").read_text())
     registry = Resource.from_contents(schema) @ Registry()
     registry = Resource.from_contents(definitions) @ registry

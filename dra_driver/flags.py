@@ -1,0 +1,115 @@
+"""Command-line values that need more than argparse's `choices`: parsed and checked in one place.
+
+The rule for every command-line error (docs/contract.md, "Command-line errors"): one human line
+on stderr naming the flag, the value and what is accepted, exit status 2, and nothing started
+or left behind. The argparse `type=` functions here raise `argparse.ArgumentTypeError`; checks
+that need the machine (is the port free?) raise `FlagError`, which the CLI prints the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import re
+import socket
+import urllib.parse
+
+_HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[^:\[\]/\s]*):(?P<port>[^:]*)$")
+HOST_PORT_ACCEPTED = "accepted: HOST:PORT such as :9400, 127.0.0.1:9400 or [::1]:9400; empty disables"
+URL_ACCEPTED = "accepted: HOST:PORT such as 127.0.0.1:9400, or a URL such as http://HOST:PORT/metrics"
+
+
+class FlagError(ValueError):
+    """A flag value the process cannot start with; str() is '--flag: what is wrong'."""
+
+    def __init__(self, flag: str, problem: str):
+        super().__init__(f"{flag}: {problem}")
+
+
+def _port_number(text: str) -> int | None:
+    return int(text) if text.isdigit() and int(text) <= 65535 else None
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port, 0..65535 (what 0 means is the flag's own help)."""
+    value = _port_number(text.strip())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (accepted: 0..65535)")
+    return value
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """':9400' -> ('', 9400); '[::1]:9400' -> ('::1', 9400); ValueError when malformed."""
+    m = _HOST_PORT.match(text.strip())
+    value = _port_number(m.group("port")) if m else None
+    if value is None:
+        raise ValueError(text)
+    return m.group("host").strip("[]"), value
+
+
+def host_port(text: str) -> str:
+    """argparse type: HOST:PORT or empty (disabled); the text is kept as given."""
+    if text.strip():
+        try:
+            split_host_port(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT ({HOST_PORT_ACCEPTED})") from None
+    return text.strip()
+
+
+def metrics_url(text: str) -> str:
+    """argparse type: the plugin's metrics endpoint. `host:port` gets http:// and /metrics added
+    (`:9400` is this host); a URL without a path gets /metrics."""
+    raw = text.strip()
+    if "://" not in raw:
+        try:
+            host, port_number = split_host_port(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a metrics URL ({URL_ACCEPTED})") from None
+        raw = f"http://{_join(host or '127.0.0.1', port_number)}"
+    try:
+        url = urllib.parse.urlsplit(raw)
+        url.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a metrics URL ({URL_ACCEPTED})")
+    return urllib.parse.urlunsplit(url._replace(path=url.path if url.path not in ("", "/") else "/metrics"))
+
+
+def existing_file(text: str) -> str:
+    """argparse type: a file that exists now (a kubeconfig)."""
+    import os
+
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist or is not a file (accepted: a kubeconfig file "
+                                         "path; leave it unset inside a pod)")
+    return text
+
+
+def _join(host: str, port_number: int) -> str:
+    return f"[{host}]:{port_number}" if ":" in host else f"{host}:{port_number}"
+
+
+def check_port_free(flag: str, host: str, port_number: int, zero: str = "0 for any free one") -> None:
+    """Refuse, before anything binds, a port another process already listens on; host '' is every
+    address. Port 0 (any port, or the flag's 'disabled') is never taken; `zero` says what it means."""
+    if port_number == 0:
+        return
+    where = _join(host, port_number) if host else f"port {port_number}"
+    try:
+        infos = socket.getaddrinfo(host or None, port_number, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise FlagError(flag, f"cannot listen on {where}: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        # SO_REUSEADDR as the servers set it: a port only in TIME_WAIT after a restart is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+            s.listen()
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise FlagError(flag, f"{where} is already in use by another process (accepted: a free port, "
+                                      f"or {zero})") from None
+            raise FlagError(flag, f"cannot listen on {where}: {e.strerror}") from None
