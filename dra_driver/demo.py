@@ -384,8 +384,7 @@ class Demo:
         answer = self.kubelet.prepare(ref).claims[ref[2]]
         s.check(answer.error == "", "prepared", answer.error)
         self.answers["other-team"] = [list(d.cdi_device_ids) for d in answer.devices]
-        w, got, result = self._alloc("c1", "other-team", 4 * GiB)
-        w.stop()
+        _, got, result = self._alloc("c1", "other-team", 4 * GiB)  # keeps holding, as trainer-a's do
         s.check(got == SECOND_CLAIM_MEMORY and result == "oom", f"other-team got its {format_bytes(got)}, then {result}")
 
     def pacing(self):
@@ -398,7 +397,7 @@ class Demo:
         share = float(result["busy_share"]) / 100  # the probe prints percent
         s.show(f"{result['launches']} launches, GPU busy {share:.1%} of the time")
         s.check(abs(share - CLAIM_COMPUTE / 100) <= PACING_TOLERANCE, "GPU time within 5 points of 30 %",
-                f"{share:.2f}")
+                f"{share:.1%}")
 
     def telemetry(self):
         from . import top
@@ -406,24 +405,42 @@ class Demo:
         s = self.story
         s.step("The node agent reports each claim's use", "The plugin's /metrics (what `gpushare-dra top` "
                "shows): limits, memory in use from the usage regions, refusals, time spent paced.")
-        metrics = top.scrape(f"http://127.0.0.1:{self.plugin.metrics_port}/metrics")
-        s.show(top.frame(metrics))
         uuid = Path(self.workdir, "state", "claims", self.claims["shared-gpu"][2], "limits").read_text()
         uuid = next(line.split("=", 1)[1] for line in uuid.splitlines() if line.startswith("GPUSHARE_DEVICE_UUID_0="))
-        key = (NAMESPACE, "shared-gpu", uuid)
+        url = f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"
 
-        def value(name):
-            return metrics.get(name, {}).get(key)
+        def claim_metric(metrics, name, claim):
+            return metrics.get(name, {}).get((NAMESPACE, claim, uuid)) or 0
 
+        def held(metrics, source):  # bytes the claims hold on GPU 0, by the regions or by NVML
+            return sum(v for (_, _, gpu), v in metrics.get(f"gpushare_claim_memory_{source}_bytes", {}).items()
+                       if gpu == uuid)
+
+        def settled(metrics):  # the agent has sampled NVML since other-team's container allocated
+            return claim_metric(metrics, "gpushare_claim_memory_nvml_bytes", "other-team") == SECOND_CLAIM_MEMORY
+
+        metrics = top.scrape(url)
+        deadline = time.monotonic() + 15
+        while not settled(metrics) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            metrics = top.scrape(url)
+        s.show(top.frame(metrics))
         gpu_total = metrics.get("gpushare_gpu_memory_total_bytes", {}).get((uuid, "0"))
+        gpu_used = metrics.get("gpushare_gpu_memory_used_bytes", {}).get((uuid, "0"))
         s.check(gpu_total == self.gpu_memory, "the agent's NVML sees the node's GPU as it is",
                 f"{format_bytes(int(gpu_total or 0))} total")
-        s.check(value("gpushare_claim_memory_limit_bytes") == CLAIM_MEMORY, "memory limit 4Gi")
-        s.check(value("gpushare_claim_memory_used_bytes") == CLAIM_MEMORY, "memory used 4Gi: the four containers")
-        s.check((value("gpushare_claim_oom_refusals_total") or 0) >= 2, "the refused allocations are counted",
-                f"{value('gpushare_claim_oom_refusals_total')}")
-        s.check((value("gpushare_claim_paced_seconds_total") or 0) > 0, "time spent paced is counted",
-                f"{value('gpushare_claim_paced_seconds_total')}")
+        s.check(claim_metric(metrics, "gpushare_claim_memory_limit_bytes", "shared-gpu") == CLAIM_MEMORY,
+                "memory limit 4Gi")
+        s.check(claim_metric(metrics, "gpushare_claim_memory_used_bytes", "shared-gpu") == CLAIM_MEMORY,
+                "memory used 4Gi: the four containers")
+        s.check(held(metrics, "nvml") == held(metrics, "used") == gpu_used == CLAIM_MEMORY + SECOND_CLAIM_MEMORY,
+                "the tables agree: NVML per claim = the regions' use, and the GPU's used memory = the claims' 6Gi",
+                f"NVML {top.human_bytes(held(metrics, 'nvml'))}, regions {top.human_bytes(held(metrics, 'used'))}, "
+                f"GPU {top.human_bytes(gpu_used or 0)}")
+        refusals = claim_metric(metrics, "gpushare_claim_oom_refusals_total", "shared-gpu")
+        s.check(refusals >= 2, "the refused allocations are counted", f"{refusals:.0f} refusals")
+        paced = claim_metric(metrics, "gpushare_claim_paced_seconds_total", "shared-gpu")
+        s.check(paced > 0, "time spent paced is counted", f"{paced:.1f}s")
 
     def unprepare(self):
         s = self.story
@@ -454,6 +471,9 @@ def region_used(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .discovery import MockBackend
+
+    MockBackend(args.mock_gpus)  # a bad --mock-gpus is the CLI's one-line error, before anything starts
     workdir = args.workdir or tempfile.mkdtemp(prefix="gpushare-demo-")
     os.makedirs(workdir, exist_ok=True)
     print(f"gpushare-dra demo: simulated GPUs {args.mock_gpus}; files under {workdir}")

@@ -1,6 +1,6 @@
 """Command-line values that need more than argparse's `choices`: parsed and checked in one place.
 
-The rule for every command-line error (docs/contract.md, "Command-line errors"): one human line
+The rule for every command-line error (README.md, "Command-line errors"): one human line
 on stderr naming the flag, the value and what is accepted, exit status 2, and nothing started
 or left behind. The argparse `type=` functions here raise `argparse.ArgumentTypeError`; checks
 that need the machine (is the port free?) raise `FlagError`, which the CLI prints the same way.

@@ -12,10 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 COLUMNS = ("NAMESPACE/CLAIM", "GPU", "MEM LIMIT", "MEM USED", "NVML MEM", "COMPUTE", "UTIL", "RATE", "PACED", "OOM")
 
 
-def _bytes(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """Binary units with at most one decimal, none when whole: 0B, 512Mi, 1.5Gi, 80Gi."""
     for unit in ("B", "Ki", "Mi", "Gi", "Ti"):
         if abs(n) < 1024 or unit == "Ti":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+            text = f"{n:.0f}" if unit == "B" else f"{n:.1f}".removesuffix(".0")
+            return text + unit
         n /= 1024
     return str(n)
 
@@ -41,9 +43,9 @@ def frame(m: dict[str, dict[tuple, float]]) -> str:
     for key in sorted(m.get("gpushare_claim_memory_limit_bytes", {})):
         ns, claim, gpu = key
         rows.append((f"{ns}/{claim}", gpu[-12:],
-                     _bytes(get("gpushare_claim_memory_limit_bytes", key)),
-                     _bytes(get("gpushare_claim_memory_used_bytes", key)),
-                     _bytes(get("gpushare_claim_memory_nvml_bytes", key)),
+                     human_bytes(get("gpushare_claim_memory_limit_bytes", key)),
+                     human_bytes(get("gpushare_claim_memory_used_bytes", key)),
+                     human_bytes(get("gpushare_claim_memory_nvml_bytes", key)),
                      f"{get('gpushare_claim_compute_limit_percent', key):.0f}%",
                      f"{get('gpushare_claim_utilization_percent', key):.1f}%",
                      f"{get('gpushare_claim_pace_rate_percent', key):.1f}%",
@@ -55,7 +57,7 @@ def frame(m: dict[str, dict[tuple, float]]) -> str:
     for key, used in sorted(m.get("gpushare_gpu_memory_used_bytes", {}).items()):
         total = get("gpushare_gpu_memory_total_bytes", key)
         util = get("gpushare_gpu_utilization_percent", key, None)
-        gpus.append(f"GPU {key[1]} {key[0]}: memory {_bytes(used)} / {_bytes(total)}"
+        gpus.append(f"GPU {key[1]} {key[0]}: memory {human_bytes(used)} / {human_bytes(total)}"
                     + (f", utilization {util:.0f}%" if util is not None else ""))
     claims = int(m.get("gpushare_prepared_claims", {}).get((), len(rows)))
     return "\n".join([f"prepared claims: {claims}", *gpus, "", *lines]) + "\n"

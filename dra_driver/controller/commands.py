@@ -9,6 +9,7 @@ import threading
 from kubernetes import client
 
 from ..discovery import make_backend
+from ..flags import FlagError
 from ..kube import api_client as make_api_client
 from ..log import get_logger
 from .reconciler import REQUEST_TIMEOUT, SliceController, _json
@@ -19,8 +20,7 @@ log = get_logger("gpushare.controller")
 def run(args: argparse.Namespace) -> int:
     """Publish this node's slices until SIGTERM or SIGINT; the slices stay afterwards."""
     if not args.node_name:
-        log.error("--node-name (or $NODE_NAME) is required: the slices' pool is named after the node")
-        return 2
+        raise FlagError("--node-name", "required (or set NODE_NAME): the slices' pool is named after the node")
     backend = make_backend(args.device_backend, args.mock_gpus)
     controller = SliceController(make_api_client(args.kubeconfig), args.driver_name, args.node_name, backend,
                                  sharing_mode=args.sharing_mode, partitions=args.partitions)
@@ -55,8 +55,8 @@ def delete_slices(api_client: client.ApiClient, driver_name: str, node_name: str
 
 def run_cleanup(args: argparse.Namespace) -> int:
     if not args.all_nodes and not args.node_name:
-        log.error("give --node-name (or $NODE_NAME) to delete one node's slices, or --all-nodes")
-        return 2
+        raise FlagError("--node-name", "required (or set NODE_NAME) to delete one node's slices; "
+                                       "--all-nodes deletes every node's")
     node = None if args.all_nodes else args.node_name
     try:
         deleted = delete_slices(make_api_client(args.kubeconfig), args.driver_name, node)

@@ -72,5 +72,5 @@ def test_top_once(node):
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     row = next(line for line in out.stdout.splitlines() if ref[1] in line)
-    assert "256.0Mi" in row and "128.0Mi" in row and "40%" in row, out.stdout
+    assert "256Mi" in row and "128Mi" in row and "40%" in row, out.stdout
     assert "prepared claims: 1" in out.stdout
