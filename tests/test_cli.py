@@ -1,13 +1,26 @@
-"""The command line: the contract's flags and defaults, and clear errors."""
+"""The command line: the contract's flags and defaults, and clear errors.
 
+Every command-line error is one human line on stderr, `gpushare-dra CMD: error: --flag: ...`,
+exit status 2, with nothing started or left behind; the subprocess tests assert the exact line
+(stderr is a pipe here, not a terminal, so these lines must not be JSON log records).
+"""
+
+import argparse
+import http.server
+import re
+import socket
 import subprocess
 import sys
+import threading
 
+import grpc
 import pytest
+import yaml
 
 from dra_driver.cli import build_parser
 
 CLI = [sys.executable, "-m", "dra_driver.cli"]
+MOCK_ACCEPTED = "accepted: COUNTxMEMORY groups such as 2x80Gi or 1x80Gi,2x40Gi, or a YAML file"
 
 
 def parse(*argv):
@@ -62,4 +75,231 @@ def test_discover_mock_prints_gpus():
     res = subprocess.run([*CLI, "discover", "--device-backend", "mock", "--mock-gpus", "2x24Gi"],
                          capture_output=True, text=True, check=True)
     assert res.stdout.count("uuid: GPU-5ea1c0de-0000-4000-8000-") == 2
-    assert "memory_bytes: 25769803776" in res.stdout
+    assert "memory: 24Gi" in res.stdout
+
+
+def refused(argv, env=None):
+    """Run the CLI; assert exit status 2 and exactly one line on stderr, and return that line."""
+    res = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert res.stderr.endswith("\n") and res.stderr.count("\n") == 1, res.stderr
+    assert res.stdout == ""
+    return res.stderr.rstrip("\n")
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["kubelet-plugin", "--metrics-addr", "foo"],
+     "gpushare-dra kubelet-plugin: error: --metrics-addr: 'foo' is not HOST:PORT (accepted: HOST:PORT such as "
+     ":9400, 127.0.0.1:9400 or [::1]:9400; empty disables)"),
+    (["kubelet-plugin", "--metrics-addr", "127.0.0.1:99999"],
+     "gpushare-dra kubelet-plugin: error: --metrics-addr: '127.0.0.1:99999' is not HOST:PORT (accepted: HOST:PORT "
+     "such as :9400, 127.0.0.1:9400 or [::1]:9400; empty disables)"),
+    (["kubelet-plugin", "--healthcheck-port", "-1"],
+     "gpushare-dra kubelet-plugin: error: --healthcheck-port: '-1' is not a TCP port (accepted: 0..65535)"),
+    (["kubelet-plugin", "--healthcheck-port", "70000"],
+     "gpushare-dra kubelet-plugin: error: --healthcheck-port: '70000' is not a TCP port (accepted: 0..65535)"),
+    (["kubelet-plugin", "--kubeconfig", "/nonexistent/kubeconfig"],
+     "gpushare-dra kubelet-plugin: error: --kubeconfig: '/nonexistent/kubeconfig' does not exist or is not a file "
+     "(accepted: a kubeconfig file path; leave it unset inside a pod)"),
+    (["kubelet-plugin", "--partitions", "0"], "gpushare-dra kubelet-plugin: error: --partitions: 0 is out of range 1..128"),
+    (["top", "--once", "--url", "foo"],
+     "gpushare-dra top: error: --url: 'foo' is not a metrics URL (accepted: HOST:PORT such as 127.0.0.1:9400, "
+     "or a URL such as http://HOST:PORT/metrics)"),
+    (["top", "--once", "--url", "ftp://127.0.0.1:9400/metrics"],
+     "gpushare-dra top: error: --url: 'ftp://127.0.0.1:9400/metrics' is not a metrics URL (accepted: HOST:PORT "
+     "such as 127.0.0.1:9400, or a URL such as http://HOST:PORT/metrics)"),
+    (["emulator", "--kube-version", "1.99"],
+     "gpushare-dra emulator: error: --kube-version: no resource.k8s.io schemas for '1.99' (accepted: "
+     "1.34, 1.35, 1.36, 1.37)"),
+    (["emulator", "--kube-version", "1.20"],
+     "gpushare-dra emulator: error: --kube-version: no resource.k8s.io schemas for '1.20' (accepted: "
+     "1.34, 1.35, 1.36, 1.37)"),
+    (["emulator", "--port", "70000"], "gpushare-dra emulator: error: --port: '70000' is not a TCP port (accepted: 0..65535)"),
+    (["discover", "--device-backend", "mock", "--mock-gpus", "2x80"],
+     "gpushare-dra discover: error: --mock-gpus memory: '80' in '2x80' is below 1Gi (accepted: 1Gi or more, with "
+     "its unit: 80Gi)"),
+    (["discover", "--device-backend", "mock", "--mock-gpus", "0x80Gi"],
+     f"gpushare-dra discover: error: --mock-gpus: count in '0x80Gi' is below 1 ({MOCK_ACCEPTED})"),
+    (["demo", "--mock-gpus", "2x80"],
+     "gpushare-dra demo: error: --mock-gpus memory: '80' in '2x80' is below 1Gi (accepted: 1Gi or more, with "
+     "its unit: 80Gi)"),
+    (["cleanup", "--kubeconfig", "/dev/null/x"],
+     "gpushare-dra cleanup: error: --kubeconfig: '/dev/null/x' does not exist or is not a file (accepted: a "
+     "kubeconfig file path; leave it unset inside a pod)"),
+])
+def test_a_bad_flag_is_one_line_and_exit_2(argv, line):
+    assert refused(argv) == line
+
+
+def test_missing_node_name_is_one_line(monkeypatch):
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    import os
+
+    assert refused(["controller"], env=dict(os.environ)) == (
+        "gpushare-dra controller: error: --node-name: required (or set NODE_NAME): the slices' pool is named "
+        "after the node")
+
+
+def test_argparse_errors_are_one_line_too():
+    line = refused(["kubelet-plugin", "--sharing-mode", "slices"])
+    assert line.startswith("gpushare-dra kubelet-plugin: error: --sharing-mode: invalid choice: 'slices'"), line
+    assert refused(["kubelet-plugin", "--no-such-flag"]) == \
+        "gpushare-dra: error: unrecognized arguments: --no-such-flag"
+
+
+@pytest.fixture
+def taken_port():
+    """A port another process's server listens on, with SO_REUSEPORT as gRPC servers set it."""
+    server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(1))
+    port = server.add_insecure_port("[::]:0")
+    server.start()
+    yield port
+    server.stop(0)
+
+
+def _plugin_argv(tmp_path, *extra):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    return ["kubelet-plugin", "--node-name", "node-a", "--kubeconfig", str(kubeconfig), "--device-backend", "mock",
+            "--plugin-dir", str(tmp_path / "plugin"), "--registry-dir", str(tmp_path / "registry"),
+            "--state-dir", str(tmp_path / "state"), "--cdi-root", str(tmp_path / "cdi"), *extra]
+
+
+def test_a_taken_metrics_port_is_refused_before_anything_starts(tmp_path, taken_port):
+    line = refused(_plugin_argv(tmp_path, "--metrics-addr", f"127.0.0.1:{taken_port}", "--healthcheck-port", "0"))
+    assert line == (f"gpushare-dra kubelet-plugin: error: --metrics-addr: 127.0.0.1:{taken_port} is already in use "
+                    "by another process (accepted: a free port, or 0 for any free one)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kubeconfig"]  # no socket, folder or state
+
+
+def test_a_healthcheck_port_another_plugin_holds_is_refused(tmp_path, taken_port):
+    line = refused(_plugin_argv(tmp_path, "--metrics-addr", "127.0.0.1:0", "--healthcheck-port", str(taken_port)))
+    assert line == (f"gpushare-dra kubelet-plugin: error: --healthcheck-port: port {taken_port} is already in use "
+                    "by another process (accepted: a free port, or 0 to disable)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kubeconfig"]
+
+
+def test_liveness_server_does_not_share_a_port(taken_port):
+    """Past the check (a port taken in between), gRPC's SO_REUSEPORT must not let two plugins listen."""
+    import types
+
+    from grpc_health.v1 import health
+
+    from kubeletplugin.main import Plugin, PluginConfigError
+
+    with pytest.raises(PluginConfigError, match=f"--healthcheck-port: cannot listen on port {taken_port}"):
+        Plugin._serve_liveness(types.SimpleNamespace(health=health.HealthServicer()), taken_port)
+
+
+def test_a_taken_emulator_port_is_refused(taken_port):
+    assert refused(["emulator", "--port", str(taken_port)]) == (
+        f"gpushare-dra emulator: error: --port: 127.0.0.1:{taken_port} is already in use by another process "
+        "(accepted: a free port, or 0 for any free one)")
+
+
+def test_demo_without_the_demo_extra_prints_the_install_hint():
+    hide = "import sys; sys.modules['jsonschema'] = None; from dra_driver.cli import main; sys.exit(main(['demo']))"
+    res = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout) == (2, "")
+    assert res.stderr == ("gpushare-dra demo: error: needs the optional 'demo' dependencies (jsonschema is "
+                          "missing); install them with: pip install 'gpushare-dra[demo]'\n")
+
+
+def test_help_shows_each_default_once():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        formatter = sub.formatter_class(prog=sub.prog)
+        for action in sub._actions:
+            text = formatter._get_help_string(action) or ""
+            assert len(re.findall(r"\(default[: ]", text)) <= 1, (name, action.dest, text)
+            assert "%(default)s" not in text or action.default is not None, (name, action.dest, text)
+    out = subprocess.run([*CLI, "emulator", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "(default: None)" not in out
+
+
+@pytest.mark.parametrize("given, url", [
+    ("127.0.0.1:9400", "http://127.0.0.1:9400/metrics"),
+    (":9400", "http://127.0.0.1:9400/metrics"),
+    ("[::1]:9400", "http://[::1]:9400/metrics"),
+    ("http://node-a:9400", "http://node-a:9400/metrics"),
+    ("https://node-a/custom", "https://node-a/custom"),
+])
+def test_top_url_forms(given, url):
+    assert parse("top", "--url", given).url == url
+
+
+METRICS_TEXT = b"""# TYPE gpushare_prepared_claims gauge
+gpushare_prepared_claims 1
+# TYPE gpushare_claim_memory_limit_bytes gauge
+gpushare_claim_memory_limit_bytes{namespace="ns",claim="c",gpu="GPU-x"} 4294967296
+"""
+
+
+def test_top_reads_host_port(tmp_path):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(METRICS_TEXT)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        res = subprocess.run([*CLI, "top", "--once", "--url", f"127.0.0.1:{server.server_port}"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert res.returncode == 0, res.stderr
+    assert "prepared claims: 1" in res.stdout and "ns/c" in res.stdout and "4Gi" in res.stdout
+
+
+def test_top_unreachable_is_one_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    res = subprocess.run([*CLI, "top", "--once", "--url", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"gpushare-dra top: cannot read http://127.0.0.1:{port}/metrics: "), res.stderr
+
+
+def discover(*argv):
+    out = subprocess.run([*CLI, "discover", "--device-backend", "mock", *argv], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    return yaml.safe_load(out), out
+
+
+def test_discover_honours_sharing_mode_and_partitions():
+    doc, _ = discover("--mock-gpus", "1x80Gi", "--sharing-mode", "partition", "--partitions", "128")
+    assert doc["sharing"] == {"mode": "partition", "partitions": 128}
+    assert list(doc["devices"]) == ["partition"]
+    shares = doc["devices"]["partition"]
+    assert len(shares) == 128 and shares[-1]["name"] == "gpu-0-share-127"
+    assert {d["memory"] for d in shares} == {"640Mi"}
+    doc, _ = discover("--mock-gpus", "1x80Gi", "--sharing-mode", "capacity")
+    assert doc["devices"] == {"capacity": [{"name": "gpu-0", "memory": "80Gi", "compute": "100"}]}
+    doc, _ = discover("--mock-gpus", "1x80Gi", "--partitions", "2")  # auto: the server decides, both shown
+    assert [d["name"] for d in doc["devices"]["capacity"]] == ["gpu-0"]
+    assert [d["name"] for d in doc["devices"]["partition"]] == ["gpu-0-share-0", "gpu-0-share-1"]
+
+
+def test_discover_output_is_accepted_as_mock_gpus(tmp_path):
+    first, text = discover("--mock-gpus", "1x80Gi,1x24Gi", "--sharing-mode", "partition", "--partitions", "4")
+    assert set(first["gpus"][0]) >= {"index", "memory", "uuid", "productName", "cudaComputeCapability"}
+    f = tmp_path / "gpus.yaml"
+    f.write_text(text)
+    again, _ = discover("--mock-gpus", str(f), "--sharing-mode", "partition", "--partitions", "4")
+    assert again == first
+
+
+def test_discover_snake_case_keys_are_refused(tmp_path):
+    f = tmp_path / "gpus.yaml"
+    f.write_text("gpus:\n- memory_bytes: 85899345920\n  product_name: X\n")
+    assert refused(["discover", "--device-backend", "mock", "--mock-gpus", str(f)]) == (
+        f"gpushare-dra discover: error: {f}: gpus[0]: unknown field(s) ['memory_bytes', 'product_name'] "
+        "(accepted, camelCase: index, memory, uuid, productName, architecture, cudaComputeCapability, "
+        "driverVersion, cudaDriverVersion, healthy, healthReason)")

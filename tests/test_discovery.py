@@ -17,6 +17,13 @@ def test_mock_shorthand_groups():
     assert all(g.healthy and g.device_name == f"gpu-{g.index}" for g in gpus)
 
 
+def test_mock_yaml_overrides_identity(tmp_path):
+    f = tmp_path / "gpus.yaml"
+    f.write_text("gpus:\n- index: 3\n  memory: 24Gi\n  uuid: GPU-real-3\n")
+    (gpu,) = MockBackend(str(f)).discover()
+    assert (gpu.index, gpu.minor, gpu.uuid) == (3, 3, "GPU-real-3")
+
+
 def test_mock_yaml_is_reread(tmp_path):
     f = tmp_path / "gpus.yaml"
     f.write_text("gpus:\n- memory: 24Gi\n  productName: NVIDIA L4\n- memory: 24Gi\n")
@@ -30,7 +37,10 @@ def test_mock_yaml_is_reread(tmp_path):
 @pytest.mark.parametrize("spec, message", [
     ("", "empty"),
     ("2x-1Gi", "must not be negative"),
-    ("2x0", "must be positive"),
+    ("2x0", "'0' in '2x0' is below 1Gi"),
+    ("2x80", "'80' in '2x80' is below 1Gi"),
+    ("0x80Gi", "count in '0x80Gi' is below 1"),
+    ("1x80Gi,0x40Gi", "count in '0x40Gi' is below 1"),
     ("2x80Gi,lots", "'lots' is not COUNTxMEMORY"),
     ("/nonexistent.yaml", "neither COUNTxMEMORY"),
 ])
@@ -47,6 +57,8 @@ def test_mock_bad_specs(spec, message):
     ("gpus:\n- healthy: 'no'\n", r"gpus\[0\].healthy: expected bool"),
     ("gpus:\n- index: 1\n- index: 1\n", "indexes must be unique"),
     ("gpus: [\n", "cannot read"),
+    ("gpus:\n- memory: 512Mi\n", r"gpus\[0\].memory: '512Mi' is below 1Gi"),
+    ("gpus: []\nnodes: 2\n", r"unknown top-level key\(s\) \['nodes'\] \(accepted: gpus, sharing, devices\)"),
 ])
 def test_mock_bad_yaml(tmp_path, body, message):
     f = tmp_path / "gpus.yaml"

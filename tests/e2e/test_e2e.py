@@ -8,6 +8,7 @@ sees 4Gi total; a second claim on the same GPU keeps its own budget; a plugin re
 between pod starts keeps the shared budget; Unprepare leaves no file behind.
 """
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,9 @@ def run_demo(tmp_path, runtime: str) -> str:
     assert out.returncode == 0, report
     assert "[14/14]" in out.stdout and "Every step behaved" in out.stdout, report
     assert "      FAIL " not in out.stdout, report
+    # Step 13's two tables agree, and no figure is a raw float (1.195731807) rather than a human unit.
+    assert "ok   the tables agree" in out.stdout, report
+    assert not re.search(r"\d\.\d{3,}", out.stdout), re.search(r".*\d\.\d{3,}.*", out.stdout).group(0)
     return out.stdout
 
 
