@@ -87,48 +87,55 @@ def refused(argv, env=None):
     return res.stderr.rstrip("\n")
 
 
+ADDR_ACCEPTED = "(accepted: HOST:PORT such as :9400, 127.0.0.1:9400 or [::1]:9400; empty disables)"
+URL_ACCEPTED = "(accepted: HOST:PORT such as 127.0.0.1:9400, or a URL such as http://HOST:PORT/metrics)"
+PORT_ACCEPTED = "(accepted: 0..65535)"
+KUBECONFIG_ACCEPTED = "(accepted: a kubeconfig file path; leave it unset inside a pod)"
+ANY_FREE = "(accepted: a free port, or 0 for any free one)"
+BELOW_1GI = "is below 1Gi (accepted: 1Gi or more, with its unit: 80Gi)"
+
+
+def kube_versions():
+    """What the installed kubernetes-validate has resource.k8s.io/v1 schemas for (1.34 on)."""
+    from dra_driver.emulator.resources import RESOURCE_TYPES
+    from dra_driver.emulator.validation import kube_versions_with_schemas
+
+    known = kube_versions_with_schemas([rt for rt in RESOURCE_TYPES if rt.group == "resource.k8s.io"])
+    assert known[0] == "1.34", known  # resource.k8s.io/v1 is new in 1.34
+    return ", ".join(known)
+
+
 @pytest.mark.parametrize("argv, line", [
     (["kubelet-plugin", "--metrics-addr", "foo"],
-     "gpushare-dra kubelet-plugin: error: --metrics-addr: 'foo' is not HOST:PORT (accepted: HOST:PORT such as "
-     ":9400, 127.0.0.1:9400 or [::1]:9400; empty disables)"),
+     f"gpushare-dra kubelet-plugin: error: --metrics-addr: 'foo' is not HOST:PORT {ADDR_ACCEPTED}"),
     (["kubelet-plugin", "--metrics-addr", "127.0.0.1:99999"],
-     "gpushare-dra kubelet-plugin: error: --metrics-addr: '127.0.0.1:99999' is not HOST:PORT (accepted: HOST:PORT "
-     "such as :9400, 127.0.0.1:9400 or [::1]:9400; empty disables)"),
+     f"gpushare-dra kubelet-plugin: error: --metrics-addr: '127.0.0.1:99999' is not HOST:PORT {ADDR_ACCEPTED}"),
     (["kubelet-plugin", "--healthcheck-port", "-1"],
-     "gpushare-dra kubelet-plugin: error: --healthcheck-port: '-1' is not a TCP port (accepted: 0..65535)"),
+     f"gpushare-dra kubelet-plugin: error: --healthcheck-port: '-1' is not a TCP port {PORT_ACCEPTED}"),
     (["kubelet-plugin", "--healthcheck-port", "70000"],
-     "gpushare-dra kubelet-plugin: error: --healthcheck-port: '70000' is not a TCP port (accepted: 0..65535)"),
+     f"gpushare-dra kubelet-plugin: error: --healthcheck-port: '70000' is not a TCP port {PORT_ACCEPTED}"),
+    (["emulator", "--port", "70000"], f"gpushare-dra emulator: error: --port: '70000' is not a TCP port {PORT_ACCEPTED}"),
     (["kubelet-plugin", "--kubeconfig", "/nonexistent/kubeconfig"],
      "gpushare-dra kubelet-plugin: error: --kubeconfig: '/nonexistent/kubeconfig' does not exist or is not a file "
-     "(accepted: a kubeconfig file path; leave it unset inside a pod)"),
+     + KUBECONFIG_ACCEPTED),
+    (["cleanup", "--kubeconfig", "/dev/null/x"],
+     f"gpushare-dra cleanup: error: --kubeconfig: '/dev/null/x' does not exist or is not a file {KUBECONFIG_ACCEPTED}"),
     (["kubelet-plugin", "--partitions", "0"], "gpushare-dra kubelet-plugin: error: --partitions: 0 is out of range 1..128"),
-    (["top", "--once", "--url", "foo"],
-     "gpushare-dra top: error: --url: 'foo' is not a metrics URL (accepted: HOST:PORT such as 127.0.0.1:9400, "
-     "or a URL such as http://HOST:PORT/metrics)"),
+    (["top", "--once", "--url", "foo"], f"gpushare-dra top: error: --url: 'foo' is not a metrics URL {URL_ACCEPTED}"),
     (["top", "--once", "--url", "ftp://127.0.0.1:9400/metrics"],
-     "gpushare-dra top: error: --url: 'ftp://127.0.0.1:9400/metrics' is not a metrics URL (accepted: HOST:PORT "
-     "such as 127.0.0.1:9400, or a URL such as http://HOST:PORT/metrics)"),
+     f"gpushare-dra top: error: --url: 'ftp://127.0.0.1:9400/metrics' is not a metrics URL {URL_ACCEPTED}"),
     (["emulator", "--kube-version", "1.99"],
-     "gpushare-dra emulator: error: --kube-version: no resource.k8s.io schemas for '1.99' (accepted: "
-     "1.34, 1.35, 1.36, 1.37)"),
+     "gpushare-dra emulator: error: --kube-version: no resource.k8s.io schemas for '1.99' (accepted: {versions})"),
     (["emulator", "--kube-version", "1.20"],
-     "gpushare-dra emulator: error: --kube-version: no resource.k8s.io schemas for '1.20' (accepted: "
-     "1.34, 1.35, 1.36, 1.37)"),
-    (["emulator", "--port", "70000"], "gpushare-dra emulator: error: --port: '70000' is not a TCP port (accepted: 0..65535)"),
+     "gpushare-dra emulator: error: --kube-version: no resource.k8s.io schemas for '1.20' (accepted: {versions})"),
     (["discover", "--device-backend", "mock", "--mock-gpus", "2x80"],
-     "gpushare-dra discover: error: --mock-gpus memory: '80' in '2x80' is below 1Gi (accepted: 1Gi or more, with "
-     "its unit: 80Gi)"),
+     f"gpushare-dra discover: error: --mock-gpus memory: '80' in '2x80' {BELOW_1GI}"),
     (["discover", "--device-backend", "mock", "--mock-gpus", "0x80Gi"],
      f"gpushare-dra discover: error: --mock-gpus: count in '0x80Gi' is below 1 ({MOCK_ACCEPTED})"),
-    (["demo", "--mock-gpus", "2x80"],
-     "gpushare-dra demo: error: --mock-gpus memory: '80' in '2x80' is below 1Gi (accepted: 1Gi or more, with "
-     "its unit: 80Gi)"),
-    (["cleanup", "--kubeconfig", "/dev/null/x"],
-     "gpushare-dra cleanup: error: --kubeconfig: '/dev/null/x' does not exist or is not a file (accepted: a "
-     "kubeconfig file path; leave it unset inside a pod)"),
+    (["demo", "--mock-gpus", "2x80"], f"gpushare-dra demo: error: --mock-gpus memory: '80' in '2x80' {BELOW_1GI}"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(argv, line):
-    assert refused(argv) == line
+    assert refused(argv) == (line.format(versions=kube_versions()) if "{versions}" in line else line)
 
 
 def test_missing_node_name_is_one_line(monkeypatch):
@@ -168,7 +175,7 @@ def _plugin_argv(tmp_path, *extra):
 def test_a_taken_metrics_port_is_refused_before_anything_starts(tmp_path, taken_port):
     line = refused(_plugin_argv(tmp_path, "--metrics-addr", f"127.0.0.1:{taken_port}", "--healthcheck-port", "0"))
     assert line == (f"gpushare-dra kubelet-plugin: error: --metrics-addr: 127.0.0.1:{taken_port} is already in use "
-                    "by another process (accepted: a free port, or 0 for any free one)")
+                    f"by another process {ANY_FREE}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kubeconfig"]  # no socket, folder or state
 
 
@@ -193,8 +200,7 @@ def test_liveness_server_does_not_share_a_port(taken_port):
 
 def test_a_taken_emulator_port_is_refused(taken_port):
     assert refused(["emulator", "--port", str(taken_port)]) == (
-        f"gpushare-dra emulator: error: --port: 127.0.0.1:{taken_port} is already in use by another process "
-        "(accepted: a free port, or 0 for any free one)")
+        f"gpushare-dra emulator: error: --port: 127.0.0.1:{taken_port} is already in use by another process {ANY_FREE}")
 
 
 def test_demo_without_the_demo_extra_prints_the_install_hint():
