@@ -416,8 +416,14 @@ class Demo:
             return sum(v for (_, _, gpu), v in metrics.get(f"gpushare_claim_memory_{source}_bytes", {}).items()
                        if gpu == uuid)
 
+        def gpu_used(metrics):
+            return metrics.get("gpushare_gpu_memory_used_bytes", {}).get((uuid, "0"))
+
+        per_claim_nvml = self.runtime == "process"  # why not under podman: the note shown below
+        both = CLAIM_MEMORY + SECOND_CLAIM_MEMORY
+
         def settled(metrics):  # the agent has sampled NVML since other-team's container allocated
-            return claim_metric(metrics, "gpushare_claim_memory_nvml_bytes", "other-team") == SECOND_CLAIM_MEMORY
+            return gpu_used(metrics) == both and (not per_claim_nvml or held(metrics, "nvml") == both)
 
         metrics = top.scrape(url)
         deadline = time.monotonic() + 15
@@ -426,17 +432,22 @@ class Demo:
             metrics = top.scrape(url)
         s.show(top.frame(metrics))
         gpu_total = metrics.get("gpushare_gpu_memory_total_bytes", {}).get((uuid, "0"))
-        gpu_used = metrics.get("gpushare_gpu_memory_used_bytes", {}).get((uuid, "0"))
         s.check(gpu_total == self.gpu_memory, "the agent's NVML sees the node's GPU as it is",
                 f"{format_bytes(int(gpu_total or 0))} total")
         s.check(claim_metric(metrics, "gpushare_claim_memory_limit_bytes", "shared-gpu") == CLAIM_MEMORY,
                 "memory limit 4Gi")
         s.check(claim_metric(metrics, "gpushare_claim_memory_used_bytes", "shared-gpu") == CLAIM_MEMORY,
                 "memory used 4Gi: the four containers")
-        s.check(held(metrics, "nvml") == held(metrics, "used") == gpu_used == CLAIM_MEMORY + SECOND_CLAIM_MEMORY,
-                "the tables agree: NVML per claim = the regions' use, and the GPU's used memory = the claims' 6Gi",
-                f"NVML {top.human_bytes(held(metrics, 'nvml'))}, regions {top.human_bytes(held(metrics, 'used'))}, "
-                f"GPU {top.human_bytes(gpu_used or 0)}")
+        s.check(held(metrics, "used") == gpu_used(metrics) == both,
+                "the tables agree: the GPU's used memory (NVML) = what the claims hold (6Gi)",
+                f"GPU {top.human_bytes(gpu_used(metrics) or 0)}, claims {top.human_bytes(held(metrics, 'used'))}")
+        if per_claim_nvml:
+            s.check(all(claim_metric(metrics, "gpushare_claim_memory_nvml_bytes", c) ==
+                        claim_metric(metrics, "gpushare_claim_memory_used_bytes", c) for c in ("shared-gpu", "other-team")),
+                    "NVML MEM per claim = its MEM USED", f"NVML {top.human_bytes(held(metrics, 'nvml'))} in all")
+        else:
+            s.show("NVML MEM is 0B under podman here: the simulated NVML reports container pids, which the agent "
+                   "cannot map to claims (a real driver reports host pids)")
         refusals = claim_metric(metrics, "gpushare_claim_oom_refusals_total", "shared-gpu")
         s.check(refusals >= 2, "the refused allocations are counted", f"{refusals:.0f} refusals")
         paced = claim_metric(metrics, "gpushare_claim_paced_seconds_total", "shared-gpu")

@@ -51,6 +51,7 @@ def test_story_with_the_spec_applied_to_host_processes(tmp_path):
     """The same story without a container runtime: the demo's fallback must hold too."""
     out = run_demo(tmp_path, "process")
     assert "containers run with: process" in out
+    assert "ok   NVML MEM per claim = its MEM USED" in out
 
 
 def test_demo_device_class_is_the_shipped_one():
