@@ -136,7 +136,11 @@ class Plugin:
             self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
             if self.args.publish_slices:
                 self._start_slices()
-            self.metrics_port = self.metrics.serve(self.args.metrics_addr)
+            try:
+                self.metrics_port = self.metrics.serve(self.args.metrics_addr)
+            except OSError as e:  # taken since the check
+                raise PluginConfigError("--metrics-addr", f"cannot listen on {self.args.metrics_addr}: "
+                                                          f"{e.strerror}") from None
         except BaseException:
             self.stop(grace=0)  # a port taken since the check: no sockets left behind
             raise
