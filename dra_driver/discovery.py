@@ -165,7 +165,8 @@ class MockBackend:
             if unknown:
                 accepted = ", ".join(["index", "memory", *_MOCK_YAML_FIELDS])
                 raise DiscoveryError(f"{where}: unknown field(s) {sorted(unknown)} (accepted, camelCase: {accepted})")
-            memory = _mock_memory(entry.get("memory", "16Gi"), f"{where}.memory")
+            # 0 only for an unhealthy GPU: what `discover` prints for a GPU NVML lost
+            memory = _mock_memory(entry.get("memory", "16Gi"), f"{where}.memory", lost=entry.get("healthy") is False)
             index = entry.get("index", i)
             if not isinstance(index, int) or isinstance(index, bool) or index < 0:
                 raise DiscoveryError(f"{where}.index: expected a non-negative integer, got {index!r}")
@@ -183,12 +184,12 @@ class MockBackend:
         return sorted(gpus, key=lambda g: g.index)
 
 
-def _mock_memory(value: object, field: str, where: str = "") -> int:
+def _mock_memory(value: object, field: str, where: str = "", lost: bool = False) -> int:
     try:
         memory = parse_bytes(value, field)
     except QuantityError as e:
         raise DiscoveryError(str(e)) from None
-    if memory < MIN_MOCK_MEMORY:
+    if memory < MIN_MOCK_MEMORY and not (lost and memory == 0):
         raise DiscoveryError(f"{field}: {value!r}{where} is below 1Gi (accepted: 1Gi or more, with its unit: 80Gi)")
     return memory
 

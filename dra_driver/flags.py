@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import re
 import socket
 import urllib.parse
@@ -79,8 +80,6 @@ def metrics_url(text: str) -> str:
 
 def existing_file(text: str) -> str:
     """argparse type: a file that exists now (a kubeconfig)."""
-    import os
-
     if not os.path.isfile(text):
         raise argparse.ArgumentTypeError(f"{text!r} does not exist or is not a file (accepted: a kubeconfig file "
                                          "path; leave it unset inside a pod)")

@@ -24,6 +24,13 @@ def test_mock_yaml_overrides_identity(tmp_path):
     assert (gpu.index, gpu.minor, gpu.uuid) == (3, 3, "GPU-real-3")
 
 
+def test_mock_yaml_takes_a_lost_gpu_as_discover_prints_it(tmp_path):
+    f = tmp_path / "gpus.yaml"
+    f.write_text("gpus:\n- index: 0\n  memory: '0'\n  healthy: false\n  healthReason: NVML cannot open GPU 0\n")
+    (gpu,) = MockBackend(str(f)).discover()
+    assert (gpu.memory_bytes, gpu.healthy) == (0, False)
+
+
 def test_mock_yaml_is_reread(tmp_path):
     f = tmp_path / "gpus.yaml"
     f.write_text("gpus:\n- memory: 24Gi\n  productName: NVIDIA L4\n- memory: 24Gi\n")
@@ -58,6 +65,7 @@ def test_mock_bad_specs(spec, message):
     ("gpus:\n- index: 1\n- index: 1\n", "indexes must be unique"),
     ("gpus: [\n", "cannot read"),
     ("gpus:\n- memory: 512Mi\n", r"gpus\[0\].memory: '512Mi' is below 1Gi"),
+    ("gpus:\n- memory: 0\n", r"gpus\[0\].memory: 0 is below 1Gi"),
     ("gpus: []\nnodes: 2\n", r"unknown top-level key\(s\) \['nodes'\] \(accepted: gpus, sharing, devices\)"),
 ])
 def test_mock_bad_yaml(tmp_path, body, message):
