@@ -1,0 +1,55 @@
+"""Run the real kubectl in tests, only ever against a kubeconfig the test wrote itself.
+
+Every call passes --kubeconfig and sets KUBECONFIG to that file, and HOME and the cache
+folder point into the test's own folder, so no kubeconfig or cache of the machine is read.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PATH")
+
+
+class Kubectl:
+    def __init__(self, workdir: Path, server: str = "http://127.0.0.1:1"):
+        """server: the API server the kubeconfig names (the default is never reachable,
+        for commands that must not talk to one, such as `kubectl kustomize`)."""
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.kubeconfig = self.workdir / "kubeconfig"
+        write_kubeconfig(self.kubeconfig, server)
+        self.env = {"PATH": os.environ.get("PATH", ""), "HOME": str(self.workdir),
+                    "KUBECONFIG": str(self.kubeconfig), "LANG": "C"}
+
+    def run(self, *args, input=None, check=True, timeout=60):
+        """kubectl ARGS; returns the CompletedProcess (stdout and stderr as text)."""
+        cmd = [KUBECTL, f"--kubeconfig={self.kubeconfig}",
+               f"--cache-dir={self.workdir / 'cache'}", *map(str, args)]
+        out = subprocess.run(cmd, input=input, capture_output=True, text=True, env=self.env,
+                             timeout=timeout, cwd=self.workdir)
+        if check and out.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd[1:])} exited {out.returncode}:\n"
+                                 f"{out.stdout}\n{out.stderr}")
+        return out
+
+    def __call__(self, *args, **kwargs) -> str:
+        return self.run(*args, **kwargs).stdout
+
+    def objects(self, *args) -> list[dict]:
+        """The YAML documents kubectl ARGS prints."""
+        return [d for d in yaml.safe_load_all(self(*args)) if d]
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": server}}],
+        "users": [{"name": "test", "user": {}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
+    return path
