@@ -10,7 +10,8 @@ import jsonschema
 import kubernetes_validate
 from referencing import Registry, Resource
 
-from .errors import FieldError
+from ..allocator.cel import compile_error
+from .errors import FieldError, bad_request
 
 SCHEMA_ROOT = pathlib.Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
 
@@ -40,9 +41,11 @@ def available_kube_versions():
     return [".".join(d[1:].split("-")[0].split(".")[:2]) for d in dirs]
 
 
-def _schema_dir(kube_version):
+def schema_dir(kube_version, strict=True):
+    """The newest schema folder not newer than kube_version; strict ones refuse unknown fields."""
     wanted = tuple(int(p) for p in kube_version.lstrip("v").split(".")[:2])
-    candidates = [d for d in SCHEMA_ROOT.iterdir() if d.name.endswith("-local-strict")
+    suffix = "-local-strict" if strict else "-local"
+    candidates = [d for d in SCHEMA_ROOT.iterdir() if d.name.endswith(suffix)
                   and _version_key(d.name)[:2] <= wanted]
     if not candidates:
         raise ValueError(f"no schemas for Kubernetes {kube_version}")
@@ -51,12 +54,12 @@ def _schema_dir(kube_version):
 
 @functools.lru_cache(maxsize=None)
 def _validator(kube_version, kind, group, version):
-    schema_dir = _schema_dir(kube_version)
+    folder = schema_dir(kube_version)
     group_prefix = group.split(".")[0] if group else ""
     file_name = f"{kind.lower()}-{group_prefix}-{version}.json" if group else \
         f"{kind.lower()}-{version}.json"
-    schema = json.loads((schema_dir / file_name).read_text())
-    definitions = json.loads((schema_dir / "_definitions.json").read_text())
+    schema = json.loads((folder / file_name).read_text())
+    definitions = json.loads((folder / "_definitions.json").read_text())
     registry = Resource.from_contents(schema) @ Registry()
     registry = Resource.from_contents(definitions) @ registry
     return jsonschema.Draft202012Validator(schema, registry=registry)
@@ -168,10 +171,56 @@ def _check_unique_names(items, base, errors):
         seen.add(name)
 
 
+def _selector_errors(selectors, base, errors):
+    """Each CEL selector must compile."""
+    for i, selector in enumerate(selectors if isinstance(selectors, list) else []):
+        expression = ((selector or {}).get("cel") or {}).get("expression")
+        if isinstance(expression, str):
+            problem = compile_error(expression)
+            if problem:
+                errors.append(FieldError(f"{base}[{i}].cel.expression", "Invalid",
+                                         f"compilation failed: {problem}", expression, True))
+
+
+def _device_request_errors(request, base, errors):
+    """An exact request (or one of firstAvailable's): count > 0, selectors that compile."""
+    if not isinstance(request, dict):
+        return
+    count = request.get("count")
+    if request.get("allocationMode", "ExactCount") == "ExactCount" and isinstance(count, int) \
+            and count <= 0:
+        errors.append(FieldError(f"{base}.count", "Invalid", "must be greater than zero", count,
+                                 True))
+    _selector_errors(request.get("selectors"), f"{base}.selectors", errors)
+
+
 def _claim_spec_errors(claim_spec, base):
     errors = []
     requests = ((claim_spec or {}).get("devices") or {}).get("requests") or []
     _check_unique_names(requests, f"{base}.devices.requests", errors)
+    for i, request in enumerate(requests):
+        field = f"{base}.devices.requests[{i}]"
+        _device_request_errors(request.get("exactly"), f"{field}.exactly", errors)
+        for j, sub in enumerate(request.get("firstAvailable") or []):
+            _device_request_errors(sub, f"{field}.firstAvailable[{j}]", errors)
+    return errors
+
+
+def pod_claim_errors(pod):
+    """Containers may only name claims the pod lists in spec.resourceClaims."""
+    spec = pod.get("spec") or {}
+    listed = [c.get("name") for c in spec.get("resourceClaims") or [] if isinstance(c, dict)]
+    errors = []
+    for group in ("initContainers", "containers"):
+        for i, container in enumerate(spec.get(group) or []):
+            claims = ((container or {}).get("resources") or {}).get("claims") or []
+            for j, claim in enumerate(claims):
+                name = (claim or {}).get("name")
+                if name not in listed:
+                    detail = "must be one of the names in pod.spec.resourceClaims"
+                    detail += f": {', '.join(listed)}" if listed else " which is empty"
+                    errors.append(FieldError(f"spec.{group}[{i}].resources.claims[{j}].name",
+                                             "Invalid", detail, name, True))
     return errors
 
 
@@ -182,13 +231,106 @@ def semantic_errors(obj, rt):
         return _claim_spec_errors(obj.get("spec"), "spec")
     if rt.kind == "ResourceClaimTemplate":
         return _claim_spec_errors((obj.get("spec") or {}).get("spec"), "spec.spec")
+    if rt.kind == "DeviceClass":
+        errors = []
+        _selector_errors((obj.get("spec") or {}).get("selectors"), "spec.selectors", errors)
+        return errors
+    if rt.kind == "Pod":
+        return pod_claim_errors(obj)
     return []
+
+
+QUANTITY_DEFINITION = "io.k8s.apimachinery.pkg.api.resource.Quantity"
+QUANTITY_PATTERN = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+
+
+def _quantity_values(node, schema, definitions, depth=0):
+    """Every value in node that its schema types as a Quantity."""
+    if depth > 40 or node is None:
+        return
+    while isinstance(schema, dict) and ("$ref" in schema or "allOf" in schema):
+        ref = schema.get("$ref") or schema["allOf"][0].get("$ref", "")
+        name = ref.rsplit("/", 1)[-1]
+        if name == QUANTITY_DEFINITION:
+            yield node
+            return
+        schema = definitions.get(name)
+    if not isinstance(schema, dict):
+        return
+    if isinstance(node, dict):
+        properties = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, value in node.items():
+            sub = properties.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                yield from _quantity_values(value, sub, definitions, depth + 1)
+    elif isinstance(node, list) and isinstance(schema.get("items"), dict):
+        for value in node:
+            yield from _quantity_values(value, schema["items"], definitions, depth + 1)
+
+
+def check_quantities(obj, rt, kube_version):
+    """A quantity that does not parse fails decoding, before validation: 400 as the real
+    server answers it."""
+    definitions = upstream_definitions(kube_version)
+    name = definition_name(kube_version, rt)
+    if name is None:
+        return
+    for value in _quantity_values(obj, {"$ref": name}, definitions):
+        if isinstance(value, str) and not QUANTITY_PATTERN.match(value.strip()):
+            raise bad_request(f"{rt.kind} in version \"{rt.version}\" cannot be handled as a "
+                              f"{rt.kind}: quantities must match the regular expression "
+                              f"'{QUANTITY_PATTERN.pattern}' (got {value!r})")
+
+
+@functools.lru_cache(maxsize=None)
+def upstream_definitions(kube_version):
+    """{name: schema} of every upstream type (the non-strict schemas)."""
+    return json.loads((schema_dir(kube_version, strict=False) / "_definitions.json")
+                      .read_text())["$defs"]
+
+
+@functools.lru_cache(maxsize=None)
+def definition_name(kube_version, rt):
+    """The upstream type name of rt's kind ('io.k8s.api.core.v1.Pod'), or None."""
+    definitions = upstream_definitions(kube_version)
+    gvk = {"group": rt.group, "kind": rt.kind, "version": rt.version}
+    return next((name for name, schema in definitions.items()
+                 if gvk in schema.get("x-kubernetes-group-version-kind", [])), None)
+
+
+def unknown_fields(obj, rt, kube_version):
+    """Paths (tuples) of the fields of obj that the schema of rt does not declare."""
+    try:
+        validator = _validator(kube_version, rt.kind, rt.group, rt.version)
+    except FileNotFoundError:  # no schema for this kind: nothing is known to be unknown
+        return []
+    paths = []
+    for error in validator.iter_errors(obj):
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            declared = set(error.schema.get("properties", {}))
+            paths += [tuple(error.absolute_path) + (name,)
+                      for name in sorted(set(error.instance) - declared)]
+    return paths
+
+
+def field_path(path):
+    """('spec', 'devices', 0, 'bogus') -> 'spec.devices[0].bogus'."""
+    return _field_path("", path)
 
 
 class Validator:
     def __init__(self, kube_version=None, enabled=True):
         self.kube_version = kube_version or available_kube_versions()[-1]
         self.enabled = enabled
+
+    def decode(self, obj, rt):
+        """What decoding checks before validation: unknown field paths (the caller drops,
+        warns or refuses by the request's fieldValidation); bad quantities raise 400."""
+        if not self.enabled:
+            return []
+        check_quantities(obj, rt, self.kube_version)
+        return unknown_fields(obj, rt, self.kube_version)
 
     def errors(self, obj, rt):
         """Every FieldError for obj; schemas are applied to resource.k8s.io objects only."""

@@ -1,4 +1,6 @@
 import json
+import urllib.error
+import urllib.request
 
 import pytest
 from kubernetes import client
@@ -21,9 +23,39 @@ def refused_fields(dyn, body):
     return [cause["field"] for cause in status["details"]["causes"]]
 
 
+def post(emu, path, body, query=""):
+    """(code, headers, answer) of a raw POST: the clients refuse unknown fields themselves."""
+    request = urllib.request.Request(f"{emu.url}{path}?{query}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request) as answer:
+            return answer.status, answer.headers, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, json.loads(error.read())
+
+
+def test_unknown_fields_follow_field_validation(emu):
+    """As the real server: Strict refuses (400), Warn (the default) and Ignore drop the field,
+    Warn with a Warning header naming it."""
+    slices = "/apis/resource.k8s.io/v1/resourceslices"
+
+    def create(name, query=""):
+        return post(emu, slices, slice_body(name, devices=[{"name": "gpu-0", "bogus": 1}]), query)
+
+    code, _, answer = create("strict", "fieldValidation=Strict")
+    assert (code, answer["reason"]) == (400, "BadRequest")
+    assert answer["message"] == 'strict decoding error: unknown field "spec.devices[0].bogus"'
+    for name, query, warned in (("warn", "fieldValidation=Warn", True), ("default", "", True),
+                                ("ignore", "fieldValidation=Ignore", False)):
+        code, headers, stored = create(name, query)
+        assert code == 201 and stored["spec"]["devices"] == [{"name": "gpu-0"}]
+        assert headers.get_all("Warning") == (
+            ['299 - "unknown field \\"spec.devices[0].bogus\\""'] if warned else None), name
+    code, _, answer = create("bad", "fieldValidation=Loose")
+    assert code == 400 and "fieldValidation parameter 'Loose'" in answer["message"]
+
+
 def test_schema_errors_name_the_field(dyn):
-    unknown = slice_body(devices=[{"name": "gpu-0", "bogus": 1}])
-    assert refused_fields(dyn, unknown) == ["spec.devices[0].bogus"]
     wrong_type = slice_body()
     wrong_type["spec"]["pool"]["generation"] = "one"
     assert refused_fields(dyn, wrong_type) == ["spec.pool.generation"]
