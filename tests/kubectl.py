@@ -17,13 +17,15 @@ needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not on PA
 
 
 class Kubectl:
-    def __init__(self, workdir: Path, server: str = "http://127.0.0.1:1"):
-        """server: the API server the kubeconfig names (the default is never reachable,
-        for commands that must not talk to one, such as `kubectl kustomize`)."""
+    def __init__(self, workdir: Path, server: str = "http://127.0.0.1:1", kubeconfig=None):
+        """kubeconfig: one the test had written (`gpushare-dra emulator --kubeconfig-out`);
+        else one is written here naming server (the default is never reachable, for
+        commands that must not talk to one, such as `kubectl kustomize`)."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.kubeconfig = self.workdir / "kubeconfig"
-        write_kubeconfig(self.kubeconfig, server)
+        if kubeconfig is None:
+            kubeconfig = write_kubeconfig(self.workdir / "kubeconfig", server)
+        self.kubeconfig = Path(kubeconfig)
         self.env = {"PATH": os.environ.get("PATH", ""), "HOME": str(self.workdir),
                     "KUBECONFIG": str(self.kubeconfig), "LANG": "C"}
 

@@ -79,7 +79,7 @@ def strategic_merge_patch(target, patch, path=()):
             if isinstance(result.get(name), list):
                 result[name] = [v for v in result[name] if v not in value]
             continue
-        if key.startswith("$"):  # $setElementOrder/..., $retainKeys: order and pruning hints
+        if key.startswith("$"):  # $setElementOrder/ is applied below; $retainKeys: a hint
             continue
         if value is None or (isinstance(value, dict) and value.get("$patch") == "delete"):
             result.pop(key, None)
@@ -88,7 +88,22 @@ def strategic_merge_patch(target, patch, path=()):
             result[key] = _merge_list(result[key], value, _list_keys(field_path), field_path)
         else:
             result[key] = strategic_merge_patch(result.get(key), value, field_path)
+    for key, order in patch.items():
+        name = key.removeprefix("$setElementOrder/")
+        if name != key and isinstance(result.get(name), list) and isinstance(order, list):
+            result[name] = _set_element_order(result[name], order)
     return result
+
+
+def _set_element_order(items, order):
+    """items in the order the patch lists them (by merge key, or value for scalars); items
+    it does not list keep their place after them."""
+    def matches(item, wanted):
+        if isinstance(wanted, dict) and isinstance(item, dict):
+            return all(item.get(k) == v for k, v in wanted.items())
+        return item == wanted
+    ordered = [item for wanted in order for item in items if matches(item, wanted)]
+    return ordered + [item for item in items if not any(item is o for o in ordered)]
 
 
 def _pointer_parts(pointer):
