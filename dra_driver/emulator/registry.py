@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from . import features
 from .errors import ApiError, bad_request, conflict, invalid, FieldError
 from .patch import APPLY_PATCH, apply_patch, strategic_merge_patch
+from .resources import RESOURCE_TYPES
 from .store import Store
 from .validation import field_path
 
@@ -202,7 +203,17 @@ class Registry:
     def update(self, rt, namespace, name, body, subresource=None, write=None):
         write = write or Write()
         compute = self._updater(rt, namespace, name, lambda old: body, subresource, write)
-        return self.store.update(rt, namespace, name, compute, dry_run=write.dry_run)
+        return self._gone_after(rt, self.store.update(rt, namespace, name, compute,
+                                                      dry_run=write.dry_run), write)
+
+    def _gone_after(self, rt, result, write):
+        """An update that removed the last finalizer of a deleted object deleted it: its
+        dependents are collected as after a delete."""
+        metadata = result["metadata"]
+        if not write.dry_run and metadata.get("deletionTimestamp") and \
+                not self.store.exists(rt, metadata.get("namespace", ""), metadata["name"]):
+            self.collect_garbage(metadata["uid"])
+        return result
 
     def patch(self, rt, namespace, name, content_type, patch, subresource=None, write=None):
         write = write or Write()
@@ -211,7 +222,8 @@ class Registry:
         compute = self._updater(rt, namespace, name,
                                 lambda old: apply_patch(content_type, old, patch), subresource,
                                 write)
-        return self.store.update(rt, namespace, name, compute, dry_run=write.dry_run)
+        return self._gone_after(rt, self.store.update(rt, namespace, name, compute,
+                                                      dry_run=write.dry_run), write)
 
     def apply(self, rt, namespace, name, applied, subresource, write):
         """Server-side apply, simply: the applied configuration is merged into the object
@@ -283,7 +295,6 @@ class Registry:
     def collect_garbage(self, owner_uid, orphan=False):
         """What the garbage collector does once an owner is gone: each dependent loses its
         reference to it, and a dependent left with no owner is deleted (orphan: kept)."""
-        from .resources import RESOURCE_TYPES
         for rt in RESOURCE_TYPES:
             for obj in self.store.all(rt):
                 refs = obj["metadata"].get("ownerReferences") or []

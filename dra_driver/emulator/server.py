@@ -258,7 +258,10 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             result = registry.patch(rt, namespace, name, self.headers.get("Content-Type"), body,
                                     subresource, write)
         elif method == "DELETE" and subresource is None:
-            result = registry.delete(rt, namespace, name, body, write)
+            options = dict(body or {})  # DeleteOptions come as a body or as query parameters
+            if query.get("propagationPolicy"):
+                options["propagationPolicy"] = query["propagationPolicy"]
+            result = registry.delete(rt, namespace, name, options, write)
         else:
             raise ApiError(405, "method not allowed", "MethodNotAllowed")
         code = 201 if write.created else 200  # an apply that created the object

@@ -244,43 +244,52 @@ QUANTITY_DEFINITION = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 QUANTITY_PATTERN = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 
 
-def _quantity_values(node, schema, definitions, depth=0):
-    """Every value in node that its schema types as a Quantity."""
-    if depth > 40 or node is None:
-        return
+def _walk(node, schema, definitions, path=()):
+    """(path, "unknown") for each field the schema does not declare (where it declares
+    properties: the strict schemas refuse exactly these) and (path, value) for each value it
+    types as a Quantity. A walk of the object, far cheaper than a jsonschema pass."""
     while isinstance(schema, dict) and ("$ref" in schema or "allOf" in schema):
-        ref = schema.get("$ref") or schema["allOf"][0].get("$ref", "")
-        name = ref.rsplit("/", 1)[-1]
+        name = (schema.get("$ref") or schema["allOf"][0].get("$ref", "")).rsplit("/", 1)[-1]
         if name == QUANTITY_DEFINITION:
-            yield node
+            yield path, node
             return
         schema = definitions.get(name)
-    if not isinstance(schema, dict):
+    if not isinstance(schema, dict) or node is None:
         return
     if isinstance(node, dict):
-        properties = schema.get("properties") or {}
+        properties = schema.get("properties")
         extra = schema.get("additionalProperties")
         for key, value in node.items():
-            sub = properties.get(key, extra if isinstance(extra, dict) else None)
-            if sub is not None:
-                yield from _quantity_values(value, sub, definitions, depth + 1)
+            if properties is not None and key in properties:
+                yield from _walk(value, properties[key], definitions, path + (key,))
+            elif isinstance(extra, dict):
+                yield from _walk(value, extra, definitions, path + (key,))
+            elif properties is not None:
+                yield path + (key,), UNKNOWN
     elif isinstance(node, list) and isinstance(schema.get("items"), dict):
-        for value in node:
-            yield from _quantity_values(value, schema["items"], definitions, depth + 1)
+        for i, value in enumerate(node):
+            yield from _walk(value, schema["items"], definitions, path + (i,))
 
 
-def check_quantities(obj, rt, kube_version):
-    """A quantity that does not parse fails decoding, before validation: 400 as the real
-    server answers it."""
-    definitions = upstream_definitions(kube_version)
+UNKNOWN = object()
+
+
+def decode_problems(obj, rt, kube_version):
+    """Paths of unknown fields in obj; a quantity that does not parse raises 400, as the real
+    server's decoding does before validation."""
     name = definition_name(kube_version, rt)
-    if name is None:
-        return
-    for value in _quantity_values(obj, {"$ref": name}, definitions):
-        if isinstance(value, str) and not QUANTITY_PATTERN.match(value.strip()):
+    if name is None:  # no schema for this kind: nothing is known to be unknown
+        return []
+    unknown = []
+    for path, value in _walk(obj, {"$ref": name}, upstream_definitions(kube_version)):
+        if value is UNKNOWN:
+            unknown.append(path)
+        elif isinstance(value, str) and not QUANTITY_PATTERN.match(value.strip()):
             raise bad_request(f"{rt.kind} in version \"{rt.version}\" cannot be handled as a "
                               f"{rt.kind}: quantities must match the regular expression "
-                              f"'{QUANTITY_PATTERN.pattern}' (got {value!r})")
+                              f"'{QUANTITY_PATTERN.pattern}' (got {value!r} at "
+                              f"{field_path(path)})")
+    return unknown
 
 
 @functools.lru_cache(maxsize=None)
@@ -299,21 +308,6 @@ def definition_name(kube_version, rt):
                  if gvk in schema.get("x-kubernetes-group-version-kind", [])), None)
 
 
-def unknown_fields(obj, rt, kube_version):
-    """Paths (tuples) of the fields of obj that the schema of rt does not declare."""
-    try:
-        validator = _validator(kube_version, rt.kind, rt.group, rt.version)
-    except FileNotFoundError:  # no schema for this kind: nothing is known to be unknown
-        return []
-    paths = []
-    for error in validator.iter_errors(obj):
-        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-            declared = set(error.schema.get("properties", {}))
-            paths += [tuple(error.absolute_path) + (name,)
-                      for name in sorted(set(error.instance) - declared)]
-    return paths
-
-
 def field_path(path):
     """('spec', 'devices', 0, 'bogus') -> 'spec.devices[0].bogus'."""
     return _field_path("", path)
@@ -329,8 +323,7 @@ class Validator:
         warns or refuses by the request's fieldValidation); bad quantities raise 400."""
         if not self.enabled:
             return []
-        check_quantities(obj, rt, self.kube_version)
-        return unknown_fields(obj, rt, self.kube_version)
+        return decode_problems(obj, rt, self.kube_version)
 
     def errors(self, obj, rt):
         """Every FieldError for obj; schemas are applied to resource.k8s.io objects only."""

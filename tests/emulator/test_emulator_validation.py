@@ -1,11 +1,9 @@
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 from kubernetes import client
 
-from .emutest import claim_body, slice_body
+from .emutest import claim_body, http, slice_body
 from dra_driver.emulator import ApiEmulator
 
 
@@ -23,24 +21,14 @@ def refused_fields(dyn, body):
     return [cause["field"] for cause in status["details"]["causes"]]
 
 
-def post(emu, path, body, query=""):
-    """(code, headers, answer) of a raw POST: the clients refuse unknown fields themselves."""
-    request = urllib.request.Request(f"{emu.url}{path}?{query}", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(request) as answer:
-            return answer.status, answer.headers, json.loads(answer.read())
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers, json.loads(error.read())
-
-
 def test_unknown_fields_follow_field_validation(emu):
     """As the real server: Strict refuses (400), Warn (the default) and Ignore drop the field,
     Warn with a Warning header naming it."""
     slices = "/apis/resource.k8s.io/v1/resourceslices"
 
     def create(name, query=""):
-        return post(emu, slices, slice_body(name, devices=[{"name": "gpu-0", "bogus": 1}]), query)
+        return http(emu, "POST", f"{slices}?{query}",
+                    slice_body(name, devices=[{"name": "gpu-0", "bogus": 1}]))
 
     code, _, answer = create("strict", "fieldValidation=Strict")
     assert (code, answer["reason"]) == (400, "BadRequest")
