@@ -29,10 +29,18 @@ class Kubectl:
         self.env = {"PATH": os.environ.get("PATH", ""), "HOME": str(self.workdir),
                     "KUBECONFIG": str(self.kubeconfig), "LANG": "C"}
 
+    def command(self, *args) -> list[str]:
+        return [KUBECTL, f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.workdir / 'cache'}",
+                *map(str, args)]
+
+    def popen(self, *args) -> subprocess.Popen:
+        """kubectl ARGS running on (`get -w`), its stdout a text pipe."""
+        return subprocess.Popen(self.command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=self.env, cwd=self.workdir)
+
     def run(self, *args, input=None, check=True, timeout=60):
         """kubectl ARGS; returns the CompletedProcess (stdout and stderr as text)."""
-        cmd = [KUBECTL, f"--kubeconfig={self.kubeconfig}",
-               f"--cache-dir={self.workdir / 'cache'}", *map(str, args)]
+        cmd = self.command(*args)
         out = subprocess.run(cmd, input=input, capture_output=True, text=True, env=self.env,
                              timeout=timeout, cwd=self.workdir)
         if check and out.returncode != 0:

@@ -11,6 +11,7 @@ from . import features
 from .errors import ApiError, bad_request, conflict, invalid, FieldError
 from .patch import APPLY_PATCH, apply_patch, strategic_merge_patch
 from .resources import RESOURCE_TYPES
+from .selectors import Selection
 from .store import Store
 from .validation import field_path
 
@@ -19,7 +20,8 @@ GENERATE_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 GENERATE_NAME_SUFFIX_LENGTH = 5
 
 # What the real create strategies do with a client-supplied status.
-STATUS_ON_CREATE = {"ResourceClaim": None, "Pod": {"phase": "Pending"}}
+STATUS_ON_CREATE = {"ResourceClaim": None, "Pod": {"phase": "Pending"},
+                    "Namespace": {"phase": "Active"}}
 
 # Metadata that only the server sets; updates keep the stored values.
 SERVER_OWNED_METADATA = ("uid", "creationTimestamp", "generation", "deletionTimestamp",
@@ -287,6 +289,11 @@ class Registry:
                                         "deletionGracePeriodSeconds": 0}}
 
         result = self.store.delete(rt, namespace, name, mark_deleted, check, dry_run=dry_run)
+        if rt.kind == "Namespace" and rt.group == "" and not dry_run:
+            # What the namespace controller does: everything in the namespace goes with it.
+            for contained in RESOURCE_TYPES:
+                if contained.namespaced:
+                    self.delete_collection(contained, name, Selection(contained, "", ""))
         if not dry_run and not self.store.exists(rt, namespace, name):
             self.collect_garbage(result["metadata"]["uid"],
                                  orphan=(options or {}).get("propagationPolicy") == "Orphan")

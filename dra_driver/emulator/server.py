@@ -232,7 +232,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             selection = Selection(rt, query.get("labelSelector", ""),
                                   query.get("fieldSelector", ""))
             if method == "GET" and is_watch:
-                return self._watch(rt, namespace, selection, query)
+                return self._watch(rt, namespace, selection, query, table)
             if method == "GET":
                 listed = self._list(rt, namespace, selection, query)
                 if table:
@@ -287,7 +287,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
 
     # --- watch --------------------------------------------------------------------------
 
-    def _watch(self, rt, namespace, selection, query):
+    def _watch(self, rt, namespace, selection, query, table=False):
         emulator = self.server.emulator
         rv_text = query.get("resourceVersion", "")
         try:
@@ -312,7 +312,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             emulator.store.request_bookmark(sub, {"k8s.io/initial-events-end": "true"})
         try:
             self._start_chunked()
-            self._stream_events(sub, timeout, bookmarks)
+            self._stream_events(sub, timeout, bookmarks, rt if table else None,
+                                query.get("includeObject", "PartialObjectMetadata"))
             self._write_chunk(None)
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
@@ -320,7 +321,9 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             emulator.store.unsubscribe(sub)
         return 200
 
-    def _stream_events(self, sub, timeout, bookmarks):
+    def _stream_events(self, sub, timeout, bookmarks, table_rt=None, include_object=None):
+        """Events until the timeout or the client goes; table_rt: each object as a one-row
+        Table of that type (`kubectl get -w`)."""
         emulator = self.server.emulator
         start = time.monotonic()
         deadline = start + timeout if timeout else None
@@ -347,6 +350,9 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             if event is CLOSE or emulator.stopping:
                 return
             event_type, obj = event
+            if table_rt is not None and event_type != "BOOKMARK":
+                obj = tables.table(table_rt, [obj], {"resourceVersion": obj["metadata"].get(
+                    "resourceVersion", "")}, include_object)
             self._write_chunk({"type": event_type, "object": obj})
 
     def _client_gone(self):

@@ -90,6 +90,8 @@ PRINTERS = {
                        _column("Driver", "The driver that publishes the slice."),
                        _column("Pool", "The pool that the slice belongs to.")], _slice_cells),
     "DeviceClass": ([], lambda o: []),
+    "Namespace": ([_column("Status", "The status of the namespace")],
+                  lambda o: [(o.get("status") or {}).get("phase", "")]),
     "Pod": ([_column("Ready", "The aggregate readiness state of this pod for accepting "
                               "traffic."),
              _column("Status", "The aggregate status of the containers in this pod."),

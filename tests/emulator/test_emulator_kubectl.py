@@ -8,6 +8,7 @@ each, so the steps share one emulator and batch what they can.
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -139,6 +140,22 @@ def test_get_prints_the_real_servers_columns(kubectl, deployed):
     assert pods["trainer"]["RESTARTS"] == "0" and pods["trainer"]["AGE"].endswith(("s", "m"))
 
 
+def test_get_watch_prints_rows_as_they_change(kubectl, deployed):
+    watch = kubectl.popen("get", "resourceclaim", "whole-gpu", "-w")
+    guard = threading.Timer(60, watch.kill)  # a watch that never prints must not hang the suite
+    guard.start()
+    try:
+        lines = [watch.stdout.readline() for _ in range(2)]  # the header and the claim
+        kubectl("label", "resourceclaim", "whole-gpu", "watched=yes")
+        lines.append(watch.stdout.readline())
+    finally:
+        guard.cancel()
+        watch.kill()
+        watch.wait()
+    assert lines[0].split() == ["NAME", "STATE", "AGE"]
+    assert [line.split()[:2] for line in lines[1:]] == [["whole-gpu", "pending"]] * 2
+
+
 def test_explain(kubectl):
     out = kubectl("explain", "resourceclaim.spec.devices.requests.exactly")
     assert "KIND:       ResourceClaim" in out and "VERSION:    v1" in out
@@ -217,3 +234,14 @@ def test_deleting_a_node_collects_its_slices(kubectl, deployed):
     assert kubectl("get", "resourceslices", "-o", "name").split() == ["resourceslice.resource.k8s.io/node-a-gpushare.dev"]
     kubectl("delete", "node", "node-a")
     assert kubectl("get", "resourceslices", "-o", "name") == ""
+
+
+def test_uninstall(kubectl, deployed):
+    assert kubectl("get", "all", "-n", "gpushare-system", "-o", "name").split() == [
+        "daemonset.apps/gpushare-kubelet-plugin"]
+    # The namespace goes first and takes what is in it (at once here, where a real server
+    # takes a moment): hence --ignore-not-found.
+    kubectl("delete", "-k", DEPLOY / "overlays" / "mock", "--ignore-not-found")
+    left = kubectl("get", "namespaces,serviceaccounts,daemonsets,clusterroles,clusterrolebindings,deviceclasses",
+                   "-A", "-o", "name")
+    assert left == ""
