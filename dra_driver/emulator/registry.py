@@ -256,7 +256,9 @@ class Registry:
                         _drop_path(body, path)
                     except (KeyError, TypeError, IndexError):  # went with its parent
                         pass
-                body["metadata"]["managedFields"] = others + [entry]
+                unchanged = mine and mine[0].get("fieldsV1") == fields
+                # The same fields again keep their entry (and time): a no-op apply writes nothing.
+                body["metadata"]["managedFields"] = others + [mine[0] if unchanged else entry]
                 return body
             compute = self._updater(rt, namespace, name, make_body, subresource, write)
             return self.store.update(rt, namespace, name, compute, dry_run=write.dry_run)

@@ -99,6 +99,8 @@ def test_server_side_apply(emu, resource):
     assert code == 200 and updated["metadata"]["labels"] == {"team": "a", "owner": "b"}
     assert sorted(m["manager"] for m in updated["metadata"]["managedFields"]) == ["b", "ops"]
     assert resource.read_namespaced_resource_claim("applied", "ns1").spec.devices.requests[0].name == "gpu"
+    code, _, again = apply(emu, f"{CLAIMS}/applied", body)
+    assert code == 200 and again["metadata"]["resourceVersion"] == updated["metadata"]["resourceVersion"]
 
 
 def test_claim_spec_is_immutable(emu, resource):
