@@ -8,6 +8,7 @@ import re
 
 import jsonschema
 import kubernetes_validate
+from kubernetes.utils import parse_quantity
 from referencing import Registry, Resource
 
 from ..allocator.cel import compile_error
@@ -242,10 +243,11 @@ def semantic_errors(obj, rt):
 
 QUANTITY_DEFINITION = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 QUANTITY_PATTERN = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+UNKNOWN = object()  # what _walk yields for a field the schema does not declare
 
 
 def _walk(node, schema, definitions, path=()):
-    """(path, "unknown") for each field the schema does not declare (where it declares
+    """(path, UNKNOWN) for each field the schema does not declare (where it declares
     properties: the strict schemas refuse exactly these) and (path, value) for each value it
     types as a Quantity. A walk of the object, far cheaper than a jsonschema pass."""
     while isinstance(schema, dict) and ("$ref" in schema or "allOf" in schema):
@@ -271,7 +273,14 @@ def _walk(node, schema, definitions, path=()):
             yield from _walk(value, schema["items"], definitions, path + (i,))
 
 
-UNKNOWN = object()
+def _is_quantity(text):
+    if not QUANTITY_PATTERN.match(text.strip()):
+        return False
+    try:
+        parse_quantity(text.strip())
+    except (ValueError, ArithmeticError):
+        return False
+    return True
 
 
 def decode_problems(obj, rt, kube_version):
@@ -284,7 +293,7 @@ def decode_problems(obj, rt, kube_version):
     for path, value in _walk(obj, {"$ref": name}, upstream_definitions(kube_version)):
         if value is UNKNOWN:
             unknown.append(path)
-        elif isinstance(value, str) and not QUANTITY_PATTERN.match(value.strip()):
+        elif isinstance(value, str) and not _is_quantity(value):
             raise bad_request(f"{rt.kind} in version \"{rt.version}\" cannot be handled as a "
                               f"{rt.kind}: quantities must match the regular expression "
                               f"'{QUANTITY_PATTERN.pattern}' (got {value!r} at "
