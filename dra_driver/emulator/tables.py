@@ -81,6 +81,28 @@ def _slice_cells(slice_obj):
             (spec.get("pool") or {}).get("name", "")]
 
 
+def _node_cells(node):
+    conditions = {c.get("type"): c.get("status") for c in
+                  (node.get("status") or {}).get("conditions") or []}
+    status = {"True": "Ready", "False": "NotReady"}.get(conditions.get("Ready"), "Unknown")
+    if (node.get("spec") or {}).get("unschedulable"):
+        status += ",SchedulingDisabled"
+    prefix = "node-role.kubernetes.io/"
+    roles = sorted(k[len(prefix):] for k in node["metadata"].get("labels") or {}
+                   if k.startswith(prefix))
+    version = ((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", "")
+    return [status, ",".join(roles) or "<none>"], [version]
+
+
+def _daemonset_cells(ds):
+    status = ds.get("status") or {}
+    selector = ((ds.get("spec") or {}).get("template") or {}).get("spec", {}).get("nodeSelector")
+    counts = [int(status.get(f) or 0) for f in (
+        "desiredNumberScheduled", "currentNumberScheduled", "numberReady",
+        "updatedNumberScheduled", "numberAvailable")]
+    return [*counts, ",".join(f"{k}={v}" for k, v in (selector or {}).items()) or "<none>"]
+
+
 # kind -> (columns between NAME and AGE, cells for them)
 PRINTERS = {
     "ResourceClaim": ([_column("State", "A summary of the current state (allocated, pending, "
@@ -92,6 +114,11 @@ PRINTERS = {
     "DeviceClass": ([], lambda o: []),
     "Namespace": ([_column("Status", "The status of the namespace")],
                   lambda o: [(o.get("status") or {}).get("phase", "")]),
+    "DaemonSet": ([_column(n, d, "integer") for n, d in (
+        ("Desired", "The desired number of pods."), ("Current", "The current number of pods."),
+        ("Ready", "The number of pods ready."), ("Up-to-date", "The number of pods updated."),
+        ("Available", "The number of pods available."))]
+        + [_column("Node Selector", "Which nodes are eligible to run pods.")], _daemonset_cells),
     "Pod": ([_column("Ready", "The aggregate readiness state of this pod for accepting "
                               "traffic."),
              _column("Status", "The aggregate status of the containers in this pod."),
@@ -109,7 +136,16 @@ def _partial_metadata(obj):
 def table(rt, objects, list_metadata, include_object="PartialObjectMetadata"):
     """The Table of objects of type rt; kinds without a printer get the server's default
     columns (NAME, CREATED AT)."""
-    if rt.kind in PRINTERS:
+    if rt.kind == "Node":  # the one table with a column after AGE
+        columns = [NAME, _column("Status", "The status of the node"),
+                   _column("Roles", "The roles of the node"), AGE,
+                   _column("Version", "Kubelet Version reported by the node.")]
+
+        def row(o):
+            before, after = _node_cells(o)
+            return [o["metadata"]["name"], *before, age(o["metadata"].get("creationTimestamp")),
+                    *after]
+    elif rt.kind in PRINTERS:
         extra, cells = PRINTERS[rt.kind]
         columns = [NAME, *extra, AGE]
 

@@ -70,7 +70,8 @@ def deployed(kubectl):
 def table(text: str) -> list[dict]:
     """kubectl's table output as rows of {HEADER: cell}."""
     lines = text.strip().splitlines()
-    starts = [i for i, ch in enumerate(lines[0]) if ch != " " and (i == 0 or lines[0][i - 1] == " ")]
+    # Columns are at least three spaces apart; a header may have one inside ("NODE SELECTOR").
+    starts = [i for i, ch in enumerate(lines[0]) if ch != " " and (i == 0 or lines[0][i - 2:i] == "  ")]
     bounds = list(zip(starts, starts[1:] + [None]))
 
     def cells(line):
@@ -138,6 +139,12 @@ def test_get_prints_the_real_servers_columns(kubectl, deployed):
     assert list(pods["trainer"]) == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
     assert pods["trainer"]["READY"] == "0/1" and pods["trainer"]["STATUS"] == "Pending"
     assert pods["trainer"]["RESTARTS"] == "0" and pods["trainer"]["AGE"].endswith(("s", "m"))
+
+
+def test_get_daemonset_prints_its_columns(kubectl, deployed):
+    (row,) = table(kubectl("-n", "gpushare-system", "get", "daemonsets"))
+    assert list(row) == ["NAME", "DESIRED", "CURRENT", "READY", "UP-TO-DATE", "AVAILABLE", "NODE SELECTOR", "AGE"]
+    assert row["NAME"] == "gpushare-kubelet-plugin" and row["NODE SELECTOR"] == "kubernetes.io/os=linux"
 
 
 def test_get_watch_prints_rows_as_they_change(kubectl, deployed):

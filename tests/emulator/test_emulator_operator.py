@@ -72,9 +72,15 @@ def test_tables_have_the_real_servers_columns(emu, resource, core):
     core.create_namespaced_pod("ns1", pod_body())
     columns, rows, _ = table_of(emu, "/api/v1/namespaces/ns1/pods")
     assert columns == ["Name", "Ready", "Status", "Restarts", "Age"] and rows[0][:4] == ["pod-a", "0/1", "Pending", 0]
-    core.create_node({"metadata": {"name": "node-a"}})
-    columns, rows, _ = table_of(emu, "/api/v1/nodes")  # no printer: the server's default
-    assert columns == ["Name", "Created At"] and rows[0][0] == "node-a"
+    http(emu, "POST", "/api/v1/nodes", {
+        "metadata": {"name": "node-a", "labels": {"node-role.kubernetes.io/worker": ""}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": "v1.34.0"}}})
+    columns, rows, _ = table_of(emu, "/api/v1/nodes")
+    assert columns == ["Name", "Status", "Roles", "Age", "Version"]
+    assert rows[0][:3] == ["node-a", "Ready", "worker"] and rows[0][4] == "v1.34.0"
+    http(emu, "POST", "/api/v1/namespaces/ns1/configmaps", {"metadata": {"name": "cm"}})
+    columns, rows, _ = table_of(emu, "/api/v1/namespaces/ns1/configmaps")  # no printer: the default
+    assert columns == ["Name", "Created At"] and rows[0][0] == "cm"
     # Without the Table Accept header: the plain list.
     assert http(emu, "GET", CLAIMS)[2]["kind"] == "ResourceClaimList"
 
