@@ -14,6 +14,8 @@ image="gpushare-dra:dev"
 for tool in docker kind kubectl; do
   command -v "$tool" >/dev/null || { echo "kind-up: $tool is required" >&2; exit 1; }
 done
+# Render first: a manifest kustomize refuses fails here, before minutes of cluster and image work.
+kubectl kustomize deploy/overlays/mock >/dev/null
 
 if ! kind get clusters | grep -qx "$name"; then
   cat <<YAML | kind create cluster --name "$name" --image "$node_image" --config -

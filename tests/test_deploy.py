@@ -1,4 +1,5 @@
-"""deploy/: every manifest, and the DaemonSet as each overlay renders it, is valid Kubernetes."""
+"""deploy/: base and every overlay render with the real `kubectl kustomize`, and every
+rendered object is valid Kubernetes."""
 
 from pathlib import Path
 
@@ -6,54 +7,51 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dra_driver.emulator.patch import strategic_merge_patch
+from .kubectl import Kubectl, needs_kubectl
 
 ROOT = Path(__file__).parents[1]
 DEPLOY = ROOT / "deploy"
 VERSIONS = ["1.34", kubernetes_validate.utils.latest_version()]
+# Every folder with a kustomization: each must render on its own.
+KUSTOMIZATIONS = sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml"))
+MOCK = DEPLOY / "overlays" / "mock"
 
 
 def docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def render(overlay: Path) -> list[dict]:
-    """What `kubectl apply -k` sends: resources, with strategic-merge patches applied by kind and name."""
-    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
-    objects: list[dict] = []
-    for resource in kustomization.get("resources", []):
-        target = (overlay / resource).resolve()
-        objects += render(target) if target.is_dir() else docs(target)
-    for patch in kustomization.get("patches", []):
-        (p,) = docs(overlay / patch["path"])
-        matches = [o for o in objects if (o["kind"], o["metadata"]["name"]) == (p["kind"], p["metadata"]["name"])]
-        assert matches, f"{overlay}: patch {patch['path']} matches no resource"
-        for o in matches:
-            objects[objects.index(o)] = strategic_merge_patch(o, p)
-    return objects
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """{folder: objects}: `kubectl kustomize` of every kustomization folder."""
+    kubectl = Kubectl(tmp_path_factory.mktemp("kubectl"))
+    return {folder: kubectl.objects("kustomize", folder) for folder in KUSTOMIZATIONS}
 
 
-OVERLAYS = [DEPLOY, DEPLOY / "overlays" / "mock"]
+def test_every_overlay_is_found():
+    assert {DEPLOY, DEPLOY / "base", MOCK} <= set(KUSTOMIZATIONS)
 
 
+@needs_kubectl
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_rendered_overlays_are_valid(overlay, version):
-    objects = render(overlay)
+@pytest.mark.parametrize("folder", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_rendered_objects_are_valid(rendered, folder, version):
+    objects = rendered[folder]
     assert {"DaemonSet", "DeviceClass", "ClusterRole", "ServiceAccount", "Namespace"} <= {o["kind"] for o in objects}
     for o in objects:
         kubernetes_validate.validate(o, version, strict=True)
 
 
-def plugin_container(overlay: Path) -> tuple[dict, dict]:
-    (ds,) = [o for o in render(overlay) if o["kind"] == "DaemonSet"]
+def plugin_container(objects: list[dict]) -> tuple[dict, dict]:
+    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
     pod = ds["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     return pod, container
 
 
-def test_daemonset_has_what_the_plugin_needs():
-    pod, plugin = plugin_container(DEPLOY)
+@needs_kubectl
+def test_daemonset_has_what_the_plugin_needs(rendered):
+    pod, plugin = plugin_container(rendered[DEPLOY])
     mounts = {m["mountPath"] for m in plugin["volumeMounts"]}
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi",
             "/var/lib/gpushare", "/opt/gpushare/lib"} <= mounts
@@ -66,18 +64,22 @@ def test_daemonset_has_what_the_plugin_needs():
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
 
-def test_mock_overlay_switches_backend_and_keeps_the_rest():
-    pod, plugin = plugin_container(DEPLOY / "overlays" / "mock")
+@needs_kubectl
+def test_mock_overlay_switches_backend_and_keeps_the_rest(rendered):
+    pod, plugin = plugin_container(rendered[MOCK])
     assert "--device-backend=mock" in plugin["args"] and "--hook-dir=/opt/gpushare/lib" in plugin["args"]
     assert "--with-sim" in pod["initContainers"][0]["args"]
     assert "nvidia.com/gpu.present" not in pod["nodeSelector"]
     env = {e["name"]: e for e in plugin["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void" and "NODE_NAME" in env  # merged, not replaced
     assert plugin["image"] == "gpushare-dra:dev" and plugin["volumeMounts"]
+    # Everything but the DaemonSet is the base's, unchanged.
+    others = [o for o in rendered[MOCK] if o["kind"] != "DaemonSet"]
+    assert others == [o for o in rendered[DEPLOY] if o["kind"] != "DaemonSet"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("path", sorted((DEPLOY / "examples" / "e2e").glob("*.yaml")), ids=lambda p: p.name)
-def test_kind_scenario_manifests_are_valid(path, version):
+@pytest.mark.parametrize("path", sorted((DEPLOY / "examples").rglob("*.yaml")), ids=lambda p: p.name)
+def test_example_manifests_are_valid(path, version):
     for doc in docs(path):
         kubernetes_validate.validate(doc, version, strict=True)

@@ -80,6 +80,16 @@ def _program(expression: str):
         raise SelectorError(f"invalid CEL expression {expression!r}: {e}") from None
 
 
+def compile_error(expression: str) -> str | None:
+    """Why expression does not compile, or None when it does (the API server refuses such a
+    selector on write)."""
+    try:
+        _program(expression)
+    except SelectorError as e:
+        return str(e)
+    return None
+
+
 def _split(qualified: str) -> tuple[str, str]:
     domain, _, name = qualified.rpartition("/")
     return domain, name

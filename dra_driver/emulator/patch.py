@@ -7,6 +7,7 @@ from .errors import ApiError, bad_request
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply: Registry.apply
 
 # Lists that strategic merge patch merges instead of replacing: path -> merge key fields
 # (an empty tuple merges a list of strings as a set). Other lists are replaced.
@@ -68,17 +69,41 @@ def strategic_merge_patch(target, patch, path=()):
     """Merge patch, except that the lists in STRATEGIC_MERGE_KEYS merge by key."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
+    if patch.get("$patch") == "replace":
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
     result = copy.deepcopy(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         field_path = path + (key,)
-        if value is None:
+        if key.startswith("$deleteFromPrimitiveList/"):
+            name = key.split("/", 1)[1]
+            if isinstance(result.get(name), list):
+                result[name] = [v for v in result[name] if v not in value]
+            continue
+        if key.startswith("$"):  # $setElementOrder/ is applied below; $retainKeys: a hint
+            continue
+        if value is None or (isinstance(value, dict) and value.get("$patch") == "delete"):
             result.pop(key, None)
         elif _list_keys(field_path) is not None and isinstance(value, list) \
                 and isinstance(result.get(key), list):
             result[key] = _merge_list(result[key], value, _list_keys(field_path), field_path)
         else:
             result[key] = strategic_merge_patch(result.get(key), value, field_path)
+    for key, order in patch.items():
+        name = key.removeprefix("$setElementOrder/")
+        if name != key and isinstance(result.get(name), list) and isinstance(order, list):
+            result[name] = _set_element_order(result[name], order)
     return result
+
+
+def _set_element_order(items, order):
+    """items in the order the patch lists them (by merge key, or value for scalars); items
+    it does not list keep their place after them."""
+    def matches(item, wanted):
+        if isinstance(wanted, dict) and isinstance(item, dict):
+            return all(item.get(k) == v for k, v in wanted.items())
+        return item == wanted
+    ordered = [item for wanted in order for item in items if matches(item, wanted)]
+    return ordered + [item for item in items if not any(item is o for o in ordered)]
 
 
 def _pointer_parts(pointer):

@@ -1,25 +1,72 @@
 """Object semantics of the generic apiserver registry: defaulting on create, optimistic
 concurrency and status subresource rules on update, patch, delete with finalizers."""
 
+import copy
 import datetime
 import random
 import uuid
+from dataclasses import dataclass, field
 
 from . import features
 from .errors import ApiError, bad_request, conflict, invalid, FieldError
-from .patch import apply_patch
+from .patch import APPLY_PATCH, apply_patch, strategic_merge_patch
+from .resources import RESOURCE_TYPES
+from .selectors import Selection
 from .store import Store
+from .validation import field_path
 
 # Name suffix alphabet and length of generateName, as in k8s.io/apiserver (no vowels).
 GENERATE_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 GENERATE_NAME_SUFFIX_LENGTH = 5
 
 # What the real create strategies do with a client-supplied status.
-STATUS_ON_CREATE = {"ResourceClaim": None, "Pod": {"phase": "Pending"}}
+STATUS_ON_CREATE = {"ResourceClaim": None, "Pod": {"phase": "Pending"},
+                    "Namespace": {"phase": "Active"}}
 
 # Metadata that only the server sets; updates keep the stored values.
 SERVER_OWNED_METADATA = ("uid", "creationTimestamp", "generation", "deletionTimestamp",
                          "deletionGracePeriodSeconds", "namespace", "name")
+
+# Kinds whose spec cannot change after create (the real update validation refuses it).
+IMMUTABLE_SPEC = ("ResourceClaim", "ResourceClaimTemplate")
+FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+
+
+@dataclass
+class Write:
+    """How one write request asks to be handled, and the warnings it collects for the client."""
+    dry_run: bool = False
+    field_validation: str = "Warn"  # the real server's default when the request names none
+    field_manager: str = ""
+    warnings: list = field(default_factory=list)
+    created: bool = False  # set by an apply that created the object
+
+    def __post_init__(self):
+        if self.field_validation not in FIELD_VALIDATION:
+            raise bad_request(f'fieldValidation parameter {self.field_validation!r} is not '
+                              f'supported: use one of "Ignore", "Warn" or "Strict"')
+
+
+def _drop_path(obj, path):
+    node = obj
+    for part in path[:-1]:
+        node = node[part]
+    del node[path[-1]]
+
+
+def managed_fields(obj):
+    """fieldsV1 of an applied configuration: every field it sets (lists are atomic)."""
+    if not isinstance(obj, dict):
+        return {}
+    return {f"f:{k}": managed_fields(v) for k, v in obj.items()
+            if k not in ("apiVersion", "kind") and not (k == "metadata" and v is None)}
+
+
+def _paths(fields, prefix=()):
+    for key, sub in fields.items():
+        path = prefix + (key[2:],)
+        yield path
+        yield from _paths(sub, path)
 
 
 def now_rfc3339():
@@ -59,8 +106,26 @@ class Registry:
                               "namespace sent on the request")
         metadata["namespace"] = namespace
 
-    def _finish(self, rt, obj):
-        """Drop fields of disabled features, then validate (422 on any problem)."""
+    def _decode(self, rt, obj, write):
+        """Unknown fields as the request's fieldValidation asks: refused (Strict, 400),
+        dropped with a warning (Warn) or dropped silently (Ignore)."""
+        unknown = self.validator.decode(obj, rt)
+        if not unknown:
+            return obj
+        names = [f'unknown field "{field_path(p)}"' for p in unknown]
+        if write.field_validation == "Strict":
+            raise bad_request("strict decoding error: " + ", ".join(names))
+        if write.field_validation == "Warn":
+            write.warnings.extend(names)
+        obj = copy.deepcopy(obj)
+        for path in sorted(unknown, key=len, reverse=True):
+            _drop_path(obj, path)
+        return obj
+
+    def _finish(self, rt, obj, write):
+        """Decode (unknown fields, quantities), drop fields of disabled features, then
+        validate (422 on any problem)."""
+        obj = self._decode(rt, obj, write)
         obj = features.drop_disabled_fields(rt, obj, self.consumable_capacity,
                                             self.device_taints)
         errors = self.validator.errors(obj, rt)
@@ -70,7 +135,8 @@ class Registry:
 
     # --- verbs --------------------------------------------------------------------------
 
-    def create(self, rt, namespace, body, dry_run=False):
+    def create(self, rt, namespace, body, write=None):
+        write = write or Write()
         obj = self._check_type_meta(rt, body)
         self._check_namespace(rt, namespace, obj)
         metadata = obj["metadata"]
@@ -90,10 +156,10 @@ class Registry:
             obj.pop("status", None)
             if STATUS_ON_CREATE[rt.kind] is not None:
                 obj["status"] = dict(STATUS_ON_CREATE[rt.kind])
-        obj = self._finish(rt, obj)
-        return self.store.create(rt, obj, dry_run=dry_run)
+        obj = self._finish(rt, obj, write)
+        return self.store.create(rt, obj, dry_run=write.dry_run)
 
-    def _updater(self, rt, namespace, name, make_body, subresource):
+    def _updater(self, rt, namespace, name, make_body, subresource, write):
         """compute(old) for Store.update: builds the new object from make_body(old)."""
         def compute(old):
             body = self._check_type_meta(rt, make_body(old))
@@ -115,9 +181,11 @@ class Registry:
                     new["status"] = body["status"]
             else:
                 new = body
-                for field in SERVER_OWNED_METADATA:
-                    if field in old["metadata"]:
-                        metadata[field] = old["metadata"][field]
+                for name_ in SERVER_OWNED_METADATA:
+                    if name_ in old["metadata"]:
+                        metadata[name_] = old["metadata"][name_]
+                if "managedFields" not in metadata and "managedFields" in old["metadata"]:
+                    metadata["managedFields"] = old["metadata"]["managedFields"]
                 if rt.has_status:  # main resource writes never change status
                     new.pop("status", None)
                     if "status" in old:
@@ -126,20 +194,85 @@ class Registry:
                     metadata["generation"] = old["metadata"].get("generation", 1) + 1
             new["metadata"] = {**new["metadata"],
                                "resourceVersion": old["metadata"]["resourceVersion"]}
-            new = self._finish(rt, new)
+            new = self._finish(rt, new, write)
+            if rt.kind in IMMUTABLE_SPEC and subresource is None \
+                    and new.get("spec") != old.get("spec"):
+                raise invalid(rt, rt.kind, name, [FieldError("spec", "Invalid",
+                                                             "field is immutable")])
             return old if new == old else new
         return compute
 
-    def update(self, rt, namespace, name, body, subresource=None, dry_run=False):
-        compute = self._updater(rt, namespace, name, lambda old: body, subresource)
-        return self.store.update(rt, namespace, name, compute, dry_run=dry_run)
+    def update(self, rt, namespace, name, body, subresource=None, write=None):
+        write = write or Write()
+        compute = self._updater(rt, namespace, name, lambda old: body, subresource, write)
+        return self._gone_after(rt, self.store.update(rt, namespace, name, compute,
+                                                      dry_run=write.dry_run), write)
 
-    def patch(self, rt, namespace, name, content_type, patch, subresource=None, dry_run=False):
+    def _gone_after(self, rt, result, write):
+        """An update that removed the last finalizer of a deleted object deleted it: its
+        dependents are collected as after a delete."""
+        metadata = result["metadata"]
+        if not write.dry_run and metadata.get("deletionTimestamp") and \
+                not self.store.exists(rt, metadata.get("namespace", ""), metadata["name"]):
+            self.collect_garbage(metadata["uid"])
+        return result
+
+    def patch(self, rt, namespace, name, content_type, patch, subresource=None, write=None):
+        write = write or Write()
+        if (content_type or "").split(";")[0].strip().lower() == APPLY_PATCH:
+            return self.apply(rt, namespace, name, patch, subresource, write)
         compute = self._updater(rt, namespace, name,
-                                lambda old: apply_patch(content_type, old, patch), subresource)
-        return self.store.update(rt, namespace, name, compute, dry_run=dry_run)
+                                lambda old: apply_patch(content_type, old, patch), subresource,
+                                write)
+        return self._gone_after(rt, self.store.update(rt, namespace, name, compute,
+                                                      dry_run=write.dry_run), write)
 
-    def delete(self, rt, namespace, name, options=None, dry_run=False):
+    def apply(self, rt, namespace, name, applied, subresource, write):
+        """Server-side apply, simply: the applied configuration is merged into the object
+        (created when missing); fields this manager applied before and no longer applies,
+        and no other manager applied, are removed. No conflict detection."""
+        if not write.field_manager:
+            raise bad_request("PATCH /apply requests require fieldManager")
+        if not isinstance(applied, dict):
+            raise bad_request("the body of an apply patch must be a YAML or JSON object")
+        applied = self._check_type_meta(rt, applied)
+        fields = managed_fields({k: v for k, v in applied.items()
+                                 if k != "status" or subresource == "status"})
+        entry = {"manager": write.field_manager, "operation": "Apply",
+                 "apiVersion": rt.api_version, "time": now_rfc3339(), "fieldsType": "FieldsV1",
+                 "fieldsV1": fields, **({"subresource": subresource} if subresource else {})}
+        if self.store.exists(rt, namespace, name) or subresource:
+            def make_body(old):
+                mine = [m for m in old["metadata"].get("managedFields") or []
+                        if (m.get("manager"), m.get("operation"), m.get("subresource")) ==
+                        (write.field_manager, "Apply", subresource)]
+                others = [m for m in old["metadata"].get("managedFields") or [] if m not in mine]
+                body = strategic_merge_patch(old, applied)
+                kept = set(_paths(fields)).union(
+                    *(_paths(m.get("fieldsV1") or {}) for m in others))
+                dropped = set(_paths(mine[0].get("fieldsV1") or {}) if mine else ()) - kept
+                for path in sorted(dropped, key=len):
+                    try:
+                        _drop_path(body, path)
+                    except (KeyError, TypeError, IndexError):  # went with its parent
+                        pass
+                unchanged = mine and mine[0].get("fieldsV1") == fields
+                # The same fields again keep their entry (and time): a no-op apply writes nothing.
+                body["metadata"]["managedFields"] = others + [mine[0] if unchanged else entry]
+                return body
+            compute = self._updater(rt, namespace, name, make_body, subresource, write)
+            return self.store.update(rt, namespace, name, compute, dry_run=write.dry_run)
+        if applied["metadata"].get("name", name) != name:
+            raise bad_request(f"the name of the object ({applied['metadata']['name']}) does "
+                              f"not match the name on the URL ({name})")
+        applied["metadata"] = {**applied["metadata"], "name": name, "managedFields": [entry]}
+        created = self.create(rt, namespace, applied, write)
+        write.created = True
+        return created
+
+    def delete(self, rt, namespace, name, options=None, write=None):
+        write = write or Write()
+        dry_run = write.dry_run
         preconditions = (options or {}).get("preconditions") or {}
 
         def check(old):
@@ -157,14 +290,43 @@ class Registry:
             return {**old, "metadata": {**old["metadata"], "deletionTimestamp": now_rfc3339(),
                                         "deletionGracePeriodSeconds": 0}}
 
-        return self.store.delete(rt, namespace, name, mark_deleted, check, dry_run=dry_run)
+        result = self.store.delete(rt, namespace, name, mark_deleted, check, dry_run=dry_run)
+        if rt.kind == "Namespace" and rt.group == "" and not dry_run:
+            # What the namespace controller does: everything in the namespace goes with it.
+            for contained in RESOURCE_TYPES:
+                if contained.namespaced:
+                    self.delete_collection(contained, name, Selection(contained, "", ""))
+        if not dry_run and not self.store.exists(rt, namespace, name):
+            self.collect_garbage(result["metadata"]["uid"],
+                                 orphan=(options or {}).get("propagationPolicy") == "Orphan")
+        return result
 
-    def delete_collection(self, rt, namespace, selection, dry_run=False):
+    def collect_garbage(self, owner_uid, orphan=False):
+        """What the garbage collector does once an owner is gone: each dependent loses its
+        reference to it, and a dependent left with no owner is deleted (orphan: kept)."""
+        for rt in RESOURCE_TYPES:
+            for obj in self.store.all(rt):
+                refs = obj["metadata"].get("ownerReferences") or []
+                if not any(r.get("uid") == owner_uid for r in refs):
+                    continue
+                namespace, name = obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+                left = [r for r in refs if r.get("uid") != owner_uid]
+                try:
+                    if left or orphan:
+                        self.patch(rt, namespace, name, "application/merge-patch+json",
+                                   {"metadata": {"ownerReferences": left or None}})
+                    else:
+                        self.delete(rt, namespace, name)
+                except ApiError as error:
+                    if error.code != 404:  # already gone: fine
+                        raise
+
+    def delete_collection(self, rt, namespace, selection, write=None):
         items, _ = self.store.list(rt, namespace, selection)
         for obj in items:
             try:
                 self.delete(rt, obj["metadata"].get("namespace", ""), obj["metadata"]["name"],
-                            dry_run=dry_run)
+                            write=write)
             except ApiError as error:
                 if error.code != 404:  # deleted concurrently: fine
                     raise

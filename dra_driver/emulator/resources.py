@@ -14,6 +14,7 @@ class ResourceType:
     namespaced: bool
     has_status: bool = False
     short_names: tuple = ()
+    categories: tuple = ()  # ("all",): listed by `kubectl get all`
     # Field paths usable in fieldSelector besides metadata.name/namespace, as the real server allows.
     extra_field_selectors: tuple = ()
     verbs: tuple = field(default=(
@@ -37,6 +38,7 @@ RESOURCE_TYPES = (
     ResourceType("", "v1", "nodes", "Node", namespaced=False, has_status=True,
                  short_names=("no",), extra_field_selectors=("spec.unschedulable",)),
     ResourceType("", "v1", "pods", "Pod", namespaced=True, has_status=True, short_names=("po",),
+                 categories=("all",),
                  extra_field_selectors=("spec.nodeName", "spec.schedulerName", "status.phase",
                                         "status.nominatedNodeName")),
     ResourceType("", "v1", "events", "Event", namespaced=True, short_names=("ev",),
@@ -54,6 +56,29 @@ RESOURCE_TYPES = (
                  has_status=True),
     ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate",
                  namespaced=True),
+    # What `kubectl apply -k deploy/` creates besides the above: stored and served generically.
+    ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, has_status=True,
+                 short_names=("ns",), extra_field_selectors=("status.phase",)),
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True,
+                 short_names=("sa",)),
+    ResourceType("", "v1", "services", "Service", namespaced=True, has_status=True,
+                 short_names=("svc",), categories=("all",)),
+    ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True, short_names=("cm",)),
+    ResourceType("apps", "v1", "daemonsets", "DaemonSet", namespaced=True, has_status=True,
+                 short_names=("ds",), categories=("all",)),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole",
+                 namespaced=False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
+                 namespaced=False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding",
+                 namespaced=True),
+    ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
+                 "ValidatingAdmissionPolicy", namespaced=False, has_status=True),
+    ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                 "ValidatingAdmissionPolicyBinding", namespaced=False),
+    ResourceType("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+                 "ValidatingWebhookConfiguration", namespaced=False),
 )
 
 # (group, version, plural) -> ResourceType
@@ -98,6 +123,8 @@ def api_resource_list_doc(group, version):
                  "kind": rt.kind, "verbs": list(rt.verbs)}
         if rt.short_names:
             entry["shortNames"] = list(rt.short_names)
+        if rt.categories:
+            entry["categories"] = list(rt.categories)
         resources.append(entry)
         if rt.has_status:
             resources.append({"name": f"{rt.plural}/status", "singularName": "",

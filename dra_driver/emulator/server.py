@@ -10,8 +10,12 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import resources
+import yaml
+
+from . import openapi, resources, tables
 from .errors import ApiError, bad_request
+from .patch import APPLY_PATCH
+from .registry import Write
 from .requestlog import RequestRecord
 from .selectors import Selection
 from .store import CLOSE
@@ -22,6 +26,8 @@ log = logging.getLogger("dra_driver.emulator")
 WATCH_POLL_SECONDS = 0.5
 PAGE_NOT_FOUND = ApiError(404, "the server could not find the requested resource", "NotFound",
                           {})
+HEALTH_PATHS = ("healthz", "readyz", "livez")
+OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2"
 
 
 class EmulatorHTTPServer(ThreadingHTTPServer):
@@ -81,6 +87,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         path = url.path
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
         is_watch = method == "GET" and _query_flag(query, "watch")
+        self._warnings = []  # Warning headers of the answer (unknown fields under Warn)
         self._record = RequestRecord(method, path, url.query, 500, is_watch)
         status = 500
         try:
@@ -116,17 +123,23 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             return None
         raw = self.rfile.read(length)
         try:
+            if (self.headers.get("Content-Type") or "").startswith(APPLY_PATCH):
+                return yaml.safe_load(raw)  # server-side apply sends YAML (or JSON, a subset)
             return json.loads(raw)
-        except ValueError as error:
+        except (ValueError, yaml.YAMLError) as error:
             raise bad_request(f"couldn't get version/kind; json parse error: {error}")
 
     def _send_json(self, code, payload):
-        data = json.dumps(payload).encode()
+        self._send(code, json.dumps(payload).encode())
+
+    def _send(self, code, data, content_type="application/json"):
         if self._record:  # before the answer: a client that has it must find the request logged
             self._log_request(code)
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        for warning in self._warnings:
+            self.send_header("Warning", '299 - ' + json.dumps(warning))
         self.end_headers()
         self.wfile.write(data)
 
@@ -135,6 +148,11 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
     def _route(self, method, path, query, body, is_watch):
         """Serve one request; returns the HTTP status sent."""
         parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/") if p]
+        if parts and parts[0] in HEALTH_PATHS and method == "GET":
+            self._send(200, b"ok", "text/plain; charset=utf-8")
+            return 200
+        if parts[:1] == ["openapi"] and method == "GET":
+            return self._openapi(parts[1:])
         discovery = self._discovery(parts)
         if discovery is not None:
             if method != "GET":
@@ -164,6 +182,24 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         return self._serve_resource(method, rt, namespace, name, subresource, query, body,
                                     is_watch)
 
+    def _openapi(self, parts):
+        kube_version = self.server.emulator.validator.kube_version
+        if parts == ["v2"]:
+            # Only JSON: clients that insist on the protobuf form are told so (406).
+            if OPENAPI_V2_PROTOBUF in (self.headers.get("Accept") or "") and \
+                    "json" not in (self.headers.get("Accept") or ""):
+                raise ApiError(406, "only application/json is served", "NotAcceptable")
+            self._send(200, openapi.v2(kube_version))
+            return 200
+        if parts == ["v3"]:
+            self._send_json(200, openapi.v3_root(kube_version))
+            return 200
+        document = openapi.v3(kube_version, "/".join(parts[1:])) if parts[:1] == ["v3"] else None
+        if document is None:
+            raise PAGE_NOT_FOUND
+        self._send(200, document)
+        return 200
+
     def _discovery(self, parts):
         """The discovery document for parts, or None when parts is not a discovery path."""
         kube_version = self.server.emulator.validator.kube_version
@@ -188,36 +224,49 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
     def _serve_resource(self, method, rt, namespace, name, subresource, query, body, is_watch):
         emulator = self.server.emulator
         registry = emulator.registry
-        dry_run = query.get("dryRun") == "All"
+        write = Write(dry_run=query.get("dryRun") == "All",
+                      field_validation=query.get("fieldValidation") or "Warn",
+                      field_manager=query.get("fieldManager", ""), warnings=self._warnings)
+        table = method == "GET" and tables.wants_table(self.headers.get("Accept"))
         if name is None:
             selection = Selection(rt, query.get("labelSelector", ""),
                                   query.get("fieldSelector", ""))
             if method == "GET" and is_watch:
-                return self._watch(rt, namespace, selection, query)
+                return self._watch(rt, namespace, selection, query, table)
             if method == "GET":
-                self._send_json(200, self._list(rt, namespace, selection, query))
+                listed = self._list(rt, namespace, selection, query)
+                if table:
+                    listed = tables.table(rt, listed["items"], listed["metadata"],
+                                          query.get("includeObject", "PartialObjectMetadata"))
+                self._send_json(200, listed)
             elif method == "POST":
-                self._send_json(201, registry.create(rt, namespace, body, dry_run=dry_run))
+                self._send_json(201, registry.create(rt, namespace, body, write))
                 return 201
             elif method == "DELETE":
-                self._send_json(200, registry.delete_collection(rt, namespace, selection,
-                                                                dry_run=dry_run))
+                self._send_json(200, registry.delete_collection(rt, namespace, selection, write))
             else:
                 raise ApiError(405, "method not allowed", "MethodNotAllowed")
             return 200
         if method == "GET":
             result = emulator.store.get(rt, namespace, name)
+            if table:
+                result = tables.table(rt, [result], {"resourceVersion": result["metadata"].get(
+                    "resourceVersion", "")}, query.get("includeObject", "PartialObjectMetadata"))
         elif method == "PUT":
-            result = registry.update(rt, namespace, name, body, subresource, dry_run=dry_run)
+            result = registry.update(rt, namespace, name, body, subresource, write)
         elif method == "PATCH":
             result = registry.patch(rt, namespace, name, self.headers.get("Content-Type"), body,
-                                    subresource, dry_run=dry_run)
+                                    subresource, write)
         elif method == "DELETE" and subresource is None:
-            result = registry.delete(rt, namespace, name, body, dry_run=dry_run)
+            options = dict(body or {})  # DeleteOptions come as a body or as query parameters
+            if query.get("propagationPolicy"):
+                options["propagationPolicy"] = query["propagationPolicy"]
+            result = registry.delete(rt, namespace, name, options, write)
         else:
             raise ApiError(405, "method not allowed", "MethodNotAllowed")
-        self._send_json(200, result)
-        return 200
+        code = 201 if write.created else 200  # an apply that created the object
+        self._send_json(code, result)
+        return code
 
     def _list(self, rt, namespace, selection, query):
         items, rv = self.server.emulator.store.list(rt, namespace, selection)
@@ -238,7 +287,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
 
     # --- watch --------------------------------------------------------------------------
 
-    def _watch(self, rt, namespace, selection, query):
+    def _watch(self, rt, namespace, selection, query, table=False):
         emulator = self.server.emulator
         rv_text = query.get("resourceVersion", "")
         try:
@@ -263,7 +312,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             emulator.store.request_bookmark(sub, {"k8s.io/initial-events-end": "true"})
         try:
             self._start_chunked()
-            self._stream_events(sub, timeout, bookmarks)
+            self._stream_events(sub, timeout, bookmarks, rt if table else None,
+                                query.get("includeObject", "PartialObjectMetadata"))
             self._write_chunk(None)
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
@@ -271,7 +321,9 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             emulator.store.unsubscribe(sub)
         return 200
 
-    def _stream_events(self, sub, timeout, bookmarks):
+    def _stream_events(self, sub, timeout, bookmarks, table_rt=None, include_object=None):
+        """Events until the timeout or the client goes; table_rt: each object as a one-row
+        Table of that type (`kubectl get -w`)."""
         emulator = self.server.emulator
         start = time.monotonic()
         deadline = start + timeout if timeout else None
@@ -298,6 +350,9 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             if event is CLOSE or emulator.stopping:
                 return
             event_type, obj = event
+            if table_rt is not None and event_type != "BOOKMARK":
+                obj = tables.table(table_rt, [obj], {"resourceVersion": obj["metadata"].get(
+                    "resourceVersion", "")}, include_object)
             self._write_chunk({"type": event_type, "object": obj})
 
     def _client_gone(self):

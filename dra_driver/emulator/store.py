@@ -74,6 +74,15 @@ class Store:
             raise not_found(rt, name)
         return obj
 
+    def exists(self, rt, namespace, name):
+        with self._lock:
+            return (namespace, name) in self._objects[rt]
+
+    def all(self, rt):
+        """Every stored object of type rt (a snapshot)."""
+        with self._lock:
+            return list(self._objects[rt].values())
+
     def list(self, rt, namespace, selection):
         """(matching objects sorted by namespace/name, list resourceVersion)."""
         with self._lock:

@@ -8,9 +8,11 @@ import re
 
 import jsonschema
 import kubernetes_validate
+from kubernetes.utils import parse_quantity
 from referencing import Registry, Resource
 
-from .errors import FieldError
+from ..allocator.cel import compile_error
+from .errors import FieldError, bad_request
 
 SCHEMA_ROOT = pathlib.Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
 
@@ -40,33 +42,35 @@ def available_kube_versions():
     return [".".join(d[1:].split("-")[0].split(".")[:2]) for d in dirs]
 
 
-def _schema_dir(kube_version):
+def schema_dir(kube_version, strict=True):
+    """The newest schema folder not newer than kube_version; strict ones refuse unknown fields."""
     wanted = tuple(int(p) for p in kube_version.lstrip("v").split(".")[:2])
-    candidates = [d for d in SCHEMA_ROOT.iterdir() if d.name.endswith("-local-strict")
+    suffix = "-local-strict" if strict else "-local"
+    candidates = [d for d in SCHEMA_ROOT.iterdir() if d.name.endswith(suffix)
                   and _version_key(d.name)[:2] <= wanted]
     if not candidates:
         raise ValueError(f"no schemas for Kubernetes {kube_version}")
     return max(candidates, key=lambda d: _version_key(d.name))
 
 
-def _schema_file(schema_dir, kind, group, version):
+def _schema_file(folder, kind, group, version):
     group_prefix = group.split(".")[0] if group else ""
     file_name = f"{kind.lower()}-{group_prefix}-{version}.json" if group else \
         f"{kind.lower()}-{version}.json"
-    return schema_dir / file_name
+    return folder / file_name
 
 
 def kube_versions_with_schemas(resource_types):
     """The available versions that have a schema for every one of resource_types."""
     return [v for v in available_kube_versions()
-            if all(_schema_file(_schema_dir(v), rt.kind, rt.group, rt.version).is_file() for rt in resource_types)]
+            if all(_schema_file(schema_dir(v), rt.kind, rt.group, rt.version).is_file() for rt in resource_types)]
 
 
 @functools.lru_cache(maxsize=None)
 def _validator(kube_version, kind, group, version):
-    schema_dir = _schema_dir(kube_version)
-    schema = json.loads(_schema_file(schema_dir, kind, group, version).read_text())
-    definitions = json.loads((schema_dir / "_definitions.json").read_text())
+    folder = schema_dir(kube_version)
+    schema = json.loads(_schema_file(folder, kind, group, version).read_text())
+    definitions = json.loads((folder / "_definitions.json").read_text())
     registry = Resource.from_contents(schema) @ Registry()
     registry = Resource.from_contents(definitions) @ registry
     return jsonschema.Draft202012Validator(schema, registry=registry)
@@ -178,10 +182,56 @@ def _check_unique_names(items, base, errors):
         seen.add(name)
 
 
+def _selector_errors(selectors, base, errors):
+    """Each CEL selector must compile."""
+    for i, selector in enumerate(selectors if isinstance(selectors, list) else []):
+        expression = ((selector or {}).get("cel") or {}).get("expression")
+        if isinstance(expression, str):
+            problem = compile_error(expression)
+            if problem:
+                errors.append(FieldError(f"{base}[{i}].cel.expression", "Invalid",
+                                         f"compilation failed: {problem}", expression, True))
+
+
+def _device_request_errors(request, base, errors):
+    """An exact request (or one of firstAvailable's): count > 0, selectors that compile."""
+    if not isinstance(request, dict):
+        return
+    count = request.get("count")
+    if request.get("allocationMode", "ExactCount") == "ExactCount" and isinstance(count, int) \
+            and count <= 0:
+        errors.append(FieldError(f"{base}.count", "Invalid", "must be greater than zero", count,
+                                 True))
+    _selector_errors(request.get("selectors"), f"{base}.selectors", errors)
+
+
 def _claim_spec_errors(claim_spec, base):
     errors = []
     requests = ((claim_spec or {}).get("devices") or {}).get("requests") or []
     _check_unique_names(requests, f"{base}.devices.requests", errors)
+    for i, request in enumerate(requests):
+        field = f"{base}.devices.requests[{i}]"
+        _device_request_errors(request.get("exactly"), f"{field}.exactly", errors)
+        for j, sub in enumerate(request.get("firstAvailable") or []):
+            _device_request_errors(sub, f"{field}.firstAvailable[{j}]", errors)
+    return errors
+
+
+def pod_claim_errors(pod):
+    """Containers may only name claims the pod lists in spec.resourceClaims."""
+    spec = pod.get("spec") or {}
+    listed = [c.get("name") for c in spec.get("resourceClaims") or [] if isinstance(c, dict)]
+    errors = []
+    for group in ("initContainers", "containers"):
+        for i, container in enumerate(spec.get(group) or []):
+            claims = ((container or {}).get("resources") or {}).get("claims") or []
+            for j, claim in enumerate(claims):
+                name = (claim or {}).get("name")
+                if name not in listed:
+                    detail = "must be one of the names in pod.spec.resourceClaims"
+                    detail += f": {', '.join(listed)}" if listed else " which is empty"
+                    errors.append(FieldError(f"spec.{group}[{i}].resources.claims[{j}].name",
+                                             "Invalid", detail, name, True))
     return errors
 
 
@@ -192,13 +242,107 @@ def semantic_errors(obj, rt):
         return _claim_spec_errors(obj.get("spec"), "spec")
     if rt.kind == "ResourceClaimTemplate":
         return _claim_spec_errors((obj.get("spec") or {}).get("spec"), "spec.spec")
+    if rt.kind == "DeviceClass":
+        errors = []
+        _selector_errors((obj.get("spec") or {}).get("selectors"), "spec.selectors", errors)
+        return errors
+    if rt.kind == "Pod":
+        return pod_claim_errors(obj)
     return []
+
+
+QUANTITY_DEFINITION = "io.k8s.apimachinery.pkg.api.resource.Quantity"
+QUANTITY_PATTERN = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+UNKNOWN = object()  # what _walk yields for a field the schema does not declare
+
+
+def _walk(node, schema, definitions, path=()):
+    """(path, UNKNOWN) for each field the schema does not declare (where it declares
+    properties: the strict schemas refuse exactly these) and (path, value) for each value it
+    types as a Quantity. A walk of the object, far cheaper than a jsonschema pass."""
+    while isinstance(schema, dict) and ("$ref" in schema or "allOf" in schema):
+        name = (schema.get("$ref") or schema["allOf"][0].get("$ref", "")).rsplit("/", 1)[-1]
+        if name == QUANTITY_DEFINITION:
+            yield path, node
+            return
+        schema = definitions.get(name)
+    if not isinstance(schema, dict) or node is None:
+        return
+    if isinstance(node, dict):
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, value in node.items():
+            if properties is not None and key in properties:
+                yield from _walk(value, properties[key], definitions, path + (key,))
+            elif isinstance(extra, dict):
+                yield from _walk(value, extra, definitions, path + (key,))
+            elif properties is not None:
+                yield path + (key,), UNKNOWN
+    elif isinstance(node, list) and isinstance(schema.get("items"), dict):
+        for i, value in enumerate(node):
+            yield from _walk(value, schema["items"], definitions, path + (i,))
+
+
+def _is_quantity(text):
+    if not QUANTITY_PATTERN.match(text.strip()):
+        return False
+    try:
+        parse_quantity(text.strip())
+    except (ValueError, ArithmeticError):
+        return False
+    return True
+
+
+def decode_problems(obj, rt, kube_version):
+    """Paths of unknown fields in obj; a quantity that does not parse raises 400, as the real
+    server's decoding does before validation."""
+    name = definition_name(kube_version, rt)
+    if name is None:  # no schema for this kind: nothing is known to be unknown
+        return []
+    unknown = []
+    for path, value in _walk(obj, {"$ref": name}, upstream_definitions(kube_version)):
+        if value is UNKNOWN:
+            unknown.append(path)
+        elif isinstance(value, str) and not _is_quantity(value):
+            raise bad_request(f"{rt.kind} in version \"{rt.version}\" cannot be handled as a "
+                              f"{rt.kind}: quantities must match the regular expression "
+                              f"'{QUANTITY_PATTERN.pattern}' (got {value!r} at "
+                              f"{field_path(path)})")
+    return unknown
+
+
+@functools.lru_cache(maxsize=None)
+def upstream_definitions(kube_version):
+    """{name: schema} of every upstream type (the non-strict schemas)."""
+    return json.loads((schema_dir(kube_version, strict=False) / "_definitions.json")
+                      .read_text())["$defs"]
+
+
+@functools.lru_cache(maxsize=None)
+def definition_name(kube_version, rt):
+    """The upstream type name of rt's kind ('io.k8s.api.core.v1.Pod'), or None."""
+    definitions = upstream_definitions(kube_version)
+    gvk = {"group": rt.group, "kind": rt.kind, "version": rt.version}
+    return next((name for name, schema in definitions.items()
+                 if gvk in schema.get("x-kubernetes-group-version-kind", [])), None)
+
+
+def field_path(path):
+    """('spec', 'devices', 0, 'bogus') -> 'spec.devices[0].bogus'."""
+    return _field_path("", path)
 
 
 class Validator:
     def __init__(self, kube_version=None, enabled=True):
         self.kube_version = kube_version or available_kube_versions()[-1]
         self.enabled = enabled
+
+    def decode(self, obj, rt):
+        """What decoding checks before validation: unknown field paths (the caller drops,
+        warns or refuses by the request's fieldValidation); bad quantities raise 400."""
+        if not self.enabled:
+            return []
+        return decode_problems(obj, rt, self.kube_version)
 
     def errors(self, obj, rt):
         """Every FieldError for obj; schemas are applied to resource.k8s.io objects only."""

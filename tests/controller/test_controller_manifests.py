@@ -9,7 +9,7 @@ from kubernetes import client
 from .slicetest import emulator  # noqa: F401 (fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FILES = [ROOT / "deploy/deviceclass.yaml", ROOT / "deploy/rbac.yaml",
+FILES = [ROOT / "deploy/base/deviceclass.yaml", ROOT / "deploy/base/rbac.yaml",
          *sorted((ROOT / "deploy/examples").glob("*.yaml"))]
 VERSIONS = ["1.34", kubernetes_validate.utils.latest_version()]
 
@@ -41,13 +41,13 @@ def test_examples_cover_the_documented_cases():
 
 
 def test_deviceclass_selects_the_driver():
-    [dc] = documents(ROOT / "deploy/deviceclass.yaml")
+    [dc] = documents(ROOT / "deploy/base/deviceclass.yaml")
     assert dc["metadata"]["name"] == "gpushare.dev"
     assert dc["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "gpushare.dev"'}}]
 
 
 def test_rbac_is_least_privilege():
-    [role] = [d for d in documents(ROOT / "deploy/rbac.yaml") if d["kind"] == "ClusterRole"]
+    [role] = [d for d in documents(ROOT / "deploy/base/rbac.yaml") if d["kind"] == "ClusterRole"]
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     assert ("resource.k8s.io", "resourceslices", "watch") in granted

@@ -57,6 +57,6 @@ def test_story_with_the_spec_applied_to_host_processes(tmp_path):
 def test_demo_device_class_is_the_shipped_one():
     import yaml
 
-    shipped = yaml.safe_load((ROOT / "deploy/deviceclass.yaml").read_text())
+    shipped = yaml.safe_load((ROOT / "deploy/base/deviceclass.yaml").read_text())
     assert shipped["spec"]["selectors"] == DEVICE_CLASS["spec"]["selectors"]
     assert shipped["metadata"]["name"] == DEVICE_CLASS["metadata"]["name"]

@@ -257,3 +257,24 @@ def test_strategic_merge_patch_merges_keyed_lists(resource):
     claim = resource.patch_namespaced_resource_claim(
         "claim-a", "ns1", {"metadata": {"finalizers": ["c/z"]}}, _content_type=MERGE)
     assert claim.metadata.finalizers == ["c/z"]
+
+
+def test_strategic_merge_patch_directives():
+    """What kubectl's client-side apply sends: $setElementOrder, $patch, $deleteFromPrimitiveList."""
+    from dra_driver.emulator.patch import strategic_merge_patch
+
+    live = {"spec": {"containers": [{"name": "a", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]},
+                                    {"name": "b"}],
+                     "nodeSelector": {"k": "v"}, "args": ["--one", "--two"]},
+            "metadata": {"finalizers": ["f1", "f2"]}}
+    patch = {"spec": {"$setElementOrder/containers": [{"name": "b"}, {"name": "a"}],
+                      "containers": [{"name": "a", "$setElementOrder/env": [{"name": "Y"}],
+                                      "env": [{"name": "X", "$patch": "delete"}]}],
+                      "nodeSelector": {"$patch": "replace", "other": "w"}},
+             "metadata": {"$deleteFromPrimitiveList/finalizers": ["f1"]}}
+    assert strategic_merge_patch(live, patch) == {
+        "spec": {"containers": [{"name": "b"}, {"name": "a", "env": [{"name": "Y", "value": "2"}]}],
+                 "nodeSelector": {"other": "w"}, "args": ["--one", "--two"]},
+        "metadata": {"finalizers": ["f2"]}}
+    assert strategic_merge_patch(live, {"spec": {"nodeSelector": {"$patch": "delete"}}})["spec"].get(
+        "nodeSelector") is None

@@ -3,7 +3,7 @@ import json
 import pytest
 from kubernetes import client
 
-from .emutest import claim_body, slice_body
+from .emutest import claim_body, http, slice_body
 from dra_driver.emulator import ApiEmulator
 
 
@@ -21,9 +21,29 @@ def refused_fields(dyn, body):
     return [cause["field"] for cause in status["details"]["causes"]]
 
 
+def test_unknown_fields_follow_field_validation(emu):
+    """As the real server: Strict refuses (400), Warn (the default) and Ignore drop the field,
+    Warn with a Warning header naming it."""
+    slices = "/apis/resource.k8s.io/v1/resourceslices"
+
+    def create(name, query=""):
+        return http(emu, "POST", f"{slices}?{query}",
+                    slice_body(name, devices=[{"name": "gpu-0", "bogus": 1}]))
+
+    code, _, answer = create("strict", "fieldValidation=Strict")
+    assert (code, answer["reason"]) == (400, "BadRequest")
+    assert answer["message"] == 'strict decoding error: unknown field "spec.devices[0].bogus"'
+    for name, query, warned in (("warn", "fieldValidation=Warn", True), ("default", "", True),
+                                ("ignore", "fieldValidation=Ignore", False)):
+        code, headers, stored = create(name, query)
+        assert code == 201 and stored["spec"]["devices"] == [{"name": "gpu-0"}]
+        assert headers.get_all("Warning") == (
+            ['299 - "unknown field \\"spec.devices[0].bogus\\""'] if warned else None), name
+    code, _, answer = create("bad", "fieldValidation=Loose")
+    assert code == 400 and "fieldValidation parameter 'Loose'" in answer["message"]
+
+
 def test_schema_errors_name_the_field(dyn):
-    unknown = slice_body(devices=[{"name": "gpu-0", "bogus": 1}])
-    assert refused_fields(dyn, unknown) == ["spec.devices[0].bogus"]
     wrong_type = slice_body()
     wrong_type["spec"]["pool"]["generation"] = "one"
     assert refused_fields(dyn, wrong_type) == ["spec.pool.generation"]
