@@ -82,6 +82,7 @@ class Plugin:
                              os.path.abspath(args.state_dir), os.path.abspath(args.cdi_root), library,
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None)
         self.metrics = Metrics()
+        self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error
         self.agent = Agent(self.driver, self.api, interval=args.agent_interval, enforce=args.enforce,
                            sim=self.driver.sim)
