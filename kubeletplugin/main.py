@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from dra_driver.agent.agent import Agent
 from dra_driver.agent.metrics import AgentCollector
 from dra_driver.discovery import DeviceBackend, make_backend
+from dra_driver.install import LIBRARY_NAME
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.log import get_logger
 
@@ -31,7 +32,6 @@ from .server import RegistrationServicer, add_dra_services
 
 log = get_logger("kubeletplugin")
 
-LIBRARY_NAME = "libgpushare.so"
 GRPC_WORKERS = 32  # the kubelet prepares the claims of many pods in parallel calls
 SHUTDOWN_GRACE_S = 10.0
 LIVENESS_SERVICE = "liveness"  # the service name the DaemonSet's livenessProbe asks for
