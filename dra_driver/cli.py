@@ -129,6 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when NVML shows a claim's processes above its memory limit (memory allocated "
                         "around libgpushare.so): report = Warning Event on the ResourceClaim and a metric; "
                         "kill = also SIGKILL its largest processes on that GPU until the rest fits")
+    g = p.add_argument_group("GPU health")
+    g.add_argument("--health-events", default=True, action=argparse.BooleanOptionalAction,
+                   help="watch NVML XID and ECC events; a critical one taints the GPU's devices and is "
+                        "reported to the kubelet (docs/operations.md, GPU health)")
+    g.add_argument("--unhealthy-taint-effect", default="NoSchedule", choices=("NoSchedule", "NoExecute"),
+                   help="effect of an unhealthy GPU's device taint: NoSchedule keeps new claims off it; "
+                        "NoExecute also evicts the pods using it")
+    g.add_argument("--health-recovery-seconds", type=_positive_float, default=300.0,
+                   help="a GPU marked unhealthy by an event is healthy again after this long without a new "
+                        "critical event, once NVML reaches it with no page retirement or row remapping pending")
     _add_devices(p)
     _add_logging(p)
     p.set_defaults(run=_lazy("kubeletplugin.main", "run"))
