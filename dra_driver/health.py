@@ -54,6 +54,7 @@ class HealthMonitor:
         self.clock = clock
         self.listeners: list[Callable[[], None]] = []  # told when a GPU's health changes
         self._marks: dict[str, tuple[str, float]] = {}  # uuid -> (reason, time of the last critical event)
+        self.critical_events: dict[tuple[str, str], int] = {}  # (uuid, reason) -> count, for metrics
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -125,6 +126,7 @@ class HealthMonitor:
         with self._lock:
             was = self._marks.get(uuid)
             self._marks[uuid] = (reason, self.clock())
+            self.critical_events[uuid, reason] = self.critical_events.get((uuid, reason), 0) + 1
         log.error("GPU unhealthy", gpu=uuid, reason=reason, event_type=hex(event_type), data=data)
         if was is None or was[0] != reason:
             self._notify()
@@ -178,6 +180,29 @@ class HealthMonitor:
                 listener()
             except Exception:
                 log.exception("a GPU health listener failed")
+
+
+class HealthCollector:
+    """Prometheus: GPUs marked unhealthy now, and critical events seen, by GPU and reason."""
+
+    def __init__(self, monitor: HealthMonitor):
+        self.monitor = monitor
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        marked = GaugeMetricFamily("gpushare_gpu_unhealthy", "1 while an NVML event keeps the GPU marked unhealthy",
+                                   labels=["gpu", "reason"])
+        for uuid, reason in sorted(self.monitor.unhealthy().items()):
+            marked.add_metric([uuid, reason], 1)
+        events = CounterMetricFamily("gpushare_gpu_critical_events", "Critical NVML events (XID, double-bit ECC)",
+                                     labels=["gpu", "reason"])
+        with self.monitor._lock:
+            counts = dict(self.monitor.critical_events)
+        for (uuid, reason), n in sorted(counts.items()):
+            events.add_metric([uuid, reason], n)
+        yield marked
+        yield events
 
 
 class HealthAwareBackend:

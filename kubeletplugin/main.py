@@ -22,7 +22,7 @@ from dra_driver.agent.metrics import AgentCollector
 from dra_driver.controller.slices import desired_devices
 from dra_driver.devicemodel import CAPACITY, PARTITION
 from dra_driver.discovery import DeviceBackend, make_backend
-from dra_driver.health import HealthAwareBackend, HealthMonitor
+from dra_driver.health import HealthAwareBackend, HealthCollector, HealthMonitor
 from dra_driver.install import LIBRARY_NAME
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.log import get_logger
@@ -93,6 +93,7 @@ class Plugin:
                            sim=self.driver.sim)
         self.driver.listeners.append(self.agent)
         self.metrics.registry.register(AgentCollector(self.agent))
+        self.metrics.registry.register(HealthCollector(self.gpu_health))
         self.registration = RegistrationServicer(args.driver_name, self.dra_socket)
         self.health = health.HealthServicer()
         self.device_health = DeviceHealthServicer(args.node_name, self._device_health)

@@ -72,8 +72,13 @@ def test_xid_taints_and_reports_then_recovers(api, node_factory):
         assert all(t == [] for d, t in taints(api, "node-a").items() if d not in gpu1)
         wait_for(lambda: all(stream.latest().get(d) == (pb.UNHEALTHY, "XID 79") for d in gpu1), timeout=20)
         assert stream.latest()["gpu-0-share-0"] == (pb.HEALTHY, "")
+        m = node.scrape()
+        uuid = "GPU-5ea1c0de-0000-4000-8000-000000000001"
+        assert m["gpushare_gpu_unhealthy"] == {(("gpu", uuid), ("reason", "XID 79")): 1}
+        assert m["gpushare_gpu_critical_events_total"] == {(("gpu", uuid), ("reason", "XID 79")): 1}
         # quiet for 3 s and the simulated GPU answers: healthy again
         wait_for(lambda: all(t == [] for t in taints(api, "node-a").values()), timeout=30)
         wait_for(lambda: all(stream.latest().get(d) == (pb.HEALTHY, "") for d in gpu1), timeout=20)
+        assert "gpushare_gpu_unhealthy" not in node.scrape()  # no series while every GPU is healthy
     finally:
         stream.close()
