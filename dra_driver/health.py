@@ -54,7 +54,7 @@ class HealthMonitor:
         self.clock = clock
         self.listeners: list[Callable[[], None]] = []  # told when a GPU's health changes
         self._marks: dict[str, tuple[str, float]] = {}  # uuid -> (reason, time of the last critical event)
-        self.critical_events: dict[tuple[str, str], int] = {}  # (uuid, reason) -> count, for metrics
+        self._events: dict[tuple[str, str], int] = {}  # (uuid, reason) -> critical events seen
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -126,7 +126,7 @@ class HealthMonitor:
         with self._lock:
             was = self._marks.get(uuid)
             self._marks[uuid] = (reason, self.clock())
-            self.critical_events[uuid, reason] = self.critical_events.get((uuid, reason), 0) + 1
+            self._events[uuid, reason] = self._events.get((uuid, reason), 0) + 1
         log.error("GPU unhealthy", gpu=uuid, reason=reason, event_type=hex(event_type), data=data)
         if was is None or was[0] != reason:
             self._notify()
@@ -169,6 +169,11 @@ class HealthMonitor:
         with self._lock:
             return {uuid: reason for uuid, (reason, _) in self._marks.items()}
 
+    def critical_events(self) -> dict[tuple[str, str], int]:
+        """(uuid, reason) -> critical events seen since start."""
+        with self._lock:
+            return dict(self._events)
+
     def apply(self, gpus: list[GpuInfo]) -> list[GpuInfo]:
         marks = self.unhealthy()
         return [replace(g, healthy=False, health_reason=marks[g.uuid]) if g.healthy and g.uuid in marks else g
@@ -197,9 +202,7 @@ class HealthCollector:
             marked.add_metric([uuid, reason], 1)
         events = CounterMetricFamily("gpushare_gpu_critical_events", "Critical NVML events (XID, double-bit ECC)",
                                      labels=["gpu", "reason"])
-        with self.monitor._lock:
-            counts = dict(self.monitor.critical_events)
-        for (uuid, reason), n in sorted(counts.items()):
+        for (uuid, reason), n in sorted(self.monitor.critical_events().items()):
             events.add_metric([uuid, reason], n)
         yield marked
         yield events
