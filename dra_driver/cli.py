@@ -142,6 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when NVML shows a claim's processes above its memory limit (memory allocated "
                         "around libgpushare.so): report = Warning Event on the ResourceClaim and a metric; "
                         "kill = also SIGKILL its largest processes on that GPU until the rest fits")
+    g = p.add_argument_group("GPU health")
+    g.add_argument("--health-events", default=True, action=argparse.BooleanOptionalAction,
+                   help="watch NVML XID and ECC events; a critical one taints the GPU's devices and is "
+                        "reported to the kubelet (docs/operations.md, GPU health)")
+    g.add_argument("--unhealthy-taint-effect", default="NoSchedule", choices=("NoSchedule", "NoExecute"),
+                   help="effect of an unhealthy GPU's device taint: NoSchedule keeps new claims off it; "
+                        "NoExecute also evicts the pods using it")
+    g.add_argument("--health-recovery-seconds", type=_positive_float, default=300.0,
+                   help="a GPU marked unhealthy by an event is healthy again after this long without a new "
+                        "critical event, once NVML reaches it with no page retirement or row remapping pending")
     _add_devices(p)
     _add_logging(p)
     p.set_defaults(run=_lazy("kubeletplugin.main", "run"))
@@ -157,12 +167,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_lazy("dra_driver.controller", "run"))
 
     p = sub.add_parser("cleanup", formatter_class=_Formatter,
-                       help="delete this driver's ResourceSlices (uninstall)",
+                       help="delete this driver's ResourceSlices, and with --node-state its node files (uninstall)",
                        description="Delete the ResourceSlices of --driver-name, for --node-name's pool "
                                    "or, with --all-nodes, every pool. The plugin leaves slices in place "
-                                   "on shutdown so a restart never makes pods unschedulable.")
+                                   "on shutdown so a restart never makes pods unschedulable. With "
+                                   "--node-state, also remove the files the plugin keeps on this node "
+                                   "(docs/operations.md, Uninstall).")
     _add_cluster(p)
     p.add_argument("--all-nodes", action="store_true", help="delete the slices of every node's pool")
+    g = p.add_argument_group("node files (run on the node, after the DaemonSet is gone)")
+    g.add_argument("--node-state", action="store_true",
+                   help="also remove this node's files: our CDI specs in --cdi-root, the checkpoint and claim "
+                        "files in --state-dir and, with --hook-dir, the installed libraries")
+    g.add_argument("--keep-slices", action="store_true",
+                   help="do not touch the API server (with --node-state: only the node's files)")
+    g.add_argument("--state-dir", default="/var/lib/gpushare", help="the plugin's --state-dir")
+    g.add_argument("--cdi-root", default="/var/run/cdi", help="the plugin's --cdi-root")
+    g.add_argument("--hook-dir", default=None,
+                   help="the folder install-hook wrote (the DaemonSet: /opt/gpushare/lib); unset: left alone")
+    g.add_argument("--force", action="store_true",
+                   help="remove node files even while claims are still prepared on this node")
     _add_logging(p)
     p.set_defaults(run=_lazy("dra_driver.controller", "run_cleanup"))
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 
 from .log import get_logger
 
 log = get_logger("install-hook")
+
+LIBRARY_NAME = "libgpushare.so"  # the stable name; builds are libgpushare-<sha12>.so beside it
 
 
 def _sha12(path: Path) -> str:
@@ -52,12 +55,47 @@ def install_versioned(source: Path, dest_dir: Path, stable_name: str) -> Path:
     return versioned
 
 
+def _versioned_pattern(stable_name: str) -> re.Pattern:
+    stem, dot, suffix = stable_name.partition(".")
+    return re.compile(rf"^{re.escape(stem)}-[0-9a-f]{{12}}{re.escape(dot + suffix)}$")
+
+
+def prune_versions(dest_dir: Path, stable_name: str, keep: set[str]) -> list[Path]:
+    """Remove the versioned builds of `stable_name` in dest_dir that no path in `keep` names and
+    the stable link does not point at (a newer init container may just have switched it).
+    Returns what was removed; a folder we may not write is left alone (logged)."""
+    keep = {os.path.realpath(k) for k in keep}
+    link = dest_dir / stable_name
+    if link.is_symlink():
+        keep.add(os.path.realpath(link))
+    pattern = _versioned_pattern(stable_name)
+    removed = []
+    try:
+        names = sorted(os.listdir(dest_dir))
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        path = dest_dir / name
+        if not pattern.match(name) or os.path.realpath(path) in keep:
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as e:  # a read-only mount: nothing to prune here, say so once per call
+            log.warning("cannot remove an unused library version", file=str(path), error=str(e))
+            break
+        removed.append(path)
+        log.info("removed a library version no prepared claim uses", file=str(path))
+    return removed
+
+
 def run(args: argparse.Namespace) -> int:
     from .hookpath import native_paths
 
     paths = native_paths()
     dest = Path(args.dest)
-    install_versioned(Path(paths["library"]), dest, "libgpushare.so")
+    install_versioned(Path(paths["library"]), dest, LIBRARY_NAME)
     if args.with_sim:
         # The simulated driver for mock-GPU clusters: installed beside the library.
         for key, name in (("sim_cuda", "libcuda.so.1"), ("sim_nvml", "libnvidia-ml.so.1")):

@@ -46,9 +46,9 @@ def frame(m: dict[str, dict[tuple, float]]) -> str:
                      human_bytes(get("gpushare_claim_memory_limit_bytes", key)),
                      human_bytes(get("gpushare_claim_memory_used_bytes", key)),
                      human_bytes(get("gpushare_claim_memory_nvml_bytes", key)),
-                     f"{get('gpushare_claim_compute_limit_percent', key):.0f}%",
-                     f"{get('gpushare_claim_utilization_percent', key):.1f}%",
-                     f"{get('gpushare_claim_pace_rate_percent', key):.1f}%",
+                     f"{get('gpushare_claim_compute_limit_ratio', key):.0%}",
+                     f"{get('gpushare_claim_utilization_ratio', key):.1%}",
+                     f"{get('gpushare_claim_pace_rate_ratio', key):.1%}",
                      f"{get('gpushare_claim_paced_seconds_total', key):.1f}s",
                      f"{get('gpushare_claim_oom_refusals_total', key):.0f}"))
     widths = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
@@ -56,9 +56,9 @@ def frame(m: dict[str, dict[tuple, float]]) -> str:
     gpus = []
     for key, used in sorted(m.get("gpushare_gpu_memory_used_bytes", {}).items()):
         total = get("gpushare_gpu_memory_total_bytes", key)
-        util = get("gpushare_gpu_utilization_percent", key, None)
+        util = get("gpushare_gpu_utilization_ratio", key, None)
         gpus.append(f"GPU {key[1]} {key[0]}: memory {human_bytes(used)} / {human_bytes(total)}"
-                    + (f", utilization {util:.0f}%" if util is not None else ""))
+                    + (f", utilization {util:.0%}" if util is not None else ""))
     claims = int(m.get("gpushare_prepared_claims", {}).get((), len(rows)))
     return "\n".join([f"prepared claims: {claims}", *gpus, "", *lines]) + "\n"
 

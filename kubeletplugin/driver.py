@@ -17,18 +17,20 @@ import json
 import os
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 from kubernetes import client
 
 from cdi import SpecDir, find_devices_of_kind
 from dra_driver.discovery import DeviceBackend, GpuInfo
+from dra_driver.install import LIBRARY_NAME, prune_versions
 from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
 from . import faults
 from .allocation import plan_claim
-from .cdispec import KIND, SimDriver, build_spec, device_name
+from .cdispec import CONTAINER_LIBRARY, KIND, SimDriver, build_spec, device_name
 from .claimfiles import ClaimFiles
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
 
@@ -156,7 +158,8 @@ class Driver:
     def _plan(self, ref: ClaimRef) -> dict:
         claim = self._read_claim(ref)
         plan = plan_claim(claim, self.driver_name, self.node_name, self._gpus_for(claim), self.partitions)
-        prepared = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid, **plan.to_dict()}
+        prepared = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid, **plan.to_dict(),
+                    "library": self.host_library}
         toolkit = find_devices_of_kind(self.cdi_dirs, NVIDIA_KIND, skip_prefix=self.specs.prefix)
         by_index = {g["index"]: g for g in prepared["gpus"]}
         for device in prepared["devices"]:
@@ -199,7 +202,36 @@ class Driver:
             return self._gpus
 
     def _write_spec(self, uid: str, prepared: dict) -> None:
-        self.specs.write(uid, build_spec(uid, prepared, self.files, self.host_library, self.sim))
+        self.specs.write(uid, build_spec(uid, prepared, self.files, self.library_of(uid, prepared), self.sim))
+
+    def library_of(self, uid: str, prepared: dict) -> str:
+        """The library build a claim's containers map: the one it was prepared with, as long as
+        that file exists, so containers started after an upgrade map what the others map.
+        (A claim prepared before this was recorded: the build its spec names.)"""
+        library = prepared.get("library") or self._spec_library(uid)
+        return library if library and os.path.isfile(library) else self.host_library
+
+    def _spec_library(self, uid: str) -> str | None:
+        try:
+            with open(self.specs.path(uid)) as f:
+                mounts = json.load(f).get("containerEdits", {}).get("mounts") or []
+        except (OSError, ValueError, AttributeError):
+            return None
+        return next((m.get("hostPath") for m in mounts if isinstance(m, dict)
+                     and m.get("containerPath") == CONTAINER_LIBRARY), None)
+
+    def libraries_in_use(self) -> set[str]:
+        """Every library build a prepared claim's spec names, and the one new claims get."""
+        return {self.host_library} | {self.library_of(uid, e["prepared"]) for uid, e in self.checkpoint.items()
+                                      if e.get("prepared")}
+
+    def prune_libraries(self) -> None:
+        """Remove library builds of the hook dir that no prepared claim uses (install-hook keeps
+        every build it installs: running containers map them)."""
+        try:
+            prune_versions(Path(self.host_library).parent, LIBRARY_NAME, self.libraries_in_use())
+        except Exception:  # never fails a call: an unused file left behind is harmless
+            log.exception("pruning unused library versions failed")
 
     # ---- Unprepare -------------------------------------------------------------------------
 
@@ -222,6 +254,8 @@ class Driver:
             faults.reached("unprepare-completed")
             log.info("claim unprepared", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
             self._tell("claim_unprepared", (entry or {}).get("prepared"))
+        if entry is not None and (entry.get("prepared") or {}).get("library", self.host_library) != self.host_library:
+            self.prune_libraries()  # it may have been the last claim on an older build
 
     def _remove(self, uid: str, why: str) -> None:
         self.specs.remove(uid)
@@ -265,7 +299,7 @@ class Driver:
                 self.files.reset_regions(uid, len(prepared["gpus"]))
             if not self.specs.exists(uid):
                 log.info("CDI spec missing (reboot?); rewriting", claim=claim, uid=uid, step="recover")
-            # Always rewritten: a changed --hook-dir or a newer spec layout takes effect.
+            # Always rewritten: a newer spec layout takes effect (the library stays the claim's).
             self._write_spec(uid, prepared)
         known = {uid for uid, _ in self.checkpoint.items()}
         for uid in (self.files.uids() | self.specs.names()) - known:
@@ -275,6 +309,7 @@ class Driver:
                 self.files.remove(uid)
         self.checkpoint.replace_all(dict(self.checkpoint.items()))  # records the current boot id
         log.info("state recovered", claims=len(known), rebooted=rebooted, step="recover")
+        self.prune_libraries()
 
     def _rebuild_from_disk(self) -> dict:
         claims = {}

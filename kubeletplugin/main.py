@@ -19,20 +19,24 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dra_driver.agent.agent import Agent
 from dra_driver.agent.metrics import AgentCollector
+from dra_driver.controller.slices import desired_devices
+from dra_driver.devicemodel import CAPACITY, PARTITION
 from dra_driver.discovery import DeviceBackend, make_backend
 from dra_driver.flags import FlagError, check_port_free, split_host_port
+from dra_driver.health import HealthAwareBackend, HealthCollector, HealthMonitor
+from dra_driver.install import LIBRARY_NAME
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.log import get_logger
 
 from .cdispec import SimDriver
 from .driver import Driver
-from .grpcapi import pluginregistration_pb2_grpc
+from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
+from .healthservice import DeviceHealthServicer
 from .metrics import Metrics
 from .server import RegistrationServicer, add_dra_services
 
 log = get_logger("kubeletplugin")
 
-LIBRARY_NAME = "libgpushare.so"
 GRPC_WORKERS = 32  # the kubelet prepares the claims of many pods in parallel calls
 SHUTDOWN_GRACE_S = 10.0
 LIVENESS_SERVICE = "liveness"  # the service name the DaemonSet's livenessProbe asks for
@@ -83,18 +87,23 @@ class Plugin:
         self.reg_socket = os.path.join(self.registry_dir, f"{args.driver_name}-reg.sock")
         library = host_library(args.hook_dir or default_hook_dir())
         self.api = api or make_api_client(args.kubeconfig)
-        self.backend = backend or make_backend(args.device_backend, args.mock_gpus)
+        self.gpu_health = HealthMonitor(args.health_recovery_seconds)
+        self.backend = HealthAwareBackend(backend or make_backend(args.device_backend, args.mock_gpus), self.gpu_health)
         self.driver = Driver(self.api, args.driver_name, args.node_name, self.backend, args.partitions,
                              os.path.abspath(args.state_dir), os.path.abspath(args.cdi_root), library,
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None)
         self.metrics = Metrics()
+        self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error
         self.agent = Agent(self.driver, self.api, interval=args.agent_interval, enforce=args.enforce,
                            sim=self.driver.sim)
         self.driver.listeners.append(self.agent)
         self.metrics.registry.register(AgentCollector(self.agent))
+        self.metrics.registry.register(HealthCollector(self.gpu_health))
         self.registration = RegistrationServicer(args.driver_name, self.dra_socket)
         self.health = health.HealthServicer()
+        self.device_health = DeviceHealthServicer(args.node_name, self._device_health)
+        self.gpu_health.listeners += [self.device_health.notify, self._rediscover]
         self.slices = None
         self._servers: list[grpc.Server] = []
         self.metrics_port: int | None = None
@@ -118,9 +127,15 @@ class Plugin:
 
     def start(self) -> "Plugin":
         self.driver.recover()
-        self.agent.start()
+        self.agent.start()  # first: on mock nodes it loads the simulated NVML the health monitor uses
+        if self.args.health_events:
+            if self.backend.name == "nvml" or self.driver.sim is not None:
+                self.gpu_health.start()
+            else:
+                log.warning("mock backend without the simulated NVML: no GPU health events")
         dra = grpc.server(futures.ThreadPoolExecutor(GRPC_WORKERS, thread_name_prefix="dra"))
         add_dra_services(dra, self.driver, self.metrics)
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(self.device_health, dra)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, dra)
         reg = grpc.server(futures.ThreadPoolExecutor(2, thread_name_prefix="registration"))
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
@@ -171,11 +186,25 @@ class Plugin:
             log.error("ResourceSlice controller unavailable; not publishing slices", error=str(e))
             return
         self.slices = SliceController(self.api, self.args.driver_name, self.args.node_name, self.backend,
-                                      sharing_mode=self.args.sharing_mode, partitions=self.args.partitions).start()
+                                      sharing_mode=self.args.sharing_mode, partitions=self.args.partitions,
+                                      taint_effect=self.args.unhealthy_taint_effect).start()
+
+    def _rediscover(self) -> None:
+        if self.slices is not None:
+            self.slices.rediscover_now()
+
+    def _device_health(self) -> list[tuple[str, bool, str]]:
+        """(device name, healthy, why not) of every device this node publishes, for the kubelet."""
+        mode = self.slices.mode if self.slices is not None else self.args.sharing_mode
+        if mode not in (CAPACITY, PARTITION):  # "auto" before the server was asked: names unknown yet
+            return []
+        return [(d["name"], gpu.healthy, gpu.health_reason) for gpu in self.backend.discover()
+                for d in desired_devices([gpu], mode, self.args.partitions, taints=True)]
 
     def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None:
         """Finish in-flight calls, remove the sockets; slices are left in place."""
         self.health.enter_graceful_shutdown()
+        self.device_health.close()  # its streams would hold up the servers' grace period
         for server in reversed(self._servers):  # registration first: the kubelet stops calling
             server.stop(grace).wait()
         self._servers.clear()
@@ -184,6 +213,7 @@ class Plugin:
         if self.slices is not None:
             self.slices.stop()
         self.agent.stop()
+        self.gpu_health.stop()
         self.metrics.stop()
         log.info("kubelet plugin stopped", driver=self.args.driver_name)
 

@@ -57,7 +57,6 @@ def test_daemonset_has_what_the_plugin_needs(rendered):
             "/var/lib/gpushare", "/opt/gpushare/lib"} <= mounts
     env = {e["name"]: e for e in plugin["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert plugin["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
     assert pod["serviceAccountName"] == "gpushare-dra"
     assert pod["initContainers"][0]["args"][0] == "install-hook"

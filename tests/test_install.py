@@ -30,3 +30,20 @@ def test_sim_library_names_keep_their_soname_suffix(tmp_path):
     installed = install_versioned(src, tmp_path / "sim", "libcuda.so.1")
     assert installed.name.startswith("libcuda-") and installed.name.endswith(".so.1")
     assert (tmp_path / "sim" / "libcuda.so.1").read_bytes() == b"sim"
+
+
+def test_prune_keeps_builds_in_use_and_the_linked_one(tmp_path):
+    from dra_driver.install import prune_versions
+
+    src, dest = tmp_path / "libgpushare.so", tmp_path / "host"
+    built = []
+    for n in range(4):
+        src.write_bytes(b"build %d" % n)
+        built.append(install_versioned(src, dest, "libgpushare.so"))
+    (dest / "libgpushare-notahash.so").write_bytes(b"not ours")
+    (dest / "sim").mkdir()
+    removed = prune_versions(dest, "libgpushare.so", {str(built[1])})
+    assert sorted(removed) == sorted([built[0], built[2]])
+    assert sorted(p.name for p in dest.iterdir()) == sorted(
+        ["libgpushare.so", built[1].name, built[3].name, "libgpushare-notahash.so", "sim"])
+    assert prune_versions(dest, "libgpushare.so", set()) == [built[1]]  # the linked build always stays

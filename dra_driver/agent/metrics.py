@@ -5,6 +5,7 @@ Per claim and GPU (labels namespace, claim, gpu = uuid): limits, memory used (th
 accounting), NVML memory of its processes, measured utilization, pacing rate, paced time,
 out-of-memory refusals, backstop violations and kills. Per GPU: NVML memory, utilization,
 temperature and power where NVML has them. Per node: prepared claims and the agent period.
+Shares of the GPU are ratios 0..1 (`*_ratio`), by Prometheus convention.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ class AgentCollector:
             ("memory_limit_bytes", "The claim's memory limit on the GPU"),
             ("memory_used_bytes", "Memory the claim's processes hold, as the library accounts it (usage region)"),
             ("memory_nvml_bytes", "Memory the claim's processes hold, as NVML reports it"),
-            ("compute_limit_percent", "The claim's compute share of the GPU, percent"),
-            ("utilization_percent", "GPU time the claim's processes used in the last agent period, percent"),
-            ("pace_rate_percent", "Refill rate the agent set for the claim's pacing, percent of the GPU"),
+            ("compute_limit_ratio", "The claim's compute share of the GPU (0..1)"),
+            ("utilization_ratio", "Share of GPU time the claim's processes used in the last agent period (0..1)"),
+            ("pace_rate_ratio", "Refill rate the agent set for the claim's pacing, as a share of the GPU (0..1)"),
         )}
         c = {name: CounterMetricFamily(f"gpushare_claim_{name}", doc, labels=CLAIM) for name, doc in (
             ("paced_seconds", "Time the claim's kernel launches waited to hold the compute share"),
@@ -45,10 +46,10 @@ class AgentCollector:
                     g["memory_limit_bytes"].add_metric(labels, gpu["memoryLimit"])
                     g["memory_used_bytes"].add_metric(labels, region.used if region else 0)
                     g["memory_nvml_bytes"].add_metric(labels, sum(cl.process_memory[i].values()))
-                    g["compute_limit_percent"].add_metric(labels, gpu["computeLimit"])
-                    g["utilization_percent"].add_metric(labels, round(share.measured * 100, 2))
-                    g["pace_rate_percent"].add_metric(labels, round(share.rate * 100, 2) if share.rate
-                                                      else gpu["computeLimit"])
+                    g["compute_limit_ratio"].add_metric(labels, gpu["computeLimit"] / 100)
+                    g["utilization_ratio"].add_metric(labels, round(share.measured, 4))
+                    g["pace_rate_ratio"].add_metric(labels, round(share.rate, 4) if share.rate
+                                                    else gpu["computeLimit"] / 100)
                     c["paced_seconds"].add_metric(labels, (region.paced_ns if region else 0) / 1e9)
                     c["oom_refusals"].add_metric(labels, region.oom_refusals if region else 0)
                     c["backstop_violations"].add_metric(labels, a.backstop.violations.get((cl.uid, i), 0))
@@ -60,14 +61,15 @@ class AgentCollector:
                                 value=a.last_tick_s)
         per_gpu = {name: GaugeMetricFamily(f"gpushare_gpu_{name}", doc, labels=["gpu", "index"]) for name, doc in (
             ("memory_used_bytes", "GPU memory in use (NVML)"), ("memory_total_bytes", "GPU memory (NVML)"),
-            ("utilization_percent", "GPU busy time in the last agent period (NVML)"),
+            ("utilization_ratio", "Share of time the GPU was busy in the last agent period (NVML, 0..1)"),
             ("temperature_celsius", "GPU temperature (NVML)"), ("power_watts", "GPU power draw (NVML)"),
         )}
         for s in gpus:
             labels = [s.uuid, str(s.index)]
             per_gpu["memory_used_bytes"].add_metric(labels, s.memory_used)
             per_gpu["memory_total_bytes"].add_metric(labels, s.memory_total)
-            for name, value in (("utilization_percent", s.utilization), ("temperature_celsius", s.temperature),
+            utilization = s.utilization / 100 if s.utilization is not None else None  # NVML says percent
+            for name, value in (("utilization_ratio", utilization), ("temperature_celsius", s.temperature),
                                 ("power_watts", s.power_watts)):
                 if value is not None:
                     per_gpu[name].add_metric(labels, value)

@@ -54,9 +54,21 @@ def delete_slices(api_client: client.ApiClient, driver_name: str, node_name: str
 
 
 def run_cleanup(args: argparse.Namespace) -> int:
-    if not args.all_nodes and not args.node_name:
+    if args.keep_slices and not args.node_state:
+        raise FlagError("--keep-slices", "only with --node-state (otherwise there is nothing to do)")
+    if not args.keep_slices and not args.all_nodes and not args.node_name:
         raise FlagError("--node-name", "required (or set NODE_NAME) to delete one node's slices; "
                                        "--all-nodes deletes every node's")
+    if args.node_state:  # first: refused while claims are prepared, before anything is deleted
+        from kubeletplugin.uninstall import NodeStateInUse, remove_node_state
+
+        try:
+            remove_node_state(args.state_dir, args.cdi_root, args.hook_dir, force=args.force)
+        except NodeStateInUse as e:
+            log.error("cleanup refused", error=str(e))
+            return 1
+    if args.keep_slices:
+        return 0
     node = None if args.all_nodes else args.node_name
     try:
         deleted = delete_slices(make_api_client(args.kubeconfig), args.driver_name, node)

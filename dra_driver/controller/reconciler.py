@@ -164,18 +164,20 @@ class SliceController:
 
     def __init__(self, api_client: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  sharing_mode: str = "auto", partitions: int = 8, gpu_poll_interval: float = 5.0,
-                 *, shared_watch: SliceWatch | None = None):
+                 *, shared_watch: SliceWatch | None = None, taint_effect: str = slices.TAINT_EFFECT):
         if sharing_mode not in MODES:
             raise ValueError(f"sharing_mode: {sharing_mode!r} is not one of {', '.join(MODES)}")
         if not 1 <= partitions <= slices.MAX_DEVICES:
             raise ValueError(f"partitions: {partitions} is out of range 1..{slices.MAX_DEVICES}")
         self.driver, self.node, self.backend = driver_name, node_name, backend
         self.sharing_mode, self.partitions, self.gpu_poll_interval = sharing_mode, partitions, gpu_poll_interval
+        self.taint_effect = taint_effect  # of an unhealthy GPU's devices: NoSchedule or NoExecute
         self._api = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._own_watch = shared_watch is None
         self._watch = SliceWatch(api_client, driver_name, node_name) if self._own_watch else shared_watch
         self._wake = threading.Event()
+        self._rediscover_asked = threading.Event()
         self._stopped = threading.Event()
         self._synced = threading.Event()
         self._thread: threading.Thread | None = None
@@ -210,6 +212,11 @@ class SliceController:
         self._thread.start()
         return self
 
+    def rediscover_now(self) -> None:
+        """Read the GPUs again without waiting for the next poll (a GPU's health changed)."""
+        self._rediscover_asked.set()
+        self._wake.set()
+
     def wait_synced(self, timeout: float | None = None) -> bool:
         """True once the server's slices equal the desired ones (False on timeout)."""
         return self._synced.wait(timeout)
@@ -230,7 +237,8 @@ class SliceController:
         next_poll = 0.0
         dirty = True  # the first pass always looks
         while not self._stopped.is_set():
-            if time.monotonic() >= next_poll:
+            if time.monotonic() >= next_poll or self._rediscover_asked.is_set():
+                self._rediscover_asked.clear()
                 dirty |= self._rediscover()
                 dirty |= self._node_lookup_due()
                 next_poll = time.monotonic() + self.gpu_poll_interval
@@ -271,7 +279,8 @@ class SliceController:
     def desired(self) -> list[dict]:
         """The slices this node should have now (generation 0; the pass sets the real one)."""
         mode = self.mode
-        devices = slices.desired_devices(self._gpus or [], mode, self.partitions, bool(self._taints_kept))
+        devices = slices.desired_devices(self._gpus or [], mode, self.partitions, bool(self._taints_kept),
+                                         self.taint_effect)
         if mode == devicemodel.CAPACITY and not self._capacity_kept:
             # Capacity mode forced on a server without the gate: publish what it will store,
             # or every comparison would differ and we would rewrite forever.

@@ -105,11 +105,13 @@ def publishable(gpu: GpuInfo) -> bool:
     return gpu.memory_bytes >= MIN_PUBLISHABLE_MEMORY
 
 
-def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: bool) -> list[dict]:
+def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: bool,
+                    effect: str = TAINT_EFFECT) -> list[dict]:
     """The devices of a node, ordered by GPU index then share.
 
-    An unhealthy GPU is published with a NoSchedule taint when the server keeps device taints
-    (new claims avoid it, the scheduler and operators can see why), else left out.
+    An unhealthy GPU is published with a taint when the server keeps device taints (NoSchedule:
+    new claims avoid it; NoExecute: also evicts the pods using it; the scheduler and operators
+    can see why), else left out.
     """
     devices = []
     for gpu in sorted(gpus, key=lambda g: g.index):
@@ -117,7 +119,7 @@ def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: boo
             continue
         gpu_devices = [_capacity_device(gpu)] if mode == CAPACITY else _share_devices(gpu, partitions)
         if not gpu.healthy:
-            taint = {"key": TAINT_KEY, "value": taint_value(gpu.health_reason), "effect": TAINT_EFFECT}
+            taint = {"key": TAINT_KEY, "value": taint_value(gpu.health_reason), "effect": effect}
             gpu_devices = [{**d, "taints": [taint]} for d in gpu_devices]
         devices.extend(gpu_devices)
     return devices

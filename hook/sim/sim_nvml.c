@@ -41,6 +41,7 @@ SIM_API const char *nvmlErrorString(nvmlReturn_t r)
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case 10: return "Timeout"; /* NVML_ERROR_TIMEOUT: nvmlEventSetWait */
     default: return "Unknown Error";
     }
 }
@@ -220,4 +221,129 @@ SIM_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcess
     }
     *count = n;
     return NVML_SUCCESS;
+}
+
+/* ---- Events: XID and ECC (nvmlEventSet*) ------------------------------------------------
+ * Injected by appending a line "<index> <type> [<data>]" to the events file,
+ * $GPUSHARE_SIM_EVENTS, or "<state file>.events" beside $GPUSHARE_SIM_STATE:
+ *   xid <n>   nvmlEventTypeXidCriticalError, eventData = n
+ *   dbe       nvmlEventTypeDoubleBitEccError
+ *   sbe       nvmlEventTypeSingleBitEccError
+ * Each event set sees the lines appended after it was created, once. */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SIM_NVML_ERROR_TIMEOUT 10
+#define SIM_EV_SBE 0x1ull
+#define SIM_EV_DBE 0x2ull
+#define SIM_EV_XID 0x8ull
+#define SIM_EV_SUPPORTED (SIM_EV_SBE | SIM_EV_DBE | SIM_EV_XID)
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} sim_nvmlEventData_t;
+
+struct nvmlEventSet_st {
+    FILE *f;
+    unsigned long long mask[SIM_MAX_DEV];
+};
+
+static void events_path(char *out, size_t len)
+{
+    const char *p = getenv("GPUSHARE_SIM_EVENTS");
+    const char *state = getenv("GPUSHARE_SIM_STATE");
+    if (p && *p)
+        snprintf(out, len, "%s", p);
+    else
+        snprintf(out, len, "%s.events", state && *state ? state : "/dev/shm/gpushare-sim.state");
+}
+
+SIM_API nvmlReturn_t nvmlEventSetCreate(struct nvmlEventSet_st **set)
+{
+    NEED_INIT();
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    char path[4096];
+    events_path(path, sizeof path);
+    mode_t old = umask(0);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    umask(old);
+    if (fd < 0) return NVML_ERROR_UNKNOWN;
+    struct nvmlEventSet_st *s = calloc(1, sizeof *s);
+    if (!s || !(s->f = fdopen(fd, "r"))) {
+        close(fd);
+        free(s);
+        return NVML_ERROR_UNKNOWN;
+    }
+    fseek(s->f, 0, SEEK_END);
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+SIM_API nvmlReturn_t nvmlEventSetFree(struct nvmlEventSet_st *set)
+{
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    fclose(set->f);
+    free(set);
+    return NVML_SUCCESS;
+}
+
+SIM_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types)
+{
+    DEV(d);
+    if (!types) return NVML_ERROR_INVALID_ARGUMENT;
+    *types = SIM_EV_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+SIM_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, struct nvmlEventSet_st *set)
+{
+    DEV(d);
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    if (types & ~SIM_EV_SUPPORTED) return NVML_ERROR_NOT_SUPPORTED;
+    set->mask[d->index] |= types;
+    return NVML_SUCCESS;
+}
+
+/* The next complete line as an event; 0 when none is there yet (a partial line is left). */
+static int next_event(struct nvmlEventSet_st *set, sim_nvmlEventData_t *out)
+{
+    char line[128];
+    for (;;) {
+        long at = ftell(set->f);
+        clearerr(set->f);
+        if (!fgets(line, sizeof line, set->f)) return 0;
+        if (!strchr(line, '\n')) {
+            fseek(set->f, at, SEEK_SET);
+            return 0;
+        }
+        unsigned idx;
+        char type[8];
+        unsigned long long data = 0;
+        if (sscanf(line, "%u %7s %llu", &idx, type, &data) < 2 || idx >= sim->ndev) continue;
+        unsigned long long ev = !strcmp(type, "xid") ? SIM_EV_XID : !strcmp(type, "dbe") ? SIM_EV_DBE
+                              : !strcmp(type, "sbe") ? SIM_EV_SBE : 0;
+        if (!(set->mask[idx] & ev)) continue;
+        *out = (sim_nvmlEventData_t){&g_devs[idx], ev, ev == SIM_EV_XID ? data : 0, 0xFFFFFFFF, 0xFFFFFFFF};
+        return 1;
+    }
+}
+
+SIM_API nvmlReturn_t nvmlEventSetWait_v2(struct nvmlEventSet_st *set, sim_nvmlEventData_t *data, unsigned int timeout_ms)
+{
+    NEED_INIT();
+    if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned waited = 0;; waited += 10) {
+        if (next_event(set, data)) return NVML_SUCCESS;
+        if (waited >= timeout_ms) return SIM_NVML_ERROR_TIMEOUT;
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+}
+SIM_API nvmlReturn_t nvmlEventSetWait(struct nvmlEventSet_st *set, sim_nvmlEventData_t *data, unsigned int timeout_ms)
+{
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
 }

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
 
 from .conftest import MiB, wait_for
 
@@ -18,7 +24,7 @@ def test_metrics_match_what_the_claim_did(node):
     assert wait_for(lambda: node.claim_metric("gpushare_claim_memory_nvml_bytes", ref) == 256 * MiB)
     assert node.claim_metric("gpushare_claim_oom_refusals_total", ref) == 1
     assert node.claim_metric("gpushare_claim_memory_limit_bytes", ref) == 256 * MiB
-    assert node.claim_metric("gpushare_claim_compute_limit_percent", ref) == 30
+    assert node.claim_metric("gpushare_claim_compute_limit_ratio", ref) == 0.3
     # pacing: a launch loop at 30 % waits most of the time
     node.run("spin", ids, "launch", "--seconds", "1.5").wait(timeout=30)
     assert node.claim_metric("gpushare_claim_paced_seconds_total", ref) > 0.5
@@ -33,8 +39,44 @@ def test_metrics_match_what_the_claim_did(node):
 def test_errors_are_counted_by_reason(node):
     answer = node.kubelet.prepare(("default", "missing", "00000000-0000-0000-0000-000000000001"))
     assert answer.claims["00000000-0000-0000-0000-000000000001"].error
-    errors = node.scrape()["gpushare_kubelet_plugin_errors_total"]
-    assert errors[(("operation", "prepare"), ("reason", "claim_not_found"))] == 1
+    m = node.scrape()
+    assert m["gpushare_kubelet_plugin_errors_total"][(("operation", "prepare"), ("reason", "claim_not_found"))] == 1
+    # the API client's view of the same call: a GET answered 404
+    assert m["gpushare_api_requests_total"][(("code", "404"), ("verb", "GET"))] >= 1
+    assert m["gpushare_api_request_duration_seconds_count"][(("verb", "GET"),)] >= 1
+
+
+def test_build_process_and_api_metrics(node):
+    node.claim()
+    m = node.scrape()
+    ((labels, value),) = m["gpushare_build_info"].items()
+    assert value == 1 and dict(labels)["version"] and dict(labels)["python_version"]
+    assert m["process_resident_memory_bytes"][()] > 1 << 20
+    assert m["process_cpu_seconds_total"][()] > 0
+    assert sum(v for k, v in m["gpushare_api_requests_total"].items() if dict(k)["code"].startswith("2")) >= 1
+
+
+@pytest.mark.parametrize("path", ["/", "/healthz", "/metrics/", "/favicon.ico"])
+def test_only_metrics_path_answers(node, path):
+    url = node.url.removesuffix("/metrics") + path
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url, timeout=10)
+    assert e.value.code == 404
+
+
+def test_docs_list_every_metric_and_reason(node):
+    """docs/agent.md names every family the endpoint serves and every error reason the code raises."""
+    doc = (Path(__file__).parents[2] / "docs" / "agent.md").read_text()
+    families = {f.name for f in node.plugin.metrics.registry.collect()}  # with or without samples yet
+    ours = {n for n in families if n.startswith("gpushare_")}
+    assert len(ours) >= 23 and "process_cpu_seconds" in families
+    missing = [n for n in ours if not re.search(rf"`{n}(_total)?`", doc)]
+    assert not missing, missing
+    code = "".join(p.read_text() for p in (Path(__file__).parents[2] / "kubeletplugin").glob("*.py"))
+    reasons = set(re.findall(r'reason(?:: str)? ?= ?"([a-z_]+)"', code)) | set(re.findall(r'on_error\(\w+, "([a-z_]+)"\)', code))
+    assert {"invalid_claim", "internal", "claim_not_found"} <= reasons
+    listed = re.search(r"reason[^:]*: ([a-z_, ]+)\)", doc).group(1)
+    assert reasons == {r.strip() for r in listed.split(",")}
 
 
 def test_claim_status_written_and_cleared(node):

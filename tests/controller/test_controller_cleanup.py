@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from kubernetes import client
 
 from dra_driver.cli import main
@@ -67,3 +68,40 @@ def test_controller_cli_publishes_until_sigterm_and_leaves_slices(emulator, tmp_
     assert proc.returncode == 0, out
     [s] = slices_of(emulator)
     assert len(s["spec"]["devices"]) == 4
+
+
+def test_cleanup_node_state(node_files):
+    state, cdi_root, hook = node_files
+    flags = ["cleanup", "--keep-slices", "--node-state", "--state-dir", str(state), "--cdi-root", str(cdi_root)]
+    assert main(flags) == 1  # a claim is still prepared: nothing removed
+    assert (state / "checkpoint.json").exists() and len(os.listdir(cdi_root)) == 2
+    assert main([*flags, "--force", "--hook-dir", str(hook)]) == 0
+    assert not state.exists()  # only our files were in it
+    assert os.listdir(cdi_root) == ["nvidia.yaml"]  # another vendor's spec stays
+    assert sorted(os.listdir(hook)) == ["README"]  # not ours: kept, and so the folder
+    assert main(["cleanup", "--keep-slices"]) == 2  # nothing to do
+
+
+@pytest.fixture
+def node_files(tmp_path):
+    """A node's files as a plugin leaves them: one prepared claim, its CDI spec, installed libraries."""
+    from dra_driver.install import install_versioned
+    from kubeletplugin.checkpoint import PREPARE_COMPLETED, Checkpoint
+
+    uid = "3f1c2a9e-6f0b-4d5e-9a43-2f5c0b7d9e11"
+    state, cdi_root, hook = tmp_path / "state", tmp_path / "cdi", tmp_path / "hook"
+    (state / "claims" / uid).mkdir(parents=True)
+    (state / "claims" / uid / "limits").write_text("GPUSHARE_LIMITS_VERSION=1\n")
+    (state / "sim.state").write_bytes(b"")
+    cp = Checkpoint(str(state / "checkpoint.json"), None)
+    cp.set(uid, {"state": PREPARE_COMPLETED, "namespace": "default", "name": "c", "prepared": {"uid": uid}})
+    cdi_root.mkdir()
+    (cdi_root / f"k8s.gpushare.dev-claim_{uid}.json").write_text("{}")
+    (cdi_root / "nvidia.yaml").write_text("kind: nvidia.com/gpu\n")
+    src = tmp_path / "libgpushare.so"
+    for build in (b"one", b"two"):
+        src.write_bytes(build)
+        install_versioned(src, hook, "libgpushare.so")
+        install_versioned(src, hook / "sim", "libcuda.so.1")
+    (hook / "README").write_text("the operator's own file")
+    return state, cdi_root, hook

@@ -1,0 +1,83 @@
+"""`gpushare-dra cleanup --node-state`: remove what the kubelet plugin left on this node.
+
+The plugin keeps its state on shutdown on purpose (a restart or an upgrade must find every
+prepared claim); after an uninstall nothing uses it. Removed: our CDI specs (kind
+k8s.gpushare.dev/claim) in --cdi-root; the checkpoint, claim folders and simulated-GPU state in
+--state-dir; with --hook-dir, the installed libraries. Only names we create are touched, so a
+folder shared with something else keeps that something.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+from cdi import SpecDir
+from dra_driver.log import get_logger
+
+from . import checkpoint as ckpt
+from .cdispec import KIND
+
+log = get_logger("cleanup")
+
+CHECKPOINT = "checkpoint.json"
+# with the leftovers of an interrupted atomic write (.tmp-*) and corrupt checkpoints moved aside
+STATE_NAMES = (CHECKPOINT, f"{CHECKPOINT}.corrupt-*", f".tmp-*-{CHECKPOINT}", "claims", "sim.state")
+HOOK_NAMES = ("libgpushare.so", "libgpushare-*.so", ".libgpushare*", "sim/libcuda*.so.1", "sim/libnvidia-ml*.so.1",
+              "sim/.lib*")
+
+
+class NodeStateInUse(RuntimeError):
+    """Claims are still prepared here: their containers may be running on these files."""
+
+
+def prepared_claims(state_dir: str) -> list[str]:
+    """`namespace/name` of every claim the checkpoint holds (a corrupt checkpoint: the claim folders)."""
+    cp = ckpt.Checkpoint(os.path.join(state_dir, CHECKPOINT), None)
+    try:
+        cp.load()
+        return sorted(f"{e.get('namespace')}/{e.get('name')}" for _, e in cp.items())
+    except ckpt.CheckpointCorrupt:
+        claims = os.path.join(state_dir, "claims")
+        return sorted(os.listdir(claims)) if os.path.isdir(claims) else []
+
+
+def remove_node_state(state_dir: str, cdi_root: str, hook_dir: str | None = None, force: bool = False) -> dict:
+    """Remove our files; returns counts by kind. NodeStateInUse unless `force` when claims are prepared."""
+    in_use = prepared_claims(state_dir)
+    if in_use and not force:
+        raise NodeStateInUse(f"--state-dir {state_dir}: {len(in_use)} claim(s) still prepared on this node "
+                             f"({', '.join(in_use[:5])}{', ...' if len(in_use) > 5 else ''}); delete the pods "
+                             "that use them first, or pass --force")
+    specs = SpecDir(cdi_root, KIND)
+    names = specs.names()
+    for name in names:
+        specs.remove(name)
+    counts = {"cdi_specs": len(names), "state_entries": _remove(state_dir, STATE_NAMES), "hook_files": 0}
+    if hook_dir:
+        counts["hook_files"] = _remove(hook_dir, HOOK_NAMES)
+        _rmdir_if_empty(os.path.join(hook_dir, "sim"))
+        _rmdir_if_empty(hook_dir)
+    _rmdir_if_empty(state_dir)
+    log.info("node state removed", state_dir=state_dir, cdi_root=cdi_root, hook_dir=hook_dir, **counts)
+    return counts
+
+
+def _remove(folder: str, patterns: tuple[str, ...]) -> int:
+    removed = 0
+    for pattern in patterns:
+        for path in glob.glob(os.path.join(glob.escape(folder), pattern)):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed += 1
+    return removed
+
+
+def _rmdir_if_empty(folder: str) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError:  # missing, or holds something that is not ours
+        pass

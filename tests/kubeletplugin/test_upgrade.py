@@ -1,0 +1,100 @@
+"""A rolling upgrade of the DaemonSet: the old plugin stops, install-hook installs a new library
+build, the new plugin starts on the same state dir. Prepared claims stay prepared, and what
+their containers see (spec, library build, limits, regions, control files) stays the same;
+the old build is removed once the last claim on it is unprepared."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from dra_driver.cli import build_parser
+from dra_driver.install import install_versioned
+from kubeletplugin.main import Plugin
+
+from .conftest import REAL_LIBRARY
+from .kubelet import Kubelet, make_claim, result
+
+
+def snapshot(dirs, uid: str) -> dict:
+    """Every host file the claim's containers mount: path -> (inode, bytes); plus the spec.
+    Control files by inode only: the node agent rewrites their rate (zero while it is stopped)."""
+    with open(os.path.join(dirs.cdi, f"k8s.gpushare.dev-claim_{uid}.json")) as f:
+        spec = json.load(f)
+    files = {}
+    for m in spec["containerEdits"]["mounts"]:
+        with open(m["hostPath"], "rb") as f:
+            control = m["containerPath"].startswith("/var/run/gpushare/control/")
+            files[m["containerPath"]] = (os.fstat(f.fileno()).st_ino, None if control else f.read())
+    return {"spec": spec, "files": files}
+
+
+@pytest.fixture
+def builds(tmp_path):
+    """install(n) installs library build n into a host hook dir as install-hook does."""
+    source, hook = tmp_path / "src" / "libgpushare.so", tmp_path / "hook"
+    source.parent.mkdir()
+
+    def install(n: int):
+        if os.path.isfile(REAL_LIBRARY):
+            shutil.copy(REAL_LIBRARY, source)
+        else:
+            source.write_bytes(b"stand-in library\n")
+        with open(source, "ab") as f:
+            f.write(b"\0build %d" % n)  # a different build: another content hash
+        return install_versioned(source, hook, "libgpushare.so")
+
+    install.dir = hook
+    return install
+
+
+def test_rolling_upgrade_keeps_prepared_claims(api, dirs, builds):
+    def start() -> tuple[Plugin, Kubelet]:
+        args = build_parser().parse_args(["kubelet-plugin", *dirs.flags(str(builds.dir))])
+        plugin = Plugin(args, api=api).start()
+        return plugin, Kubelet(dirs.dra_socket, dirs.reg_socket)
+
+    old_build = builds(1)
+    plugin, kubelet = start()
+    try:
+        claim = make_claim(api, [result("gpu-0", consumed={"memory": "2Gi", "compute": "40"})])
+        uid = claim[2]
+        first = kubelet.prepare(claim).claims[uid]
+        assert first.error == ""
+        region = os.path.join(dirs.state, "claims", uid, "region-0")
+        with open(region, "r+b") as f:  # usage a running container left in its region
+            f.seek(4096)
+            f.write(b"in use")
+        before = snapshot(dirs, uid)
+        assert before["spec"]["containerEdits"]["mounts"][0]["hostPath"] == str(old_build)
+    finally:
+        kubelet.close()
+        plugin.stop(grace=1)
+
+    new_build = builds(2)  # the new pod's init container
+    assert old_build.exists() and os.path.realpath(builds.dir / "libgpushare.so") == str(new_build)
+    plugin, kubelet = start()
+    try:
+        assert uid in plugin.driver.prepared_uids()
+        after = snapshot(dirs, uid)
+        assert after["spec"] == before["spec"]
+        changed = [path for path in before["files"] if after["files"][path] != before["files"][path]]
+        assert not changed  # same files: inodes and bytes
+        again = kubelet.prepare(claim).claims[uid]  # a new pod of the same claim after the upgrade
+        assert again.error == "" and list(again.devices) == list(first.devices)
+        assert snapshot(dirs, uid) == before
+        assert old_build.exists()  # still in use
+
+        other = make_claim(api, [result("gpu-1", consumed={"memory": "1Gi", "compute": "10"})])
+        assert kubelet.prepare(other).claims[other[2]].error == ""
+        assert snapshot(dirs, other[2])["spec"]["containerEdits"]["mounts"][0]["hostPath"] == str(new_build)
+
+        assert kubelet.unprepare(claim).claims[uid].error == ""
+        assert not old_build.exists()  # the last claim on the old build is gone
+        assert new_build.exists()
+    finally:
+        kubelet.close()
+        plugin.stop(grace=1)
