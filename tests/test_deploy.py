@@ -13,7 +13,10 @@ ROOT = Path(__file__).parents[1]
 DEPLOY = ROOT / "deploy"
 VERSIONS = ["1.34", kubernetes_validate.utils.latest_version()]
 # Every folder with a kustomization: each must render on its own.
-KUSTOMIZATIONS = sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml"))
+# Every folder that renders on its own: a kustomize Component (deploy/components/) only
+# renders from an overlay that includes it (tests/test_deploy_metrics.py does).
+KUSTOMIZATIONS = sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml")
+                        if yaml.safe_load(p.read_text()).get("kind") != "Component")
 MOCK = DEPLOY / "overlays" / "mock"
 
 

@@ -59,7 +59,7 @@ def test_metrics_port_service_and_annotations_agree():
 
 def test_mock_overlay_keeps_the_metrics_port():
     """The overlay's args replace the base's list: it must repeat the port."""
-    base = yaml.safe_load_all((DEPLOY / "kubelet-plugin.yaml").read_text())
+    base = yaml.safe_load_all((DEPLOY / "base" / "kubelet-plugin.yaml").read_text())
     (ds,) = [d for d in base if d and d["kind"] == "DaemonSet"]
     mock = yaml.safe_load((DEPLOY / "overlays" / "mock" / "mock-plugin.yaml").read_text())
     ports = [metrics_port(d["spec"]["template"]["spec"]["containers"][0]["args"]) for d in (ds, mock)]
@@ -84,7 +84,7 @@ def test_servicemonitor_component_selects_the_service(tmp_path):
 
 def test_every_plugin_env_var_is_read():
     """An env var the DaemonSet sets is read by the code (or is the NVIDIA toolkit's)."""
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "kubelet-plugin.yaml").read_text()) if d]
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "base" / "kubelet-plugin.yaml").read_text()) if d]
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     names = {e["name"] for c in ds["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
     code = "".join(p.read_text() for d in ("dra_driver", "kubeletplugin") for p in (ROOT / d).rglob("*.py"))

@@ -245,10 +245,10 @@ def test_deleting_a_node_collects_its_slices(kubectl, deployed):
 
 def test_uninstall(kubectl, deployed):
     assert kubectl("get", "all", "-n", "gpushare-system", "-o", "name").split() == [
-        "daemonset.apps/gpushare-kubelet-plugin"]
+        "service/gpushare-kubelet-plugin-metrics", "daemonset.apps/gpushare-kubelet-plugin"]
     # The namespace goes first and takes what is in it (at once here, where a real server
     # takes a moment): hence --ignore-not-found.
     kubectl("delete", "-k", DEPLOY / "overlays" / "mock", "--ignore-not-found")
-    left = kubectl("get", "namespaces,serviceaccounts,daemonsets,clusterroles,clusterrolebindings,deviceclasses",
+    left = kubectl("get", "namespaces,serviceaccounts,services,daemonsets,clusterroles,clusterrolebindings,deviceclasses,validatingadmissionpolicies,validatingadmissionpolicybindings",
                    "-A", "-o", "name")
     assert left == ""
