@@ -84,7 +84,7 @@ class Plugin:
         self.metrics = Metrics()
         self.driver.on_error = self.metrics.error
         self.agent = Agent(self.driver, self.api, interval=args.agent_interval, enforce=args.enforce,
-                           sim=self.driver.sim)
+                           sim=self.driver.sim, backstop_interval=args.backstop_interval)
         self.driver.listeners.append(self.agent)
         self.metrics.registry.register(AgentCollector(self.agent))
         self.registration = RegistrationServicer(args.driver_name, self.dra_socket)

@@ -1,13 +1,17 @@
 """The node agent's loop: every --agent-interval, sample NVML, map processes to claims, set
-each claim's pacing rate, run the backstop; the metrics collector reads the result at scrape
-time. It also owns the claim-status writer, fed by the driver's Prepare/Unprepare."""
+each claim's pacing rate; the metrics collector reads the result at scrape time. The backstop
+(backstop.py) polls NVML on its own thread every --backstop-interval. The agent also owns the
+claim-status writer, fed by the driver's Prepare/Unprepare."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from dataclasses import dataclass, field
+
+from kubernetes import client
 
 from dra_driver.log import get_logger
 
@@ -20,6 +24,8 @@ from .shares import Share, control_gpu, to_ppm
 from .status import StatusWriter
 
 log = get_logger("agent")
+
+RESERVATIONS_S = 0.5
 
 
 @dataclass
@@ -34,6 +40,7 @@ class ClaimView:
     shares: list[Share]
     process_memory: list[dict[int, int]] = field(default_factory=list)  # per GPU: pid -> NVML bytes
     paced_ns: list[int] = field(default_factory=list)                  # per GPU: the region's, last period
+    pods: dict[str, str] = field(default_factory=dict)  # status.reservedFor: pod UID -> name
 
     def set_rate(self, i: int, ppm: int) -> None:
         """The library's refill rate for GPU i: the control file when there is one, else the region."""
@@ -48,11 +55,13 @@ class ClaimView:
 
 
 class Agent:
-    def __init__(self, driver, api, interval: float = 1.0, enforce: str = "report", sim=None):
+    def __init__(self, driver, api, interval: float = 1.0, enforce: str = "kill", sim=None,
+                 backstop_interval: float = 0.05):
         self.driver = driver
         self.interval = interval
         self.status = StatusWriter(api, driver.driver_name)
-        self.backstop = Backstop(api, driver.node_name, enforce, driver.backend.name)
+        self.resource = client.ResourceV1Api(api)
+        self.backstop = Backstop(api, driver.node_name, enforce, driver.backend.name, backstop_interval)
         self.procs = ProcessMap()
         self.claims: dict[str, ClaimView] = {}
         self.gpus: list[GpuSample] = []
@@ -61,11 +70,15 @@ class Agent:
         self._sim = sim
         self._sampler: Sampler | None = None
         self._stop = threading.Event()
+        self._refresh_lock = threading.Lock()  # the period and the backstop both refresh the claims
+        self._dirty = threading.Event()        # a claim was prepared: the backstop maps it now
+        self._reservations_at = 0.0
         self._thread = threading.Thread(target=self._run, name="agent", daemon=True)
 
     # ---- driver listener ----------------------------------------------------------------------
     def claim_prepared(self, prepared: dict) -> None:
         self.status.prepared(prepared)
+        self._dirty.set()
 
     def claim_unprepared(self, prepared: dict) -> None:
         self.status.unprepared(prepared)
@@ -79,12 +92,15 @@ class Agent:
                 self.status.prepared(entry["prepared"])
         self.status.start()
         self._thread.start()
+        if self._sampler is not None:
+            self.backstop.start(self)
         return self
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        self.backstop.stop()
         self.status.stop()
         with self.lock:
             for c in self.claims.values():
@@ -122,11 +138,9 @@ class Agent:
 
     # ---- one period -----------------------------------------------------------------------------
     def tick(self) -> None:
-        self._refresh_claims()
+        self.refresh()
         samples = self._sampler.sample() if self._sampler else []
         claims = dict(self.claims)
-        self.procs.update({u: c.limits_path for u, c in claims.items()},
-                          {u: [s for r in c.regions if r for s in r.slots()] for u, c in claims.items()})
         for c in claims.values():
             c.process_memory = [{} for _ in c.gpus]
             paced_ns = [r.paced_ns if r else 0 for r in c.regions]
@@ -157,8 +171,6 @@ class Agent:
                 for i, gpu in enumerate(c.gpus):
                     if gpu["computeLimit"] < 100:  # limit 100 is never paced
                         c.set_rate(i, to_ppm(c.shares[i].rate))
-                    self.backstop.check(c, i, gpu["memoryLimit"], c.regions[i].used if c.regions[i] else 0,
-                                        c.process_memory[i])
         self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         with self.lock:
             self.gpus = samples
@@ -173,6 +185,45 @@ class Agent:
                 return c, i
         return None
 
+    # ---- claims and the process map ------------------------------------------------------------
+    def sampler_process_memory(self) -> dict[str, dict[int, int]]:
+        return self._sampler.process_memory() if self._sampler else {}
+
+    def refresh_if_needed(self) -> None:
+        """The backstop's poll: map a just-prepared claim, or a pod on a GPU that no claim's
+        reservedFor named when it was read (re-read at most every RESERVATIONS_S)."""
+        if self._dirty.is_set():
+            self.refresh()
+        elif self.procs.unknown_pods and time.monotonic() - self._reservations_at > RESERVATIONS_S:
+            self.refresh(reservations=True)
+
+    def refresh(self, reservations: bool = False) -> None:
+        """Claims from the checkpoint; the process map from their files, slots and pods."""
+        with self._refresh_lock:
+            self._dirty.clear()
+            self._refresh_claims()
+            claims = dict(self.claims)
+            if reservations:
+                self._reservations_at = time.monotonic()
+                for c in claims.values():
+                    c.pods = self._reserved_for(c.namespace, c.name, c.uid)
+            self.procs.update({u: c.limits_path for u, c in claims.items()},
+                              {u: [s for r in c.regions if r for s in r.slots()] for u, c in claims.items()},
+                              {u: set(c.pods) for u, c in claims.items()})
+
+    def _reserved_for(self, namespace: str, name: str, uid: str) -> dict[str, str]:
+        """The pods in the claim's status.reservedFor (the scheduler's word), UID -> name."""
+        try:
+            raw = json.loads(self.resource.read_namespaced_resource_claim(name, namespace,
+                                                                          _preload_content=False).data)
+        except Exception as e:  # the mount table still maps the claim's containers
+            log.warning("cannot read the claim's reservedFor", claim=f"{namespace}/{name}", error=str(e))
+            return {}
+        if (raw.get("metadata") or {}).get("uid") != uid:
+            return {}
+        return {r["uid"]: r.get("name", "") for r in (raw.get("status") or {}).get("reservedFor") or []
+                if r.get("resource") == "pods" and r.get("uid")}
+
     def _refresh_claims(self) -> None:
         current = {}
         for uid in self.driver.prepared_uids():
@@ -182,8 +233,10 @@ class Agent:
         with self.lock:
             for uid in set(self.claims) - set(current):
                 self.claims.pop(uid).close()
-            for uid in set(current) - set(self.claims):
-                self.claims[uid] = self._view(current[uid])
+            new = set(current) - set(self.claims)
+        views = {uid: self._view(current[uid]) for uid in new}  # reads the API: not under the lock
+        with self.lock:
+            self.claims.update(views)
 
     def _view(self, prepared: dict) -> ClaimView:
         files = self.driver.files
@@ -203,7 +256,9 @@ class Agent:
             except (OSError, ValueError) as e:
                 log.error("cannot map a control file", uid=uid, gpu=i, error=str(e))
                 controls.append(None)
+        pods = self._reserved_for(prepared["namespace"], prepared["name"], uid)
         shares = [Share(limit=g["computeLimit"] / 100.0, burst=g.get("computePolicy") == "Burst",
                         trusted=controls[i] is not None) for i, g in enumerate(prepared["gpus"])]
         return ClaimView(uid, prepared["namespace"], prepared["name"], prepared["gpus"],
-                         files.limits_path(uid), regions, controls, shares, [{} for _ in prepared["gpus"]])
+                         files.limits_path(uid), regions, controls, shares, [{} for _ in prepared["gpus"]],
+                         pods=pods)
