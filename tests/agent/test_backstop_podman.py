@@ -128,3 +128,25 @@ def test_pod_container_is_found_by_cgroup_and_the_pod_gets_an_event(node_factory
     finally:
         for r in node.refs:
             node.kubelet.unprepare(r)
+
+
+def test_repeated_10ms_holds_between_polls_are_caught(node_factory, runner):
+    """Over-limit allocations held 10 ms each, 100 ms apart: a 50 ms poll sees each one with a
+    chance of about 1 in 5, so the container is killed after a few of them (not one: a single
+    hold shorter than the poll interval can pass unseen, docs/security.md)."""
+    node = node_factory(cdi_root=CDI_ROOT)
+    node.refs = []
+    try:
+        ref, ids = prepare(node)
+        loop = (f"while :; do /bin/env -u LD_PRELOAD {PRIVATE_LOADER} /usr/local/bin/gpushare-probe alloc "
+                "--chunk 512Mi --max 512Mi --hold 0.01; sleep 0.09; done")
+        w = runner.start_command(f"short{uuid.uuid4().hex[:6]}", ids, ["/bin/sh", "-c", loop])
+        node.workloads.append(w)
+        lines = w.wait(timeout=120)
+        holds = sum(line.startswith("allocated=") for line in lines)
+        print(f"backstop: repeated 10 ms holds caught after {holds} hold(s)")
+        assert holds >= 1 and w.proc.returncode != 0
+        assert node.claim_metric("gpushare_claim_backstop_violations_total", ref) == 1
+    finally:
+        for r in node.refs:
+            node.kubelet.unprepare(r)
