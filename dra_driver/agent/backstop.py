@@ -42,8 +42,32 @@ def tolerance(limit: int, processes: int, backend: str) -> int:
     return max(TOLERANCE_MIN, int(limit * TOLERANCE_FRACTION)) + processes * CONTEXT_BYTES.get(backend, 0)
 
 
+def _paths(cgroup: str) -> dict[str, str]:
+    """/proc/<pid>/cgroup text -> {hierarchy-id:controllers: path}."""
+    out = {}
+    for line in cgroup.splitlines():
+        hierarchy, _, path = line.rpartition(":")
+        out[hierarchy] = path
+    return out
+
+
+def _inside(paths: dict[str, str], container: dict[str, str]) -> bool:
+    """In the container's cgroup or below it (a tenant with a delegated cgroup tree may make
+    sub-cgroups), in every hierarchy the container has."""
+    return all((p := paths.get(h)) is not None and (p == c or p.startswith(c.rstrip("/") + "/"))
+               for h, c in container.items())
+
+
+def killable(cgroup: str, own: str | None) -> bool:
+    """A container's cgroup, never the root nor one holding the agent (those kill the pid only)."""
+    container = _paths(cgroup)
+    return bool(container) and all(p not in ("", "/") for p in container.values()) and \
+        not (own and _inside(_paths(own), container))
+
+
 def kill_cgroup(cgroup: str) -> list[int]:
-    """SIGKILL every process whose /proc/<pid>/cgroup reads `cgroup` (its container); the pids."""
+    """SIGKILL every process in the container's cgroup (or below it); the pids."""
+    container = _paths(cgroup)
     killed: list[int] = []
     me = os.getpid()
     for _ in range(KILL_ROUNDS):
@@ -53,7 +77,7 @@ def kill_cgroup(cgroup: str) -> list[int]:
                 continue
             try:
                 with open(f"/proc/{name}/cgroup") as f:
-                    if f.read() == cgroup:
+                    if _inside(_paths(f.read()), container):
                         found.append(int(name))
             except OSError:
                 continue
@@ -68,6 +92,14 @@ def kill_cgroup(cgroup: str) -> list[int]:
     return killed
 
 
+def _read_own_cgroup() -> str | None:
+    try:
+        with open("/proc/self/cgroup") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 class Backstop:
     def __init__(self, api: client.ApiClient, node: str, enforce: str, backend: str, interval: float = 0.05):
         self.core = client.CoreV1Api(api)
@@ -78,7 +110,10 @@ class Backstop:
         self._over: set[tuple[str, int]] = set()  # (uid, gpu) currently over: one Event per episode
         self.violations: dict[tuple[str, int], int] = {}
         self.kills: dict[tuple[str, int], int] = {}
+        self.total_violations = 0  # node totals: outlive the claims (the per-claim ones go with them)
+        self.total_kills = 0
         self.last_poll_s = 0.0
+        self._own = _read_own_cgroup()
         self._events: queue.Queue = queue.Queue()  # Events go out on their own thread: a slow API
         self._stop = threading.Event()              # server never delays a kill
         self._threads: list[threading.Thread] = []
@@ -140,6 +175,7 @@ class Backstop:
             return
         self._over.add(key)
         self.violations[key] = self.violations.get(key, 0) + 1
+        self.total_violations += 1
         owners = owners or {}
         message = (f"processes of the claim hold {held} bytes on GPU {claim.gpus[i]['uuid']} (NVML), above the "
                    f"limit {limit}; the library accounted {region_used} (memory allocated around it)")
@@ -158,7 +194,7 @@ class Backstop:
         units: dict[str, list[int]] = {}  # cgroup text (or the pid for host processes) -> pids on the GPU
         for pid in process_memory:
             cgroup = owners[pid].cgroup if pid in owners else None
-            units.setdefault(cgroup or f"pid:{pid}", []).append(pid)
+            units.setdefault(cgroup if cgroup and killable(cgroup, self._own) else f"pid:{pid}", []).append(pid)
         left = sum(process_memory.values())
         killed: list[int] = []
         for unit, pids in sorted(units.items(), key=lambda kv: -sum(process_memory[p] for p in kv[1])):
@@ -176,6 +212,7 @@ class Backstop:
             left -= sum(process_memory[p] for p in pids)
             key = (claim.uid, i)
             self.kills[key] = self.kills.get(key, 0) + len(gone)
+            self.total_kills += len(gone)
             log.warning("killed a container above its claim's memory limit (--enforce=kill)", pids=gone,
                         bytes=sum(process_memory[p] for p in pids), claim=f"{claim.namespace}/{claim.name}",
                         uid=claim.uid, gpu=claim.gpus[i]["uuid"])

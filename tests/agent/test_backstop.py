@@ -56,6 +56,7 @@ def test_enforce_kill_is_the_default(node):
     w.proc.wait(timeout=10)
     assert w.proc.returncode == -9
     assert node.claim_metric("gpushare_claim_backstop_kills_total", ref) == 1
+    assert node.scrape()["gpushare_backstop_kills_total"][()] == 1  # the node total outlives the claim
     evs = wait_for(lambda: events(node, ref))
     assert f"killed pid(s) {w.proc.pid}" in evs[0].message
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 
 from dra_driver.agent import procmap
+from dra_driver.agent.backstop import _inside, _paths, killable
 from dra_driver.agent.procmap import ProcessMap, mount_source, pod_uid
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -58,3 +59,12 @@ def test_host_process_maps_by_slot_or_run_dir_never_by_a_copy(tmp_path):
         for proc in (p, q):
             proc.kill()
             proc.wait()
+
+
+def test_a_container_is_its_cgroup_and_below_never_the_root_or_the_agents():
+    c = "0::/kubepods/pod1/abc\n"
+    assert _inside(_paths("0::/kubepods/pod1/abc/nested\n"), _paths(c))  # a delegated sub-cgroup
+    assert not _inside(_paths("0::/kubepods/pod1/abcd\n"), _paths(c))
+    assert killable(c, "0::/system.slice/gpushare.scope\n")
+    assert not killable("2:cpu:/x\n0::/\n", None)             # a hierarchy at its root: the host
+    assert not killable(c, "0::/kubepods/pod1/abc/agent\n")    # holds the agent
