@@ -61,6 +61,8 @@ class Agent:
         self.interval = interval
         self.status = StatusWriter(api, driver.driver_name)
         self.resource = client.ResourceV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self._containers: dict[str, str] = {}  # container ID -> claim uid, pods with several claims
         self.backstop = Backstop(api, driver.node_name, enforce, driver.backend.name, backstop_interval)
         self.procs = ProcessMap()
         self.claims: dict[str, ClaimView] = {}
@@ -194,7 +196,8 @@ class Agent:
         reservedFor named when it was read (re-read at most every RESERVATIONS_S)."""
         if self._dirty.is_set():
             self.refresh()
-        elif self.procs.unknown_pods and time.monotonic() - self._reservations_at > RESERVATIONS_S:
+        elif (self.procs.unknown_pods or self.procs.unresolved_pods) and \
+                time.monotonic() - self._reservations_at > RESERVATIONS_S:
             self.refresh(reservations=True)
 
     def refresh(self, reservations: bool = False) -> None:
@@ -207,9 +210,12 @@ class Agent:
                 self._reservations_at = time.monotonic()
                 for c in claims.values():
                     c.pods = self._reserved_for(c.namespace, c.name, c.uid)
+                self._containers = {k: v for k, v in self._containers.items() if v in claims}
+                for pod in set(self.procs.unresolved_pods):
+                    self._containers.update(self._containers_of(pod, claims))
             self.procs.update({u: c.limits_path for u, c in claims.items()},
                               {u: [s for r in c.regions if r for s in r.slots()] for u, c in claims.items()},
-                              {u: set(c.pods) for u, c in claims.items()})
+                              {u: set(c.pods) for u, c in claims.items()}, self._containers)
 
     def _reserved_for(self, namespace: str, name: str, uid: str) -> dict[str, str]:
         """The pods in the claim's status.reservedFor (the scheduler's word), UID -> name."""
@@ -223,6 +229,36 @@ class Agent:
             return {}
         return {r["uid"]: r.get("name", "") for r in (raw.get("status") or {}).get("reservedFor") or []
                 if r.get("resource") == "pods" and r.get("uid")}
+
+    def _containers_of(self, pod_uid: str, claims: dict[str, ClaimView]) -> dict[str, str]:
+        """Container ID -> claim uid for a pod holding several of our claims: its spec says which
+        container uses which claim, its status which container has which ID."""
+        ref = next(((c.namespace, c.pods[pod_uid]) for c in claims.values() if c.pods.get(pod_uid)), None)
+        if ref is None:
+            return {}
+        try:
+            pod = json.loads(self.core.read_namespaced_pod(ref[1], ref[0], _preload_content=False).data)
+        except Exception as e:  # the containers' mounts still tell, when they show
+            log.warning("cannot read the pod", pod=f"{ref[0]}/{ref[1]}", error=str(e))
+            return {}
+        if (pod.get("metadata") or {}).get("uid") != pod_uid:
+            return {}
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        claim_name = {r.get("name"): r.get("resourceClaimName") for r in spec.get("resourceClaims") or []}
+        claim_name.update({r.get("name"): r.get("resourceClaimName") for r in status.get("resourceClaimStatuses") or []})
+        ours = {(c.namespace, c.name): c.uid for c in claims.values()}
+        uses: dict[str, str] = {}  # container name -> our claim's uid
+        for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            for used in (container.get("resources") or {}).get("claims") or []:
+                uid = ours.get((ref[0], claim_name.get(used.get("name"))))
+                if uid:
+                    uses[container.get("name")] = uid
+        out = {}
+        for st in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            cid = (st.get("containerID") or "").rpartition("://")[2]
+            if cid and st.get("name") in uses:
+                out[cid] = uses[st["name"]]
+        return out
 
     def _refresh_claims(self) -> None:
         current = {}

@@ -7,9 +7,11 @@ anything a tenant can write (docs/security.md, "The trusted layer"):
    cgroup). The kubelet names each pod's cgroup after the pod's UID (`pod<uid>`, `_` for `-`
    under systemd), and each ResourceClaim's `status.reservedFor` (written by the scheduler)
    lists the UIDs of the pods that use it: pod UID -> claim. Neither chroot, a private mount
-   namespace, nor an image layout changes it.
-2. Outside kubelet pods (podman, tests) or where a pod holds several of our claims: the
-   process's mount table (/proc/<pid>/mountinfo, written by the kernel). The claim's limits
+   namespace, nor an image layout changes it. A pod that holds several of our claims (one per
+   container) is resolved to the container: the container ID at the end of the cgroup path
+   against the pod's status.containerStatuses, and the container's resources.claims in its
+   spec (the agent reads the pod; the API server's word, like reservedFor).
+2. Outside kubelet pods (podman, tests), or before the pod is read: the process's mount table (/proc/<pid>/mountinfo, written by the kernel). The claim's limits
    file reaches the container as a bind mount whose source shows there as (device, path in
    that filesystem) = `<state-dir>/claims/<uid>/limits` on the host, wherever the image puts
    its mount point (`/var/run` a link to `/run` included). The agent computes the same pair
@@ -29,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 MISS_TTL_S = 1.0  # an unmapped process is looked up again after this (or when claims change)
@@ -71,6 +74,12 @@ def pod_uid(cgroup: str) -> str | None:
     """The kubelet pod UID in a /proc/<pid>/cgroup text (the deepest one), or None."""
     found = POD_UID.findall(cgroup)
     return found[-1].replace("_", "-") if found else None
+
+
+def container_id(cgroup: str) -> str | None:
+    """The runtime's container ID in a /proc/<pid>/cgroup text (the deepest one), or None."""
+    found = CONTAINER_ID.findall(cgroup)
+    return found[-1] if found else None
 
 
 def mounts(pid: int | str) -> list[tuple[str, str, str]]:
@@ -125,15 +134,19 @@ class ProcessMap:
         self._by_limits: dict[tuple[int, int], str] = {}   # inode of a limits file -> uid
         self._by_mount: dict[tuple[str, str], str] = {}    # its mount source -> uid
         self._by_pod: dict[str, list[str]] = {}            # pod UID -> uids reserved for it
+        self._by_container: dict[str, str] = {}            # container ID -> uid (pods with several claims)
         self._by_slot: dict[tuple[int, int], str] = {}     # (pid, start_time) in our namespace -> uid
         self._cache: dict[tuple[int, int], Owner] = {}     # (pid, start_time) -> owner
         self._misses: dict[tuple[int, int], float] = {}    # (pid, start_time) -> when it missed
         self.unknown_pods: set[str] = set()                # pods on a GPU in no claim's reservedFor
+        self.unresolved_pods: set[str] = set()             # pods with several claims, container unknown
 
     def update(self, limits_files: dict[str, str], slots: dict[str, list],
-               reserved: dict[str, set[str]] | None = None) -> None:
+               reserved: dict[str, set[str]] | None = None, containers: dict[str, str] | None = None) -> None:
         """limits_files: uid -> host limits path; slots: uid -> the region slots of the claim;
-        reserved: uid -> UIDs of the pods in the claim's status.reservedFor."""
+        reserved: uid -> UIDs of the pods in the claim's status.reservedFor; containers:
+        container ID -> uid, for pods that hold several claims."""
+        containers = containers or {}
         by_limits = {k: uid for uid, path in limits_files.items() if (k := _key(path))}
         table = mounts("self")
         by_mount = {k: uid for uid, path in limits_files.items() if (k := mount_source(path, table))}
@@ -144,11 +157,13 @@ class ProcessMap:
         ns = self._pidns[1] if self._pidns else None
         by_slot = {(s.pid, s.start_time): uid for uid, ss in slots.items() for s in ss if s.pidns == ns}
         with self._lock:
-            if by_limits != self._by_limits or by_pod != self._by_pod:
-                self._cache.clear()  # a claim or a pod came or went
+            if by_limits != self._by_limits or by_pod != self._by_pod or containers != self._by_container:
+                self._cache.clear()  # a claim, a pod or a container came or went
                 self._misses.clear()
                 self.unknown_pods -= set(by_pod)
+                self.unresolved_pods.clear()
             self._by_limits, self._by_mount, self._by_pod, self._by_slot = by_limits, by_mount, by_pod, by_slot
+            self._by_container = containers
 
     def claim_of(self, pid: int) -> str | None:
         owner = self.owner(pid)
@@ -182,8 +197,12 @@ class ProcessMap:
                 return Owner(candidates[0], pod, cgroup)
             if not candidates:
                 self.unknown_pods.add(pod)
-            else:  # several claims in one pod: the container's mounts tell which
-                by_mount &= set(candidates)
+            else:  # several claims in one pod: the container tells which
+                uid = self._by_container.get(container_id(cgroup) or "")
+                if uid in candidates:
+                    return Owner(uid, pod, cgroup)
+                self.unresolved_pods.add(pod)
+                by_mount &= set(candidates)  # until the pod is read, its mounts if they show
         if len(by_mount) == 1:
             return Owner(by_mount.pop(), pod, None if own else cgroup)
         if _key(f"/proc/{pid}/root") != self._root:

@@ -76,3 +76,27 @@ def test_process_to_claim_mapping(node, tmp_path):
     finally:
         forged.kill()
         forged.wait()
+
+
+def test_pod_containers_are_told_apart_by_the_pod_object(node):
+    """A pod with two of our claims, one per container: the pod's spec and status give
+    container ID -> claim."""
+    from kubernetes import client
+    a, _ = node.claim(memory="256Mi")
+    b, _ = node.claim(memory="256Mi")
+    pod = client.CoreV1Api(node.api).create_namespaced_pod(a[0], {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "two"},
+        "spec": {"containers": [{"name": "x", "image": "i", "resources": {"claims": [{"name": "ca"}]}},
+                                {"name": "y", "image": "i", "resources": {"claims": [{"name": "cb"}]}}],
+                 "resourceClaims": [{"name": "ca", "resourceClaimName": a[1]}, {"name": "cb", "resourceClaimName": b[1]}]}})
+    client.CoreV1Api(node.api).patch_namespaced_pod_status("two", a[0], {"status": {"containerStatuses": [
+        {"name": "x", "containerID": "containerd://" + "a" * 64, "image": "i", "imageID": "", "ready": True,
+         "restartCount": 0},
+        {"name": "y", "containerID": "cri-o://" + "b" * 64, "image": "i", "imageID": "", "ready": True,
+         "restartCount": 0}]}})
+    agent = node.plugin.agent
+    claims = wait_for(lambda: a[2] in agent.claims and b[2] in agent.claims and dict(agent.claims))
+    for c in (claims[a[2]], claims[b[2]]):
+        c.pods = {pod.metadata.uid: "two"}
+    assert agent._containers_of(pod.metadata.uid, claims) == {"a" * 64: a[2], "b" * 64: b[2]}
+    assert agent._containers_of("no-such-pod", claims) == {}

@@ -68,3 +68,27 @@ def test_a_container_is_its_cgroup_and_below_never_the_root_or_the_agents():
     assert killable(c, "0::/system.slice/gpushare.scope\n")
     assert not killable("2:cpu:/x\n0::/\n", None)             # a hierarchy at its root: the host
     assert not killable(c, "0::/kubepods/pod1/abc/agent\n")    # holds the agent
+
+
+def test_pod_with_two_claims_is_resolved_by_its_container(monkeypatch):
+    """cgroup pod UID -> the claims reserved for the pod; with two, the container ID decides
+    (from the pod's status, fed in by the agent); hidden mounts change nothing."""
+    cid = "ab" * 32
+    p = subprocess.Popen(["sleep", "30"])
+    cgroup = f"0::/kubepods/pod{UID}/{cid}\n"
+    real_read = procmap._read
+    monkeypatch.setattr(procmap, "_read", lambda path: cgroup if path == f"/proc/{p.pid}/cgroup" else real_read(path))
+    monkeypatch.setattr(procmap, "mounts", lambda pid: [])  # chroot: no claim mount shows
+    try:
+        m = ProcessMap()
+        m.update({}, {}, {"u1": {UID}})
+        assert m.owner(p.pid) == procmap.Owner("u1", UID, cgroup)
+        m.update({}, {}, {"u1": {UID}, "u2": {UID}})
+        assert m.owner(p.pid) is None and m.unresolved_pods == {UID}
+        m.update({}, {}, {"u1": {UID}, "u2": {UID}}, {cid: "u2"})
+        assert m.owner(p.pid) == procmap.Owner("u2", UID, cgroup)
+        m.update({}, {}, {"u1": {"another-pod"}})
+        assert m.owner(p.pid) is None and m.unknown_pods == {UID}
+    finally:
+        p.kill()
+        p.wait()
