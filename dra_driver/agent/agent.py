@@ -25,7 +25,12 @@ from .status import StatusWriter
 
 log = get_logger("agent")
 
+# A pod on a GPU that no claim's reservedFor names (a new pod sharing a claim, or one using the
+# GPU through another driver): the claims are read again at most every RESERVATIONS_S, for its
+# first RESERVATION_TRIES, then every RESERVATIONS_SLOW_S.
 RESERVATIONS_S = 0.5
+RESERVATION_TRIES = 10
+RESERVATIONS_SLOW_S = 30.0
 
 
 @dataclass
@@ -72,9 +77,12 @@ class Agent:
         self._sim = sim
         self._sampler: Sampler | None = None
         self._stop = threading.Event()
-        self._refresh_lock = threading.Lock()  # the period and the backstop both refresh the claims
+        # the period and the backstop both refresh the claims; a period holds it throughout, so
+        # neither closes a region the other is reading
+        self._refresh_lock = threading.RLock()
         self._dirty = threading.Event()        # a claim was prepared: the backstop maps it now
         self._reservations_at = 0.0
+        self._tries: dict[str, int] = {}  # pod UID -> reservation reads while it was unknown
         self._thread = threading.Thread(target=self._run, name="agent", daemon=True)
 
     # ---- driver listener ----------------------------------------------------------------------
@@ -140,6 +148,10 @@ class Agent:
 
     # ---- one period -----------------------------------------------------------------------------
     def tick(self) -> None:
+        with self._refresh_lock:
+            self._tick()
+
+    def _tick(self) -> None:
         self.refresh()
         samples = self._sampler.sample() if self._sampler else []
         claims = dict(self.claims)
@@ -196,9 +208,13 @@ class Agent:
         reservedFor named when it was read (re-read at most every RESERVATIONS_S)."""
         if self._dirty.is_set():
             self.refresh()
-        elif (self.procs.unknown_pods or self.procs.unresolved_pods) and \
-                time.monotonic() - self._reservations_at > RESERVATIONS_S:
-            self.refresh(reservations=True)
+            return
+        pods = self.procs.unknown_pods | self.procs.unresolved_pods
+        if pods:
+            fresh = any(self._tries.get(p, 0) < RESERVATION_TRIES for p in pods)
+            if time.monotonic() - self._reservations_at > (RESERVATIONS_S if fresh else RESERVATIONS_SLOW_S):
+                self._tries = {p: self._tries.get(p, 0) + 1 for p in pods}
+                self.refresh(reservations=True)
 
     def refresh(self, reservations: bool = False) -> None:
         """Claims from the checkpoint; the process map from their files, slots and pods."""

@@ -160,10 +160,9 @@ class Backstop:
                         owners[pid] = owner
         for c in claims.values():
             for i, gpu in enumerate(c.gpus):
-                region = c.regions[i]
-                self.check(c, i, gpu["memoryLimit"], region.used if region else 0, held.get((c.uid, i), {}), owners)
+                self.check(c, i, gpu["memoryLimit"], held.get((c.uid, i), {}), owners)
 
-    def check(self, claim, i: int, limit: int, region_used: int, process_memory: dict[int, int],
+    def check(self, claim, i: int, limit: int, process_memory: dict[int, int],
               owners: dict[int, Owner] | None = None) -> None:
         """One (claim, GPU): process_memory = this claim's host pids on the GPU -> NVML bytes."""
         key = (claim.uid, i)
@@ -177,6 +176,10 @@ class Backstop:
         self.violations[key] = self.violations.get(key, 0) + 1
         self.total_violations += 1
         owners = owners or {}
+        try:
+            region_used = claim.regions[i].used if claim.regions[i] else 0
+        except ValueError:  # the claim went away while we looked (its region is closed)
+            region_used = 0
         message = (f"processes of the claim hold {held} bytes on GPU {claim.gpus[i]['uuid']} (NVML), above the "
                    f"limit {limit}; the library accounted {region_used} (memory allocated around it)")
         log.warning("claim above its memory limit", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid,
