@@ -6,7 +6,6 @@ claim-status writer, fed by the driver's Prepare/Unprepare."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field

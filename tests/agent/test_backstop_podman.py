@@ -47,7 +47,7 @@ def runner():
     os.rmdir(var_run)
     os.makedirs(os.path.join(r.rootfs, "run"), exist_ok=True)
     os.symlink("../run", var_run)
-    loader = glob.glob(os.path.join(r.rootfs, "lib*", "ld-linux-x86-64.so.2"))[0]
+    loader = glob.glob(os.path.join(r.rootfs, "lib*", "ld-linux*.so*"))[0]
     data = open(loader, "rb").read()
     assert b"/etc/ld.so.preload" in data
     target = os.path.join(r.rootfs, PRIVATE_LOADER.lstrip("/"))
