@@ -66,28 +66,38 @@ def killable(cgroup: str, own: str | None) -> bool:
 
 
 def kill_cgroup(cgroup: str) -> list[int]:
-    """SIGKILL every process in the container's cgroup (or below it); the pids."""
+    """SIGKILL every process in the container's cgroup (or below it); the pids. Each process is
+    held by a pidfd while its cgroup is read, so a pid reused in between is never signalled."""
     container = _paths(cgroup)
     killed: list[int] = []
     me = os.getpid()
     for _ in range(KILL_ROUNDS):
-        found = []
+        held: dict[int, int] = {}  # pid -> pidfd, for every process of the container
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) == me:
                 continue
             try:
-                with open(f"/proc/{name}/cgroup") as f:
-                    if _inside(_paths(f.read()), container):
-                        found.append(int(name))
+                fd = os.pidfd_open(int(name))
             except OSError:
                 continue
-        for pid in found:
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                with open(f"/proc/{name}/cgroup") as f:
+                    inside = _inside(_paths(f.read()), container)
+            except OSError:
+                inside = False
+            if inside:
+                held[int(name)] = fd
+            else:
+                os.close(fd)
+        for fd in held.values():
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
                 pass
-        killed += [p for p in found if p not in killed]
-        if not found:
+            os.close(fd)
+        new = [p for p in held if p not in killed]
+        killed += new
+        if not new:  # (killed ones linger as zombies until reaped: only new pids count)
             break
     return killed
 
