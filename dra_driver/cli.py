@@ -137,11 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the ResourceSlice controller for this node's pool inside this process")
     g.add_argument("--agent-interval", type=_positive_float, default=1.0,
                    help="seconds between the node agent's samples: NVML telemetry, compute-share rate "
-                        "control, backstop (docs/agent.md)")
-    g.add_argument("--enforce", default="report", choices=("report", "kill"),
+                        "control (docs/agent.md)")
+    g.add_argument("--backstop-interval", type=_positive_float, default=0.05,
+                   help="seconds between the backstop's NVML per-process memory polls (docs/security.md)")
+    g.add_argument("--enforce", default="kill", choices=("report", "kill"),
                    help="when NVML shows a claim's processes above its memory limit (memory allocated "
-                        "around libgpushare.so): report = Warning Event on the ResourceClaim and a metric; "
-                        "kill = also SIGKILL its largest processes on that GPU until the rest fits")
+                        "around libgpushare.so): kill = SIGKILL the containers of its largest processes on "
+                        "that GPU until the rest fits, with Warning Events on the claim and the pod and a "
+                        "metric; report = only the Events and the metric")
     g = p.add_argument_group("GPU health")
     g.add_argument("--health-events", default=True, action=argparse.BooleanOptionalAction,
                    help="watch NVML XID and ECC events; a critical one taints the GPU's devices and is "

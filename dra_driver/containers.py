@@ -201,17 +201,25 @@ class PodmanRunner:
         Path(conf).write_text(_CONTAINERS_CONF.format(wrapper=wrapper))
         self.env = {**os.environ, "CONTAINERS_CONF": conf}
 
-    def command(self, device_ids: list[str], argv: list[str], name: str | None = None) -> list[str]:
+    def command(self, device_ids: list[str], argv: list[str], name: str | None = None,
+                cgroup_parent: str | None = None) -> list[str]:
         cmd = ["podman", "run", "--rm", "--network=none", "--runtime", "runc"]
         if name:
             cmd += ["--name", name]
+        if cgroup_parent:  # e.g. /kubepods/pod<uid>: the cgroup the kubelet would give a pod
+            cmd += ["--cgroup-parent", cgroup_parent]
         for device in device_ids:
             cmd += ["--device", device]
         return [*cmd, "--rootfs", self.rootfs, *argv]
 
     def start(self, name: str, device_ids: list[str], argv: list[str]) -> Workload:
+        return self.start_command(name, device_ids, [CONTAINER_PROBE, *argv])
+
+    def start_command(self, name: str, device_ids: list[str], argv: list[str],
+                      cgroup_parent: str | None = None) -> Workload:
+        """Any command of the root filesystem (start() runs the probe)."""
         container = f"gpushare-{name}-{uuid.uuid4().hex[:8]}"
-        return _start(name, self.command(device_ids, [CONTAINER_PROBE, *argv], name=container), self.env,
+        return _start(name, self.command(device_ids, argv, name=container, cgroup_parent=cgroup_parent), self.env,
                       kill=lambda: subprocess.run(["podman", "kill", container], env=self.env, capture_output=True,
                                                   timeout=60))
 

@@ -1,13 +1,16 @@
 """The node agent's loop: every --agent-interval, sample NVML, map processes to claims, set
-each claim's pacing rate, run the backstop; the metrics collector reads the result at scrape
-time. It also owns the claim-status writer, fed by the driver's Prepare/Unprepare."""
+each claim's pacing rate; the metrics collector reads the result at scrape time. The backstop
+(backstop.py) polls NVML on its own thread every --backstop-interval. The agent also owns the
+claim-status writer, fed by the driver's Prepare/Unprepare."""
 
 from __future__ import annotations
 
-import os
+import json
 import threading
 import time
 from dataclasses import dataclass, field
+
+from kubernetes import client
 
 from dra_driver.log import get_logger
 
@@ -20,6 +23,13 @@ from .shares import Share, control_gpu, to_ppm
 from .status import StatusWriter
 
 log = get_logger("agent")
+
+# A pod on a GPU that no claim's reservedFor names (a new pod sharing a claim, or one using the
+# GPU through another driver): the claims are read again at most every RESERVATIONS_S, for its
+# first RESERVATION_TRIES, then every RESERVATIONS_SLOW_S.
+RESERVATIONS_S = 0.5
+RESERVATION_TRIES = 10
+RESERVATIONS_SLOW_S = 30.0
 
 
 @dataclass
@@ -34,6 +44,7 @@ class ClaimView:
     shares: list[Share]
     process_memory: list[dict[int, int]] = field(default_factory=list)  # per GPU: pid -> NVML bytes
     paced_ns: list[int] = field(default_factory=list)                  # per GPU: the region's, last period
+    pods: dict[str, str] = field(default_factory=dict)  # status.reservedFor: pod UID -> name
 
     def set_rate(self, i: int, ppm: int) -> None:
         """The library's refill rate for GPU i: the control file when there is one, else the region."""
@@ -48,11 +59,15 @@ class ClaimView:
 
 
 class Agent:
-    def __init__(self, driver, api, interval: float = 1.0, enforce: str = "report", sim=None):
+    def __init__(self, driver, api, interval: float = 1.0, enforce: str = "kill", sim=None,
+                 backstop_interval: float = 0.05):
         self.driver = driver
         self.interval = interval
         self.status = StatusWriter(api, driver.driver_name)
-        self.backstop = Backstop(api, driver.node_name, enforce, driver.backend.name)
+        self.resource = client.ResourceV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self._containers: dict[str, str] = {}  # container ID -> claim uid, pods with several claims
+        self.backstop = Backstop(api, driver.node_name, enforce, driver.backend.name, backstop_interval)
         self.procs = ProcessMap()
         self.claims: dict[str, ClaimView] = {}
         self.gpus: list[GpuSample] = []
@@ -61,11 +76,18 @@ class Agent:
         self._sim = sim
         self._sampler: Sampler | None = None
         self._stop = threading.Event()
+        # the period and the backstop both refresh the claims; a period holds it throughout, so
+        # neither closes a region the other is reading
+        self._refresh_lock = threading.RLock()
+        self._dirty = threading.Event()        # a claim was prepared: the backstop maps it now
+        self._reservations_at = 0.0
+        self._tries: dict[str, int] = {}  # pod UID -> reservation reads while it was unknown
         self._thread = threading.Thread(target=self._run, name="agent", daemon=True)
 
     # ---- driver listener ----------------------------------------------------------------------
     def claim_prepared(self, prepared: dict) -> None:
         self.status.prepared(prepared)
+        self._dirty.set()
 
     def claim_unprepared(self, prepared: dict) -> None:
         self.status.unprepared(prepared)
@@ -79,12 +101,15 @@ class Agent:
                 self.status.prepared(entry["prepared"])
         self.status.start()
         self._thread.start()
+        if self._sampler is not None:
+            self.backstop.start(self)
         return self
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        self.backstop.stop()
         self.status.stop()
         with self.lock:
             for c in self.claims.values():
@@ -122,11 +147,13 @@ class Agent:
 
     # ---- one period -----------------------------------------------------------------------------
     def tick(self) -> None:
-        self._refresh_claims()
+        with self._refresh_lock:
+            self._tick()
+
+    def _tick(self) -> None:
+        self.refresh()
         samples = self._sampler.sample() if self._sampler else []
         claims = dict(self.claims)
-        self.procs.update({u: c.limits_path for u, c in claims.items()},
-                          {u: [s for r in c.regions if r for s in r.slots()] for u, c in claims.items()})
         for c in claims.values():
             c.process_memory = [{} for _ in c.gpus]
             paced_ns = [r.paced_ns if r else 0 for r in c.regions]
@@ -157,8 +184,6 @@ class Agent:
                 for i, gpu in enumerate(c.gpus):
                     if gpu["computeLimit"] < 100:  # limit 100 is never paced
                         c.set_rate(i, to_ppm(c.shares[i].rate))
-                    self.backstop.check(c, i, gpu["memoryLimit"], c.regions[i].used if c.regions[i] else 0,
-                                        c.process_memory[i])
         self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         with self.lock:
             self.gpus = samples
@@ -173,6 +198,83 @@ class Agent:
                 return c, i
         return None
 
+    # ---- claims and the process map ------------------------------------------------------------
+    def sampler_process_memory(self) -> dict[str, dict[int, int]]:
+        return self._sampler.process_memory() if self._sampler else {}
+
+    def refresh_if_needed(self) -> None:
+        """The backstop's poll: map a just-prepared claim, or a pod on a GPU that no claim's
+        reservedFor named when it was read (re-read at most every RESERVATIONS_S)."""
+        if self._dirty.is_set():
+            self.refresh()
+            return
+        pods = self.procs.unknown_pods | self.procs.unresolved_pods
+        if pods:
+            fresh = any(self._tries.get(p, 0) < RESERVATION_TRIES for p in pods)
+            if time.monotonic() - self._reservations_at > (RESERVATIONS_S if fresh else RESERVATIONS_SLOW_S):
+                self._tries = {p: self._tries.get(p, 0) + 1 for p in pods}
+                self.refresh(reservations=True)
+
+    def refresh(self, reservations: bool = False) -> None:
+        """Claims from the checkpoint; the process map from their files, slots and pods."""
+        with self._refresh_lock:
+            self._dirty.clear()
+            self._refresh_claims()
+            claims = dict(self.claims)
+            if reservations:
+                self._reservations_at = time.monotonic()
+                for c in claims.values():
+                    c.pods = self._reserved_for(c.namespace, c.name, c.uid)
+                self._containers = {k: v for k, v in self._containers.items() if v in claims}
+                for pod in set(self.procs.unresolved_pods):
+                    self._containers.update(self._containers_of(pod, claims))
+            self.procs.update({u: c.limits_path for u, c in claims.items()},
+                              {u: [s for r in c.regions if r for s in r.slots()] for u, c in claims.items()},
+                              {u: set(c.pods) for u, c in claims.items()}, self._containers)
+
+    def _reserved_for(self, namespace: str, name: str, uid: str) -> dict[str, str]:
+        """The pods in the claim's status.reservedFor (the scheduler's word), UID -> name."""
+        try:
+            raw = json.loads(self.resource.read_namespaced_resource_claim(name, namespace,
+                                                                          _preload_content=False).data)
+        except Exception as e:  # the mount table still maps the claim's containers
+            log.warning("cannot read the claim's reservedFor", claim=f"{namespace}/{name}", error=str(e))
+            return {}
+        if (raw.get("metadata") or {}).get("uid") != uid:
+            return {}
+        return {r["uid"]: r.get("name", "") for r in (raw.get("status") or {}).get("reservedFor") or []
+                if r.get("resource") == "pods" and r.get("uid")}
+
+    def _containers_of(self, pod_uid: str, claims: dict[str, ClaimView]) -> dict[str, str]:
+        """Container ID -> claim uid for a pod holding several of our claims: its spec says which
+        container uses which claim, its status which container has which ID."""
+        ref = next(((c.namespace, c.pods[pod_uid]) for c in claims.values() if c.pods.get(pod_uid)), None)
+        if ref is None:
+            return {}
+        try:
+            pod = json.loads(self.core.read_namespaced_pod(ref[1], ref[0], _preload_content=False).data)
+        except Exception as e:  # the containers' mounts still tell, when they show
+            log.warning("cannot read the pod", pod=f"{ref[0]}/{ref[1]}", error=str(e))
+            return {}
+        if (pod.get("metadata") or {}).get("uid") != pod_uid:
+            return {}
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        claim_name = {r.get("name"): r.get("resourceClaimName") for r in spec.get("resourceClaims") or []}
+        claim_name.update({r.get("name"): r.get("resourceClaimName") for r in status.get("resourceClaimStatuses") or []})
+        ours = {(c.namespace, c.name): c.uid for c in claims.values()}
+        uses: dict[str, str] = {}  # container name -> our claim's uid
+        for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            for used in (container.get("resources") or {}).get("claims") or []:
+                uid = ours.get((ref[0], claim_name.get(used.get("name"))))
+                if uid:
+                    uses[container.get("name")] = uid
+        out = {}
+        for st in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            cid = (st.get("containerID") or "").rpartition("://")[2]
+            if cid and st.get("name") in uses:
+                out[cid] = uses[st["name"]]
+        return out
+
     def _refresh_claims(self) -> None:
         current = {}
         for uid in self.driver.prepared_uids():
@@ -182,8 +284,10 @@ class Agent:
         with self.lock:
             for uid in set(self.claims) - set(current):
                 self.claims.pop(uid).close()
-            for uid in set(current) - set(self.claims):
-                self.claims[uid] = self._view(current[uid])
+            new = set(current) - set(self.claims)
+        views = {uid: self._view(current[uid]) for uid in new}  # reads the API: not under the lock
+        with self.lock:
+            self.claims.update(views)
 
     def _view(self, prepared: dict) -> ClaimView:
         files = self.driver.files
@@ -203,7 +307,9 @@ class Agent:
             except (OSError, ValueError) as e:
                 log.error("cannot map a control file", uid=uid, gpu=i, error=str(e))
                 controls.append(None)
+        pods = self._reserved_for(prepared["namespace"], prepared["name"], uid)
         shares = [Share(limit=g["computeLimit"] / 100.0, burst=g.get("computePolicy") == "Burst",
                         trusted=controls[i] is not None) for i, g in enumerate(prepared["gpus"])]
         return ClaimView(uid, prepared["namespace"], prepared["name"], prepared["gpus"],
-                         files.limits_path(uid), regions, controls, shares, [{} for _ in prepared["gpus"]])
+                         files.limits_path(uid), regions, controls, shares, [{} for _ in prepared["gpus"]],
+                         pods=pods)

@@ -1,22 +1,31 @@
-"""Backstop: NVML's real per-process memory against each claim's limit.
+"""The trusted layer: NVML's per-process memory against each claim's limit, fast.
 
-The library keeps a claim within its limit only for allocations it sees. A static binary, an
-API it does not hook, or a tampered region escapes it, but NVML still counts the memory. A
-claim whose processes hold more than limit + tolerance on a GPU gets one Warning Event on its
-ResourceClaim per episode, a counter, and under `--enforce=kill` its largest processes on that
-GPU are killed (SIGKILL) until the rest fits.
+The library keeps a claim within its limit only for allocations it sees and only while its
+region is honest. A static binary, a private loader, raw ioctls or a scribbled region escape
+it, but the driver still counts the memory and NVML reports it by host pid. Every
+`--backstop-interval` (50 ms) a thread asks NVML for each GPU's processes (one cheap call per
+GPU, apart from the agent's 1 s telemetry), maps them to claims from kernel and API-server
+facts only (procmap.py), and a claim whose processes hold more than limit + tolerance on a GPU
+is a violation: under `--enforce=kill` (the default) the container of its largest process is
+killed, every process of its cgroup, until the rest fits; one Warning Event on the claim and
+on the pod per episode, counters, a log line. docs/security.md states the promise.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import queue
 import signal
+import threading
+import time
 import uuid
 
 from kubernetes import client
 
 from dra_driver.log import get_logger
+
+from .procmap import Owner
 
 log = get_logger("agent.backstop")
 
@@ -26,23 +35,145 @@ REASON = "GpuMemoryLimitExceeded"
 CONTEXT_BYTES = {"nvml": 512 << 20, "mock": 0}
 TOLERANCE_FRACTION = 0.05
 TOLERANCE_MIN = 16 << 20
+KILL_ROUNDS = 5  # a container forking while it is killed: look again until none is left
 
 
 def tolerance(limit: int, processes: int, backend: str) -> int:
     return max(TOLERANCE_MIN, int(limit * TOLERANCE_FRACTION)) + processes * CONTEXT_BYTES.get(backend, 0)
 
 
+def _paths(cgroup: str) -> dict[str, str]:
+    """/proc/<pid>/cgroup text -> {hierarchy-id:controllers: path}."""
+    out = {}
+    for line in cgroup.splitlines():
+        hierarchy, _, path = line.rpartition(":")
+        out[hierarchy] = path
+    return out
+
+
+def _inside(paths: dict[str, str], container: dict[str, str]) -> bool:
+    """In the container's cgroup or below it (a tenant with a delegated cgroup tree may make
+    sub-cgroups), in every hierarchy the container has."""
+    return all((p := paths.get(h)) is not None and (p == c or p.startswith(c.rstrip("/") + "/"))
+               for h, c in container.items())
+
+
+def killable(cgroup: str, own: str | None) -> bool:
+    """A container's cgroup, never the root nor one holding the agent (those kill the pid only)."""
+    container = _paths(cgroup)
+    return bool(container) and all(p not in ("", "/") for p in container.values()) and \
+        not (own and _inside(_paths(own), container))
+
+
+def kill_cgroup(cgroup: str) -> list[int]:
+    """SIGKILL every process in the container's cgroup (or below it); the pids. Each process is
+    held by a pidfd while its cgroup is read, so a pid reused in between is never signalled."""
+    container = _paths(cgroup)
+    killed: list[int] = []
+    me = os.getpid()
+    for _ in range(KILL_ROUNDS):
+        held: dict[int, int] = {}  # pid -> pidfd, for every process of the container
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == me:
+                continue
+            try:
+                fd = os.pidfd_open(int(name))
+            except OSError:
+                continue
+            try:
+                with open(f"/proc/{name}/cgroup") as f:
+                    inside = _inside(_paths(f.read()), container)
+            except OSError:
+                inside = False
+            if inside:
+                held[int(name)] = fd
+            else:
+                os.close(fd)
+        for fd in held.values():
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+            os.close(fd)
+        new = [p for p in held if p not in killed]
+        killed += new
+        if not new:  # (killed ones linger as zombies until reaped: only new pids count)
+            break
+    return killed
+
+
+def _read_own_cgroup() -> str | None:
+    try:
+        with open("/proc/self/cgroup") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 class Backstop:
-    def __init__(self, api: client.ApiClient, node: str, enforce: str, backend: str):
+    def __init__(self, api: client.ApiClient, node: str, enforce: str, backend: str, interval: float = 0.05):
         self.core = client.CoreV1Api(api)
         self.node = node
         self.enforce = enforce
         self.backend = backend
+        self.interval = interval
         self._over: set[tuple[str, int]] = set()  # (uid, gpu) currently over: one Event per episode
         self.violations: dict[tuple[str, int], int] = {}
         self.kills: dict[tuple[str, int], int] = {}
+        self.total_violations = 0  # node totals: outlive the claims (the per-claim ones go with them)
+        self.total_kills = 0
+        self.last_poll_s = 0.0
+        self._own = _read_own_cgroup()
+        self._events: queue.Queue = queue.Queue()  # Events go out on their own thread: a slow API
+        self._stop = threading.Event()              # server never delays a kill
+        self._threads: list[threading.Thread] = []
 
-    def check(self, claim, i: int, limit: int, region_used: int, process_memory: dict[int, int]) -> None:
+    # ---- life -----------------------------------------------------------------------------------
+    def start(self, agent) -> None:
+        self._threads = [threading.Thread(target=self._run, args=(agent,), name="backstop", daemon=True),
+                         threading.Thread(target=self._send_events, name="backstop-events", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._events.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def _run(self, agent) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.poll(agent)
+            except Exception:
+                log.exception("backstop poll failed")
+            self.last_poll_s = time.monotonic() - started
+            next_at = max(next_at + self.interval, time.monotonic())
+            self._stop.wait(next_at - time.monotonic())
+
+    # ---- one poll -------------------------------------------------------------------------------
+    def poll(self, agent) -> None:
+        agent.refresh_if_needed()
+        memory = agent.sampler_process_memory()
+        claims = dict(agent.claims)
+        held: dict[tuple[str, int], dict[int, int]] = {}
+        owners: dict[int, Owner] = {}
+        for gpu_uuid, procs in memory.items():
+            for pid, used in procs.items():
+                owner = agent.procs.owner(pid)
+                c = claims.get(owner.uid) if owner else None
+                for i, gpu in enumerate(c.gpus if c else ()):
+                    if gpu["uuid"] == gpu_uuid:
+                        held.setdefault((c.uid, i), {})[pid] = used
+                        owners[pid] = owner
+        for c in claims.values():
+            for i, gpu in enumerate(c.gpus):
+                self.check(c, i, gpu["memoryLimit"], held.get((c.uid, i), {}), owners)
+
+    def check(self, claim, i: int, limit: int, process_memory: dict[int, int],
+              owners: dict[int, Owner] | None = None) -> None:
         """One (claim, GPU): process_memory = this claim's host pids on the GPU -> NVML bytes."""
         key = (claim.uid, i)
         held = sum(process_memory.values())
@@ -53,40 +184,70 @@ class Backstop:
             return
         self._over.add(key)
         self.violations[key] = self.violations.get(key, 0) + 1
+        self.total_violations += 1
+        owners = owners or {}
+        try:
+            region_used = claim.regions[i].used if claim.regions[i] else 0
+        except ValueError:  # the claim went away while we looked (its region is closed)
+            region_used = 0
         message = (f"processes of the claim hold {held} bytes on GPU {claim.gpus[i]['uuid']} (NVML), above the "
                    f"limit {limit}; the library accounted {region_used} (memory allocated around it)")
         log.warning("claim above its memory limit", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid,
                     gpu=claim.gpus[i]["uuid"], held=held, limit=limit, accounted=region_used,
                     pids=sorted(process_memory), enforce=self.enforce)
         if self.enforce == "kill":
-            killed = self._kill(claim, i, limit, process_memory)
+            killed = self._kill(claim, i, limit, process_memory, owners)
             message += f"; killed pid(s) {', '.join(map(str, killed))}"
-        self._event(claim, message)
+        pods = {o.pod for pid, o in owners.items() if pid in process_memory and o.pod}
+        self._events.put((claim, message, sorted(pods)))
 
-    def _kill(self, claim, i: int, limit: int, process_memory: dict[int, int]) -> list[int]:
-        killed = []
+    def _kill(self, claim, i: int, limit: int, process_memory: dict[int, int],
+              owners: dict[int, Owner]) -> list[int]:
+        """Largest first, a whole container (cgroup) at a time, until the rest fits."""
+        units: dict[str, list[int]] = {}  # cgroup text (or the pid for host processes) -> pids on the GPU
+        for pid in process_memory:
+            cgroup = owners[pid].cgroup if pid in owners else None
+            units.setdefault(cgroup if cgroup and killable(cgroup, self._own) else f"pid:{pid}", []).append(pid)
         left = sum(process_memory.values())
-        for pid, used in sorted(process_memory.items(), key=lambda kv: -kv[1]):
+        killed: list[int] = []
+        for unit, pids in sorted(units.items(), key=lambda kv: -sum(process_memory[p] for p in kv[1])):
             if left <= limit:
                 break
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            killed.append(pid)
-            left -= used
+            if unit.startswith("pid:"):
+                try:
+                    os.kill(pids[0], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                gone = pids
+            else:
+                gone = kill_cgroup(unit) or pids
+            killed += gone
+            left -= sum(process_memory[p] for p in pids)
             key = (claim.uid, i)
-            self.kills[key] = self.kills.get(key, 0) + 1
-            log.warning("killed a process above its claim's memory limit (--enforce=kill)", pid=pid, bytes=used,
-                        claim=f"{claim.namespace}/{claim.name}", uid=claim.uid, gpu=claim.gpus[i]["uuid"])
+            self.kills[key] = self.kills.get(key, 0) + len(gone)
+            self.total_kills += len(gone)
+            log.warning("killed a container above its claim's memory limit (--enforce=kill)", pids=gone,
+                        bytes=sum(process_memory[p] for p in pids), claim=f"{claim.namespace}/{claim.name}",
+                        uid=claim.uid, gpu=claim.gpus[i]["uuid"])
         return killed
 
-    def _event(self, claim, message: str) -> None:
+    # ---- Events ---------------------------------------------------------------------------------
+    def _send_events(self) -> None:
+        while (item := self._events.get()) is not None:
+            claim, message, pods = item
+            self._event(claim, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": claim.name,
+                                "namespace": claim.namespace, "uid": claim.uid}, message)
+            for pod in pods:
+                name = claim.pods.get(pod)
+                if name:
+                    self._event(claim, {"apiVersion": "v1", "kind": "Pod", "name": name,
+                                        "namespace": claim.namespace, "uid": pod}, message)
+
+    def _event(self, claim, involved: dict, message: str) -> None:
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{claim.name}.{uuid.uuid4().hex[:16]}", "namespace": claim.namespace},
-                "involvedObject": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                   "name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+                "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:16]}", "namespace": claim.namespace},
+                "involvedObject": involved,
                 "reason": REASON, "message": message, "type": "Warning", "count": 1,
                 "firstTimestamp": now, "lastTimestamp": now,
                 "source": {"component": "gpushare-dra-agent", "host": self.node},
@@ -94,4 +255,5 @@ class Backstop:
         try:
             self.core.create_namespaced_event(claim.namespace, body)
         except Exception as e:  # the metric and the log line still tell
-            log.error("cannot create the Event", claim=f"{claim.namespace}/{claim.name}", error=str(e))
+            log.error("cannot create the Event", object=f"{involved['kind']} {claim.namespace}/{involved['name']}",
+                      error=str(e))

@@ -4,7 +4,8 @@ sample at scrape time (registered in the plugin's one registry, kubeletplugin/me
 Per claim and GPU (labels namespace, claim, gpu = uuid): limits, memory used (the region's
 accounting), NVML memory of its processes, measured utilization, pacing rate, paced time,
 out-of-memory refusals, backstop violations and kills. Per GPU: NVML memory, utilization,
-temperature and power where NVML has them. Per node: prepared claims and the agent period.
+temperature and power where NVML has them. Per node: prepared claims, the agent period, the
+backstop's violations and kills (totals that outlive the claims) and its last poll's time.
 Shares of the GPU are ratios 0..1 (`*_ratio`), by Prometheus convention.
 """
 
@@ -59,6 +60,12 @@ class AgentCollector:
         yield GaugeMetricFamily("gpushare_prepared_claims", "Claims prepared on this node", value=len(claims))
         yield GaugeMetricFamily("gpushare_agent_period_seconds", "Time the agent's last period took",
                                 value=a.last_tick_s)
+        yield CounterMetricFamily("gpushare_backstop_violations", "Times claims' processes on this node held more "
+                                  "memory than the claim's limit (NVML)", value=a.backstop.total_violations)
+        yield CounterMetricFamily("gpushare_backstop_kills", "Processes the backstop killed on this node "
+                                  "(--enforce=kill: the offending containers)", value=a.backstop.total_kills)
+        yield GaugeMetricFamily("gpushare_backstop_poll_seconds", "Time the backstop's last NVML poll took",
+                                value=a.backstop.last_poll_s)
         per_gpu = {name: GaugeMetricFamily(f"gpushare_gpu_{name}", doc, labels=["gpu", "index"]) for name, doc in (
             ("memory_used_bytes", "GPU memory in use (NVML)"), ("memory_total_bytes", "GPU memory (NVML)"),
             ("utilization_ratio", "Share of time the GPU was busy in the last agent period (NVML, 0..1)"),

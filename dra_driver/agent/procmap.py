@@ -1,23 +1,47 @@
-"""Which claim does a host process belong to?
+"""Which claim does a host process belong to, and what is its container?
 
-Never from the process's environment or anything else a tenant can write: a process in a
-container sees its claim's limits file at /var/run/gpushare/limits, a read-only bind mount of
-<state-dir>/claims/<uid>/limits, and a bind mount has the same (st_dev, st_ino). So
-`stat /proc/<pid>/root/var/run/gpushare/limits` names the claim.
+Only from what the kernel and the API server say, never from a path inside the container or
+anything a tenant can write (docs/security.md, "The trusted layer"):
 
-Processes on the host itself (the library's GPUSHARE_RUN_DIR mode: tests, ProcessRunner, hack
-scripts) have no such mount. For them only, that is for processes whose root is the agent's
-root, the agent follows $GPUSHARE_RUN_DIR/limits (a link to the claim's limits file; still
-matched by inode, so it can only name a claim file the process can reach), and else the pids
-recorded in the claims' region slots by processes in the agent's own pid namespace (checked
-against the process's start time, so a reused pid does not match).
+1. The process's cgroup (/proc/<pid>/cgroup, written by the kernel; a tenant cannot leave its
+   cgroup). The kubelet names each pod's cgroup after the pod's UID (`pod<uid>`, `_` for `-`
+   under systemd), and each ResourceClaim's `status.reservedFor` (written by the scheduler)
+   lists the UIDs of the pods that use it: pod UID -> claim. Neither chroot, a private mount
+   namespace, nor an image layout changes it. A pod that holds several of our claims (one per
+   container) is resolved to the container: the container ID at the end of the cgroup path
+   against the pod's status.containerStatuses, and the container's resources.claims in its
+   spec (the agent reads the pod; the API server's word, like reservedFor).
+2. Outside kubelet pods (podman, tests), or before the pod is read: the process's mount table (/proc/<pid>/mountinfo, written by the kernel). The claim's limits
+   file reaches the container as a bind mount whose source shows there as (device, path in
+   that filesystem) = `<state-dir>/claims/<uid>/limits` on the host, wherever the image puts
+   its mount point (`/var/run` a link to `/run` included). The agent computes the same pair
+   from its own mount table. A tenant cannot create a bind mount of a file it cannot reach,
+   so it can only hide this (chroot, a new mount namespace), never point it at another claim.
+3. Host processes only (root = the agent's root: tests, ProcessRunner, hack scripts using the
+   library's GPUSHARE_RUN_DIR mode): $GPUSHARE_RUN_DIR/limits matched by inode, else the pids
+   the claims' region slots record in the agent's own pid namespace (checked against the start
+   time, so a reused pid does not match).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import threading
+import time
+from dataclasses import dataclass
 
-CONTAINER_LIMITS = "var/run/gpushare/limits"
+CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+MISS_TTL_S = 1.0  # an unmapped process is looked up again after this (or when claims change)
+
+
+@dataclass(frozen=True)
+class Owner:
+    uid: str                  # the claim
+    pod: str | None           # pod UID from the cgroup (None outside kubelet pods)
+    cgroup: str | None        # /proc/<pid>/cgroup text: the container; None for host processes
 
 
 def _key(path: str) -> tuple[int, int] | None:
@@ -28,6 +52,14 @@ def _key(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return None
+
+
 def start_time(pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat (clock ticks after boot), as the library records it."""
     try:
@@ -36,6 +68,47 @@ def start_time(pid: int) -> int | None:
     except OSError:
         return None
     return int(data[data.rindex(b")") + 2:].split()[19])
+
+
+def pod_uid(cgroup: str) -> str | None:
+    """The kubelet pod UID in a /proc/<pid>/cgroup text (the deepest one), or None."""
+    found = POD_UID.findall(cgroup)
+    return found[-1].replace("_", "-") if found else None
+
+
+def container_id(cgroup: str) -> str | None:
+    """The runtime's container ID in a /proc/<pid>/cgroup text (the deepest one), or None."""
+    found = CONTAINER_ID.findall(cgroup)
+    return found[-1] if found else None
+
+
+def mounts(pid: int | str) -> list[tuple[str, str, str]]:
+    """(major:minor, root in its filesystem, mount point) of each line of the mount table."""
+    text = _read(f"/proc/{pid}/mountinfo") or ""
+    out = []
+    for line in text.splitlines():
+        f = line.split(" ")
+        if len(f) > 4:
+            out.append((f[2], _unescape(f[3]), _unescape(f[4])))
+    return out
+
+
+def _unescape(s: str) -> str:
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), s)
+
+
+def mount_source(path: str, table: list[tuple[str, str, str]] | None = None) -> tuple[str, str] | None:
+    """(major:minor, path in its filesystem) of a host file: what a bind mount of it shows as
+    its source in any process's mountinfo."""
+    real = os.path.realpath(path)
+    best = None
+    for dev, root, point in table if table is not None else mounts("self"):
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and (best is None or len(point) > len(best[2])):
+            best = (dev, root, point)
+    if best is None:
+        return None
+    rel = os.path.relpath(real, best[2])
+    return best[0], os.path.normpath(os.path.join(best[1], rel))
 
 
 def _run_dir(pid: int) -> str | None:
@@ -51,43 +124,96 @@ def _run_dir(pid: int) -> str | None:
 
 
 class ProcessMap:
+    """Thread-safe: the agent's period and the backstop's poll both ask."""
+
     def __init__(self) -> None:
         self._root = _key("/")
         self._pidns = _key("/proc/self/ns/pid")
-        self._by_limits: dict[tuple[int, int], str] = {}
-        self._by_slot: dict[tuple[int, int], str] = {}  # (pid, start_time) in our namespace -> uid
-        self._cache: dict[tuple[int, int], str] = {}  # (pid, start_time) -> uid
+        self._cgroup = _read("/proc/self/cgroup")
+        self._lock = threading.Lock()
+        self._by_limits: dict[tuple[int, int], str] = {}   # inode of a limits file -> uid
+        self._by_mount: dict[tuple[str, str], str] = {}    # its mount source -> uid
+        self._by_pod: dict[str, list[str]] = {}            # pod UID -> uids reserved for it
+        self._by_container: dict[str, str] = {}            # container ID -> uid (pods with several claims)
+        self._by_slot: dict[tuple[int, int], str] = {}     # (pid, start_time) in our namespace -> uid
+        self._cache: dict[tuple[int, int], Owner] = {}     # (pid, start_time) -> owner
+        self._misses: dict[tuple[int, int], float] = {}    # (pid, start_time) -> when it missed
+        self.unknown_pods: set[str] = set()                # pods on a GPU in no claim's reservedFor
+        self.unresolved_pods: set[str] = set()             # pods with several claims, container unknown
 
-    def update(self, limits_files: dict[str, str], slots: dict[str, list]) -> None:
-        """limits_files: uid -> host limits path; slots: uid -> the region slots of the claim."""
+    def update(self, limits_files: dict[str, str], slots: dict[str, list],
+               reserved: dict[str, set[str]] | None = None, containers: dict[str, str] | None = None) -> None:
+        """limits_files: uid -> host limits path; slots: uid -> the region slots of the claim;
+        reserved: uid -> UIDs of the pods in the claim's status.reservedFor; containers:
+        container ID -> uid, for pods that hold several claims."""
+        containers = containers or {}
         by_limits = {k: uid for uid, path in limits_files.items() if (k := _key(path))}
-        if by_limits != self._by_limits:
-            self._cache.clear()  # a claim came or went
-        self._by_limits = by_limits
+        table = mounts("self")
+        by_mount = {k: uid for uid, path in limits_files.items() if (k := mount_source(path, table))}
+        by_pod: dict[str, list[str]] = {}
+        for uid, pods in (reserved or {}).items():
+            for pod in pods:
+                by_pod.setdefault(pod, []).append(uid)
         ns = self._pidns[1] if self._pidns else None
-        self._by_slot = {(s.pid, s.start_time): uid for uid, ss in slots.items() for s in ss if s.pidns == ns}
+        by_slot = {(s.pid, s.start_time): uid for uid, ss in slots.items() for s in ss if s.pidns == ns}
+        with self._lock:
+            if by_limits != self._by_limits or by_pod != self._by_pod or containers != self._by_container:
+                self._cache.clear()  # a claim, a pod or a container came or went
+                self._misses.clear()
+                self.unknown_pods -= set(by_pod)
+                self.unresolved_pods.clear()
+            self._by_limits, self._by_mount, self._by_pod, self._by_slot = by_limits, by_mount, by_pod, by_slot
+            self._by_container = containers
 
     def claim_of(self, pid: int) -> str | None:
+        owner = self.owner(pid)
+        return owner.uid if owner else None
+
+    def owner(self, pid: int) -> Owner | None:
         started = start_time(pid)
         if started is None:
             return None
         key = (pid, started)
-        uid = self._cache.get(key)
-        if uid is None:  # misses are looked up again: a host process registers its slot late
-            uid = self._lookup(pid, key)
-            if uid:
-                self._cache[key] = uid
-        return uid
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+            if time.monotonic() - self._misses.get(key, -MISS_TTL_S) < MISS_TTL_S:
+                return None
+            owner = self._lookup(pid, key)
+            if owner:
+                self._cache[key] = owner
+            else:
+                self._misses[key] = time.monotonic()
+            return owner
 
-    def _lookup(self, pid: int, key: tuple[int, int]) -> str | None:
-        uid = self._by_limits.get(_key(f"/proc/{pid}/root/{CONTAINER_LIMITS}"))
-        if uid or _key(f"/proc/{pid}/root") != self._root:
-            return uid
+    def _lookup(self, pid: int, key: tuple[int, int]) -> Owner | None:
+        cgroup = _read(f"/proc/{pid}/cgroup")
+        own = cgroup is None or cgroup == self._cgroup  # the agent's own cgroup: never kill it whole
+        pod = pod_uid(cgroup) if cgroup and not own else None
+        by_mount = {self._by_mount.get((dev, root)) for dev, root, _ in mounts(pid)} - {None}
+        if pod:
+            candidates = self._by_pod.get(pod, [])
+            if len(candidates) == 1:
+                return Owner(candidates[0], pod, cgroup)
+            if not candidates:
+                self.unknown_pods.add(pod)
+            else:  # several claims in one pod: the container tells which
+                uid = self._by_container.get(container_id(cgroup) or "")
+                if uid in candidates:
+                    return Owner(uid, pod, cgroup)
+                self.unresolved_pods.add(pod)
+                by_mount &= set(candidates)  # until the pod is read, its mounts if they show
+        if len(by_mount) == 1:
+            return Owner(by_mount.pop(), pod, None if own else cgroup)
+        if _key(f"/proc/{pid}/root") != self._root:
+            return None
         run_dir = _run_dir(pid)
-        if run_dir and (uid := self._by_limits.get(_key(os.path.join(run_dir, "limits")))):
-            return uid
-        return self._by_slot.get(key)
+        uid = self._by_limits.get(_key(os.path.join(run_dir, "limits"))) if run_dir else None
+        uid = uid or self._by_slot.get(key)
+        return Owner(uid, None, None) if uid else None
 
     def forget_except(self, pids: set[int]) -> None:
         """Drop cache entries of processes no longer on any GPU."""
-        self._cache = {k: v for k, v in self._cache.items() if k[0] in pids}
+        with self._lock:
+            self._cache = {k: v for k, v in self._cache.items() if k[0] in pids}
+            self._misses = {k: v for k, v in self._misses.items() if k[0] in pids}

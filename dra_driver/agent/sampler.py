@@ -51,10 +51,18 @@ def _optional(fn, *args):
         return None
 
 
+def _process_memory(h) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for p in _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []:
+        out[p.pid] = out.get(p.pid, 0) + (p.usedGpuMemory or 0)
+    return out
+
+
 class Sampler:
     def __init__(self) -> None:
         pynvml.nvmlInit()
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self._uuids = [pynvml.nvmlDeviceGetUUID(h) for h in self._handles]
         self._last_seen = [0] * len(self._handles)  # NVML timestamps (us) of the previous util sample
 
     def sample(self) -> list[GpuSample]:
@@ -68,8 +76,7 @@ class Sampler:
                       utilization=None if util is None else float(util.gpu),
                       temperature=_optional(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
                       power_watts=None if power is None else power / 1000.0)
-        for p in _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []:
-            s.process_memory[p.pid] = s.process_memory.get(p.pid, 0) + (p.usedGpuMemory or 0)
+        s.process_memory = _process_memory(h)
         # Samples newer than the previous call: the share each process had in the last period.
         last_seen = self._last_seen[index] or int(time.time() * 1e6) - 1_000_000
         samples: dict[int, list[float]] = {}
@@ -78,6 +85,10 @@ class Sampler:
             self._last_seen[index] = max(self._last_seen[index], p.timeStamp)
         s.process_util = {pid: sum(v) / len(v) for pid, v in samples.items()}
         return s
+
+    def process_memory(self) -> dict[str, dict[int, int]]:
+        """The backstop's cheap query: per GPU uuid, host pid -> bytes (one NVML call per GPU)."""
+        return {uuid: _process_memory(h) for uuid, h in zip(self._uuids, self._handles)}
 
     def close(self) -> None:
         try:

@@ -1,7 +1,10 @@
 /* Simulated NVML (libnvidia-ml.so.1) over the same state as the simulated driver. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../src/cuda_abi.h"
 #include "sim_state.h"
@@ -136,6 +139,54 @@ static unsigned procs_on(int dev, struct sim_proc **out, unsigned max)
     return n;
 }
 
+/* The process's pid as the caller sees it, as the real driver answers host pids: a process
+ * in another pid namespace (a container) is found by its namespace inode and the last
+ * NSpid entry; cached per slot. 0 when it cannot be seen from here. */
+static struct { uint64_t start_ns, pidns; int32_t pid, seen; } g_pid_cache[SIM_MAX_PROC];
+
+static int32_t find_pid(uint64_t pidns, int32_t nspid)
+{
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    int32_t found = 0;
+    struct dirent *e;
+    char path[300], line[256];
+    while (!found && (e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        struct stat st;
+        snprintf(path, sizeof path, "/proc/%s/ns/pid", e->d_name);
+        if (stat(path, &st) != 0 || (uint64_t)st.st_ino != pidns) continue;
+        snprintf(path, sizeof path, "/proc/%s/status", e->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f) continue;
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "NSpid:", 6)) {
+                char *last = strrchr(line, '\t');
+                if (last && atoi(last + 1) == nspid) found = atoi(e->d_name);
+                break;
+            }
+        fclose(f);
+    }
+    closedir(d);
+    return found;
+}
+
+static unsigned caller_pid(struct sim_proc *p)
+{
+    static uint64_t mine;
+    if (!mine) mine = sim_pidns();
+    if (!p->pidns || p->pidns == mine) return (unsigned)p->pid;
+    int slot = (int)(p - sim->proc);
+    if (g_pid_cache[slot].start_ns != p->start_ns || g_pid_cache[slot].pidns != p->pidns ||
+        g_pid_cache[slot].pid != p->pid) {
+        g_pid_cache[slot].start_ns = p->start_ns;
+        g_pid_cache[slot].pidns = p->pidns;
+        g_pid_cache[slot].pid = p->pid;
+        g_pid_cache[slot].seen = find_pid(p->pidns, p->pid);
+    }
+    return (unsigned)g_pid_cache[slot].seen;
+}
+
 static nvmlReturn_t running(nvmlDevice_t d, unsigned int *count, void *infos, size_t stride)
 {
     DEV(d);
@@ -147,7 +198,7 @@ static nvmlReturn_t running(nvmlDevice_t d, unsigned int *count, void *infos, si
         return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
     }
     for (unsigned i = 0; i < n; i++) {
-        nvmlProcessInfo_t info = {(unsigned)ps[i]->pid, __atomic_load_n(&ps[i]->used[d->index], __ATOMIC_RELAXED),
+        nvmlProcessInfo_t info = {caller_pid(ps[i]), __atomic_load_n(&ps[i]->used[d->index], __ATOMIC_RELAXED),
                                   0xFFFFFFFFu, 0xFFFFFFFFu};
         memcpy((char *)infos + i * stride, &info, stride < sizeof info ? stride : sizeof info);
     }
@@ -217,7 +268,7 @@ SIM_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcess
         g_pu_prev_busy[dev][slot] = busy;
         g_pu_prev_start[dev][slot] = ps[i]->start_ns;
         uint64_t dt = now > t0 ? now - t0 : 1, pct = (busy > b0 ? busy - b0 : 0) * 100 / dt;
-        s[i] = (nvmlProcessUtilizationSample_t){(unsigned)ps[i]->pid, now / 1000, pct > 100 ? 100 : (unsigned)pct, 0, 0, 0};
+        s[i] = (nvmlProcessUtilizationSample_t){caller_pid(ps[i]), now / 1000, pct > 100 ? 100 : (unsigned)pct, 0, 0, 0};
     }
     *count = n;
     return NVML_SUCCESS;

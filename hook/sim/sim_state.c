@@ -130,6 +130,12 @@ static int map_state(void)
     return 0;
 }
 
+uint64_t sim_pidns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
 int sim_open(void)
 {
     if (__atomic_load_n(&sim_me, __ATOMIC_ACQUIRE)) return 0;
@@ -159,6 +165,7 @@ int sim_open(void)
                 memset(me, 0, sizeof *me);
                 me->in_use = 1;
                 me->pid = getpid();
+                me->pidns = sim_pidns();
                 me->start_ns = sim_now_ns();
             }
             pthread_mutex_unlock(&sim->lock.m);

@@ -8,7 +8,7 @@
 
 #define SIM_MAX_DEV 8
 #define SIM_MAX_PROC 256
-#define SIM_MAGIC 0x314d495350475347ULL /* "GSGPSIM1" */
+#define SIM_MAGIC 0x324d495350475347ULL /* "GSGPSIM2" */
 #define SIM_API __attribute__((visibility("default")))
 
 struct sim_dev {
@@ -20,8 +20,9 @@ struct sim_dev {
 
 struct sim_proc {
     uint32_t in_use;
-    int32_t pid;
+    int32_t pid;                   /* in the process's own pid namespace */
     uint64_t start_ns;
+    uint64_t pidns;                /* inode of that namespace: NVML answers the caller's pids */
     uint64_t used[SIM_MAX_DEV];    /* atomic */
     uint64_t busy_ns[SIM_MAX_DEV]; /* atomic */
 };
@@ -40,6 +41,7 @@ extern uint64_t sim_kernel_ns;      /* GPUSHARE_SIM_KERNEL_US */
 extern char sim_uuid_prefix[64];
 
 int sim_open(void);                 /* 0 on success; once per process (again after fork) */
+uint64_t sim_pidns(void);           /* inode of this process's pid namespace, 0 if unknown */
 uint64_t sim_now_ns(void);
 void sim_sleep_until(uint64_t t);
 void sim_uuid_bytes(int dev, unsigned char out[16]);

@@ -40,10 +40,10 @@ def sim_hook_dir():
 class Node:
     """A running plugin with its agent, a kubelet stand-in and a container runner."""
 
-    def __init__(self, api, dirs: Dirs, hook_dir: str, extra: list[str]):
+    def __init__(self, api, dirs: Dirs, hook_dir: str, extra: list[str], cdi_root: str | None = None):
         self.api = api
         self.dirs = dirs
-        args = build_parser().parse_args(["kubelet-plugin", *dirs.flags(hook_dir), "--metrics-addr", "127.0.0.1:0",
+        args = build_parser().parse_args(["kubelet-plugin", *dirs.flags(hook_dir, cdi_root), "--metrics-addr", "127.0.0.1:0",
                                           "--agent-interval", "0.5", *extra])
         self.plugin = Plugin(args, api=api).start()
         self.kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
@@ -118,7 +118,7 @@ def node_factory(api, sim_hook_dir, node_root):
     Everything else is removed between nodes."""
     nodes: list[Node] = []
 
-    def make(*extra: str) -> Node:
+    def make(*extra: str, cdi_root: str | None = None) -> Node:
         assert not nodes, "one node per test"
         for entry in os.listdir(node_root):
             if entry != "state":
@@ -128,7 +128,7 @@ def node_factory(api, sim_hook_dir, node_root):
             if entry != "sim.state":
                 path = os.path.join(state, entry)
                 shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
-        n = Node(api, Dirs(node_root), sim_hook_dir, list(extra))
+        n = Node(api, Dirs(node_root), sim_hook_dir, list(extra), cdi_root)
         nodes.append(n)
         return n
 

@@ -1,0 +1,94 @@
+"""The process map's kernel-fact parsing: pod UIDs in cgroup paths, mount sources."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from dra_driver.agent import procmap
+from dra_driver.agent.backstop import _inside, _paths, killable
+from dra_driver.agent.procmap import ProcessMap, mount_source, pod_uid
+
+UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+
+def test_pod_uid_from_cgroupfs_and_systemd_paths():
+    assert pod_uid(f"0::/kubepods/burstable/pod{UID}/3f9a0c\n") == UID
+    systemd = UID.replace("-", "_")
+    assert pod_uid(f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{systemd}.slice/"
+                   "cri-containerd-abc.scope\n") == UID
+    # a private cgroup namespace shows the path relative to the reader's root
+    assert pod_uid(f"0::/../../kubepods-pod{systemd}.slice/crio-1.scope\n") == UID
+    assert pod_uid("0::/user.slice/user-0.slice/session-1.scope\n") is None
+    assert pod_uid("0::/kubepods/podnot-a-uid/x\n") is None
+
+
+def test_mount_source_is_the_bind_mount_root_a_container_shows():
+    table = [("254:0", "/", "/"), ("0:52", "/", "/tmp"), ("254:0", "/var/lib/gpushare", "/state"),
+             ("0:99", "/x y", "/odd")]
+    assert mount_source("/state/claims/u/limits", table) == ("254:0", "/var/lib/gpushare/claims/u/limits")
+    assert mount_source("/etc/passwd", table) == ("254:0", "/etc/passwd")
+    assert mount_source("/statex/f", table) == ("254:0", "/statex/f")  # not under /state
+    assert mount_source("/odd/f", table) == ("0:99", "/x y/f")
+
+
+def test_mountinfo_escapes_are_decoded(tmp_path, monkeypatch):
+    line = "36 35 98:0 /a\\040b/limits /var/run/gpushare/limits ro,relatime - ext4 /dev/x rw\n"
+    monkeypatch.setattr(procmap, "_read", lambda path: line)
+    assert procmap.mounts(1) == [("98:0", "/a b/limits", "/var/run/gpushare/limits")]
+
+
+def test_host_process_maps_by_slot_or_run_dir_never_by_a_copy(tmp_path):
+    """A host process (the agent's root and cgroup) with no claim facts maps nowhere; a copy
+    of a claim's limits file named by GPUSHARE_RUN_DIR does not match (other inode)."""
+    real = tmp_path / "claims" / "u1" / "limits"
+    real.parent.mkdir(parents=True)
+    real.write_text("GPUSHARE_CLAIM_UID=u1\n")
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "limits").write_text(real.read_text())
+    m = ProcessMap()
+    m.update({"u1": str(real)}, {})
+    p = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(fake)})
+    q = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(real.parent)})
+    try:
+        assert m.owner(p.pid) is None
+        owner = m.owner(q.pid)
+        assert owner and owner.uid == "u1" and owner.cgroup is None  # never the agent's own cgroup
+    finally:
+        for proc in (p, q):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_container_is_its_cgroup_and_below_never_the_root_or_the_agents():
+    c = "0::/kubepods/pod1/abc\n"
+    assert _inside(_paths("0::/kubepods/pod1/abc/nested\n"), _paths(c))  # a delegated sub-cgroup
+    assert not _inside(_paths("0::/kubepods/pod1/abcd\n"), _paths(c))
+    assert killable(c, "0::/system.slice/gpushare.scope\n")
+    assert not killable("2:cpu:/x\n0::/\n", None)             # a hierarchy at its root: the host
+    assert not killable(c, "0::/kubepods/pod1/abc/agent\n")    # holds the agent
+
+
+def test_pod_with_two_claims_is_resolved_by_its_container(monkeypatch):
+    """cgroup pod UID -> the claims reserved for the pod; with two, the container ID decides
+    (from the pod's status, fed in by the agent); hidden mounts change nothing."""
+    cid = "ab" * 32
+    p = subprocess.Popen(["sleep", "30"])
+    cgroup = f"0::/kubepods/pod{UID}/{cid}\n"
+    real_read = procmap._read
+    monkeypatch.setattr(procmap, "_read", lambda path: cgroup if path == f"/proc/{p.pid}/cgroup" else real_read(path))
+    monkeypatch.setattr(procmap, "mounts", lambda pid: [])  # chroot: no claim mount shows
+    try:
+        m = ProcessMap()
+        m.update({}, {}, {"u1": {UID}})
+        assert m.owner(p.pid) == procmap.Owner("u1", UID, cgroup)
+        m.update({}, {}, {"u1": {UID}, "u2": {UID}})
+        assert m.owner(p.pid) is None and m.unresolved_pods == {UID}
+        m.update({}, {}, {"u1": {UID}, "u2": {UID}}, {cid: "u2"})
+        assert m.owner(p.pid) == procmap.Owner("u2", UID, cgroup)
+        m.update({}, {}, {"u1": {"another-pod"}})
+        assert m.owner(p.pid) is None and m.unknown_pods == {UID}
+    finally:
+        p.kill()
+        p.wait()
