@@ -19,7 +19,7 @@
 
 struct CUctx_st { int dev; };
 /* an event completes when its process's queue reaches pos; t = when (0: not known yet) */
-struct CUevent_st { int recorded, dev; uint64_t pos, rec_t, t; };
+struct CUevent_st { int recorded, dev; uint32_t watch; uint64_t pos, rec_t, t; };
 struct CUgraph_st { uint64_t ns; unsigned nodes; };
 struct CUgraphExec_st { uint64_t ns; unsigned nodes; };
 struct CUstream_st {
@@ -465,7 +465,8 @@ static CUresult event_record(CUevent e, CUstream s, int ptsz)
     /* A record is a command of the context, timestamped when the context runs it: 1 ns of
      * work, so that on an empty queue it still waits for the context's turn. Free kernels
      * (KERNEL_US=0) never move the GPU clock: timing a launch measures 0. */
-    e->pos = sim_kernel_ns == 0 ? sim_position(dev) : sim_enqueue(dev, 1);
+    e->watch = ~0u;
+    e->pos = sim_kernel_ns == 0 ? sim_position(dev) : sim_enqueue_watched(dev, 1, &e->watch);
     e->t = sim_kernel_ns == 0 ? 1 : 0;
     e->recorded = 1;
     return CUDA_SUCCESS;
@@ -478,7 +479,7 @@ static int event_done(CUevent e)
 {
     if (!e->recorded || e->t) return 1;
     if (!sim_done(e->dev, e->pos)) return 0;
-    e->t = sim_pos_time(e->dev, e->pos, e->rec_t);
+    e->t = sim_pos_time(e->dev, e->pos, e->watch, e->rec_t);
     return 1;
 }
 SIM_API CUresult cuEventQuery(CUevent e)
@@ -524,6 +525,9 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 static CUresult error_lookup(CUresult e, const char **s, int text)

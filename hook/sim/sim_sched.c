@@ -104,6 +104,9 @@ static void advance(int dev, uint64_t now)
         if (other >= 0 && s->slice_end > s->t && s->slice_end < end) end = s->slice_end;
         take_samples(s, end, 1);
         uint64_t dt = end - s->t;
+        for (int w = 0; w < SIM_WATCHES; w++) /* events reached in this stretch */
+            if (!q->watch[w].t0 && q->watch[w].done0 > q->done_ns && q->watch[w].done0 <= q->done_ns + dt)
+                q->watch[w].t0 = s->t + (q->watch[w].done0 - q->done_ns);
         q->done_ns += dt;
         s->busy_ns += dt;
         __atomic_store_n(&sim->proc[r].busy_ns[dev], q->done_ns, __ATOMIC_RELAXED);
@@ -127,6 +130,18 @@ uint64_t sim_enqueue(int dev, uint64_t ns)
     struct sim_sched *s = lock_dev(dev, sim_now_ns());
     struct sim_queue *q = queue_of(me(), dev);
     q->queued_ns += ns;
+    uint64_t pos = q->queued_ns;
+    pthread_mutex_unlock(&s->lock.m);
+    return pos;
+}
+
+uint64_t sim_enqueue_watched(int dev, uint64_t ns, uint32_t *watch)
+{
+    struct sim_sched *s = lock_dev(dev, sim_now_ns());
+    struct sim_queue *q = queue_of(me(), dev);
+    q->queued_ns += ns;
+    *watch = q->nwatch++ % SIM_WATCHES;
+    q->watch[*watch] = (struct sim_seg){0, q->queued_ns};
     uint64_t pos = q->queued_ns;
     pthread_mutex_unlock(&s->lock.m);
     return pos;
@@ -160,14 +175,20 @@ void sim_wait(int dev, uint64_t pos)
     }
 }
 
-/* when the queue reached pos (which it has): the latest stretch of running that began below
- * pos ran straight to it. Not before `floor` (when the position was recorded). */
-uint64_t sim_pos_time(int dev, uint64_t pos, uint64_t floor)
+/* when the queue reached pos (which it has): its watch's timestamp; else the latest stretch of
+ * running that began below pos ran straight to it. Not before `floor` (when it was recorded). */
+uint64_t sim_pos_time(int dev, uint64_t pos, uint32_t watch, uint64_t floor)
 {
     struct sim_sched *s = &sim->dev[dev].sched;
     sim_robust_lock(&s->lock.m);
     struct sim_queue *q = queue_of(me(), dev);
     uint64_t t = 0;
+    if (watch < SIM_WATCHES && q->watch[watch].done0 == pos && q->watch[watch].t0) { /* timestamped */
+        t = q->watch[watch].t0;
+        pthread_mutex_unlock(&s->lock.m);
+        return t > floor ? t : floor;
+    }
+    /* more events in flight than watches: from the stretches of running */
     uint32_t n = q->nseg, k = n > SIM_SEGMENTS ? SIM_SEGMENTS : n;
     for (uint32_t i = 1; i <= k; i++) {
         struct sim_seg *g = &q->seg[(n - i) % SIM_SEGMENTS];

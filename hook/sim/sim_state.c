@@ -87,10 +87,11 @@ static void after_fork_child(void)
     sim_me = NULL; /* the child registers itself on its next sim_open() */
 }
 
-static void init_state(void *p)
+/* empty: the file was just created (ftruncate: zeros), so pages nobody uses stay untouched */
+static void init_state(void *p, int empty)
 {
     struct sim_state *s = p;
-    memset(p, 0, STATE_SIZE);
+    if (!empty) memset(p, 0, STATE_SIZE);
     uint64_t n = parse_size(getenv("GPUSHARE_SIM_DEVICES"), 1);
     s->ndev = n < 1 ? 1 : n > SIM_MAX_DEV ? SIM_MAX_DEV : (uint32_t)n;
     uint64_t mem = parse_size(getenv("GPUSHARE_SIM_MEMORY"), 16ull << 30);
@@ -127,6 +128,7 @@ static int map_state(void)
     flock(fd, LOCK_EX);
     struct stat st;
     int fresh = fstat(fd, &st) == 0 && st.st_size < (off_t)STATE_SIZE;
+    int empty = fresh && st.st_size == 0;
     if (fresh && ftruncate(fd, STATE_SIZE) != 0) {
         flock(fd, LOCK_UN);
         close(fd);
@@ -134,7 +136,7 @@ static int map_state(void)
     }
     void *p = mmap(NULL, STATE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p != MAP_FAILED && __atomic_load_n(&((struct sim_state *)p)->magic, __ATOMIC_ACQUIRE) != SIM_MAGIC)
-        init_state(p);
+        init_state(p, empty);
     flock(fd, LOCK_UN);
     if (p == MAP_FAILED) {
         close(fd);

@@ -13,16 +13,19 @@
 #define SIM_API __attribute__((visibility("default")))
 
 /* ---- time slicing (sim_sched.c) ---- */
-#define SIM_SEGMENTS 64   /* per (process, device): recent stretches of running, for event times */
+#define SIM_SEGMENTS 32   /* per (process, device): recent stretches of running, for event times */
 #define SIM_SAMPLES 64    /* per device: NVML utilization samples kept (12.8 s at 200 ms) */
 
 struct sim_seg { uint64_t t0, done0; }; /* from t0 the process ran, its done counter at done0 */
 
+#define SIM_WATCHES 32 /* per (process, device): recorded events the schedule timestamps */
+
 struct sim_queue {        /* one process's work on one device; under the device's sched lock */
     uint64_t queued_ns;   /* GPU ns ever enqueued (kernel lengths) */
     uint64_t done_ns;     /* GPU ns ever executed */
-    uint32_t nseg, pad;
+    uint32_t nseg, nwatch;
     struct sim_seg seg[SIM_SEGMENTS];
+    struct sim_seg watch[SIM_WATCHES]; /* {time reached (0: not yet), position} */
 };
 
 struct sim_sample { uint64_t t_us; int32_t pid; uint32_t util; }; /* realtime us, resident pid */
@@ -84,10 +87,11 @@ void sim_robust_init(pthread_mutex_t *m);
 /* time-sliced scheduler (sim_sched.c): one queue per process and device */
 void sim_sched_init(struct sim_sched *s);
 uint64_t sim_enqueue(int dev, uint64_t ns);        /* position (queued_ns) after the work */
+uint64_t sim_enqueue_watched(int dev, uint64_t ns, uint32_t *watch); /* an event: timestamped */
 uint64_t sim_position(int dev);                     /* queued_ns now */
 int sim_done(int dev, uint64_t pos);                /* 1 if the work up to pos has executed */
 void sim_wait(int dev, uint64_t pos);               /* until it has */
-uint64_t sim_pos_time(int dev, uint64_t pos, uint64_t floor); /* when pos completed (done only) */
+uint64_t sim_pos_time(int dev, uint64_t pos, uint32_t watch, uint64_t floor); /* when pos completed (done only) */
 /* NVML: per-pid mean utilization over samples newer than since_us; returns entries written */
 unsigned sim_samples(int dev, uint64_t since_us, int32_t *pids, unsigned *util, uint64_t *last_us, unsigned max);
 

@@ -11,7 +11,10 @@
  *   gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]
  *       an inference-like client: a request of K kernels, waited for, then interval of think time
  *   gpushare-probe [--device N] graph --seconds T [--kernel-us US] [--nodes N] [--mode global|thread|relaxed]
- *       capture N kernels on a stream into a CUDA graph, then replay it flat out
+ *                  [--side-us US] [--record 1]
+ *       capture N kernels on a stream into a CUDA graph, then replay it flat out; --side-us: while
+ *       capturing, also launch kernels on another stream, 2 ms apart; --record: record an event
+ *       on the capturing stream (the capture must fail)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -234,7 +237,8 @@ static int cmd_meminfo(void)
 }
 
 static double g_seconds = 1, g_kernel_us = 100, g_interval_us = 2400, g_request_us = 410;
-static int g_count = 50, g_kernels = 8, g_nodes = 10;
+static int g_count = 50, g_kernels = 8, g_nodes = 10, g_record;
+static double g_side_us;
 static const char *g_mode = "global";
 
 static void parse_opts(int argc, char **argv)
@@ -248,6 +252,8 @@ static void parse_opts(int argc, char **argv)
         else if (!strcmp(argv[i], "--kernels")) g_kernels = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--nodes")) g_nodes = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--mode")) g_mode = argv[i + 1];
+        else if (!strcmp(argv[i], "--side-us")) g_side_us = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--record")) g_record = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             exit(64);
@@ -375,15 +381,25 @@ static int cmd_graph(int argc, char **argv)
     load_spin();
     int mode = !strcmp(g_mode, "thread") ? 1 : !strcmp(g_mode, "relaxed") ? 2 : 0;
     int nodes = g_nodes < 1 ? 1 : g_nodes > 1024 ? 1024 : g_nodes;
-    CUstream s;
+    CUstream s, side;
     CHECK(p_cuStreamCreate(&s, 0));
-    static unsigned long long cycles[1024];
+    CHECK(p_cuStreamCreate(&side, 1 /* non-blocking */));
+    CUevent ev;
+    CHECK(p_cuEventCreate(&ev, CU_EVENT_DEFAULT));
+    static unsigned long long cycles[1024], side_cycles;
     CHECK(p_cuStreamBeginCapture_v2(s, mode));
     CUresult rc = CUDA_SUCCESS;
-    for (int i = 0; i < nodes && rc == CUDA_SUCCESS; i++) rc = spin(s, &cycles[i], g_kernel_us);
+    for (int i = 0; i < nodes && rc == CUDA_SUCCESS; i++) {
+        rc = spin(s, &cycles[i], g_kernel_us);
+        if (g_side_us > 0 && rc == CUDA_SUCCESS) {
+            CHECK(spin(side, &side_cycles, g_side_us));
+            usleep(2000);
+        }
+        if (g_record && i == nodes / 2 && rc == CUDA_SUCCESS) rc = p_cuEventRecord(ev, s);
+    }
     CUgraph g = NULL;
     CUresult end = p_cuStreamEndCapture(s, &g);
-    printf("capture_rc=%d capture=%s\n", rc ? rc : end, err_name(rc ? rc : end));
+    printf("capture_rc=%d capture=%s call_rc=%d\n", end, err_name(end), rc);
     if (rc || end) return 1;
     CUgraphExec ge;
     CHECK(p_cuGraphInstantiateWithFlags(&ge, g, 0));
