@@ -68,7 +68,8 @@ static void take_samples(struct sim_sched *s, uint64_t end, int rate)
             o->util = util > 100 ? 100 : (uint32_t)util;
         }
         s->sample_busy = busy;
-        s->next_sample = x + period;
+        /* the driver's sampling clock is not in step with anyone's schedule: a little drift */
+        s->next_sample = x + period + (x / 1000 * 2654435761u) % (period / 16);
         if (!rate && end - x > 2 * period) /* long idle: nothing more to say until end */
             s->next_sample = end - end % period + period;
     }

@@ -757,12 +757,13 @@ static void finish_sample(struct gpu_state *g)
     __atomic_store_n(&e->key, g->pending_key, __ATOMIC_RELAXED);
 }
 
-/* GCRA: book interval on timeline *tat; returns the time the booking starts at */
-static uint64_t book(uint64_t *tat, uint64_t now, uint64_t interval)
+/* GCRA: book interval on timeline *tat, not starting before floor (<= now); returns the time
+ * the booking starts at */
+static uint64_t book(uint64_t *tat, uint64_t now, uint64_t floor, uint64_t interval)
 {
     uint64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED), base;
     do { /* ignore an absurd timeline (the region is tenant-writable) */
-        base = old > now && old < now + TAT_SANE_NS ? old : now;
+        base = old > floor && old < now + TAT_SANE_NS ? old : floor;
     } while (!__atomic_compare_exchange_n(tat, &old, base + interval, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     return base;
 }
@@ -790,15 +791,17 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
         uint64_t start = 0, len = 0, period = 0, ahead = BURST_NS, next_slot = 0;
         int slotted = g->control && gs_control_slot(g->control, &start, &len, &period);
         int in_slot = 0;
+        uint64_t floor = now;
         if (slotted) { /* in the slot: up to the next slot's start, a period's worth */
             uint64_t phase = (now % period + period - start) % period; /* since the slot began */
             in_slot = phase < len;
             next_slot = now + period - phase;
             ahead = in_slot ? period - phase : OUT_BURST_NS;
+            if (in_slot) floor = now - phase; /* a late wake-up does not cost the claim its time */
         }
         uint64_t interval = cost * 1000000 / rate_ppm(g);
-        uint64_t base = book(&g->region.hdr->pace_tat_ns, now, interval);
-        uint64_t mine = book(&g->my_tat_ns, now, interval);
+        uint64_t base = book(&g->region.hdr->pace_tat_ns, now, floor, interval);
+        uint64_t mine = book(&g->my_tat_ns, now, floor, interval);
         if (mine > base) base = mine;
         /* the first launch of a slot can queue behind the last one of the previous slot's
          * claim: not a clean sample */
