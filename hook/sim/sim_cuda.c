@@ -225,6 +225,7 @@ static struct CUstream_st *g_capt[MAX_CAPTURES];
 static pthread_mutex_t g_capt_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread struct CUstream_st t_ptds; /* this thread's per-thread default stream */
 static uint64_t g_capture_ids;
+static int g_ncapt; /* active captures: the launch path looks no further while 0 */
 
 /* NULL: the legacy default stream */
 static struct CUstream_st *stream_of(CUstream s, int ptsz)
@@ -238,6 +239,7 @@ static struct CUstream_st *stream_of(CUstream s, int ptsz)
 static int invalidate(int (*hit)(struct CUstream_st *))
 {
     int any = 0;
+    if (!__atomic_load_n(&g_ncapt, __ATOMIC_ACQUIRE)) return 0;
     pthread_mutex_lock(&g_capt_lock);
     for (int i = 0; i < MAX_CAPTURES; i++)
         if (g_capt[i] && !g_capt[i]->invalidated && hit(g_capt[i])) g_capt[i]->invalidated = any = 1;
@@ -300,6 +302,7 @@ static CUresult begin_capture(CUstream s, int ptsz, int mode)
         st->thread = pthread_self();
         st->id = ++g_capture_ids;
         __atomic_store_n(&st->capturing, 1, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&g_ncapt, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_capt_lock);
     if (i == MAX_CAPTURES) free(g);
@@ -319,6 +322,7 @@ static CUresult end_capture(CUstream s, int ptsz, CUgraph *out)
     for (int i = 0; i < MAX_CAPTURES; i++)
         if (g_capt[i] == st) g_capt[i] = NULL;
     __atomic_store_n(&st->capturing, 0, __ATOMIC_RELEASE);
+    __atomic_sub_fetch(&g_ncapt, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_capt_lock);
     *out = st->invalidated ? NULL : st->graph;
     if (st->invalidated) free(st->graph);
