@@ -295,23 +295,32 @@ static double pct(double *v, int n, double p)
     return n ? v[i < 0 ? 0 : i] : 0;
 }
 
+/* ms between an event pair around one kernel, waited for */
+static float time_one(void)
+{
+    static CUevent e0, e1;
+    unsigned long long cycles;
+    float ms;
+    if (!e0) {
+        CHECK(p_cuEventCreate(&e0, CU_EVENT_DEFAULT));
+        CHECK(p_cuEventCreate(&e1, CU_EVENT_DEFAULT));
+    }
+    CHECK(p_cuEventRecord(e0, NULL));
+    CHECK(spin(NULL, &cycles, g_kernel_us));
+    CHECK(p_cuEventRecord(e1, NULL));
+    CHECK(p_cuEventSynchronize(e1));
+    CHECK(p_cuEventElapsedTime(&ms, e0, e1));
+    return ms;
+}
+
 static int cmd_launch(int argc, char **argv)
 {
     parse_opts(argc, argv);
     load_spin();
     unsigned long long cycles;
-    CUevent e0, e1;
-    CHECK(p_cuEventCreate(&e0, CU_EVENT_DEFAULT));
-    CHECK(p_cuEventCreate(&e1, CU_EVENT_DEFAULT));
-    /* calibrate: GPU time of one kernel, the shortest of a few */
-    float best = 1e9f;
+    float best = 1e9f; /* calibrate: GPU time of one kernel, the shortest of a few */
     for (int i = 0; i < 5; i++) {
-        float ms;
-        CHECK(p_cuEventRecord(e0, NULL));
-        CHECK(spin(NULL, &cycles, g_kernel_us));
-        CHECK(p_cuEventRecord(e1, NULL));
-        CHECK(p_cuEventSynchronize(e1));
-        CHECK(p_cuEventElapsedTime(&ms, e0, e1));
+        float ms = time_one();
         if (ms < best) best = ms;
     }
     long long launches = 0;
@@ -331,20 +340,8 @@ static int cmd_time(int argc, char **argv)
 {
     parse_opts(argc, argv);
     load_spin();
-    unsigned long long cycles;
-    CUevent e0, e1;
-    CHECK(p_cuEventCreate(&e0, CU_EVENT_DEFAULT));
-    CHECK(p_cuEventCreate(&e1, CU_EVENT_DEFAULT));
     double *ms = calloc((size_t)g_count, sizeof *ms);
-    for (int i = 0; i < g_count; i++) {
-        float m;
-        CHECK(p_cuEventRecord(e0, NULL));
-        CHECK(spin(NULL, &cycles, g_kernel_us));
-        CHECK(p_cuEventRecord(e1, NULL));
-        CHECK(p_cuEventSynchronize(e1));
-        CHECK(p_cuEventElapsedTime(&m, e0, e1));
-        ms[i] = m;
-    }
+    for (int i = 0; i < g_count; i++) ms[i] = time_one();
     printf("count=%d median_ms=%.3f p90_ms=%.3f\n", g_count, pct(ms, g_count, 50), pct(ms, g_count, 90));
     return 0;
 }
