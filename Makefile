@@ -25,6 +25,7 @@ bench: $(STAMP) hook         ## print every benchmark table
 	$(BIN)/python hack/bench-prepare
 	$(BIN)/python hack/bench-controller
 	hack/bench-hook
+	$(BIN)/python hack/bench-share
 	$(BIN)/python hack/bench-agent
 
 $(STAMP): pyproject.toml

@@ -247,6 +247,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging(p)
     p.set_defaults(run=_lazy("dra_driver.install", "run"))
 
+    p = sub.add_parser("share-agent", formatter_class=_Formatter,
+                       help="the node agent's compute slots for claims laid out with GPUSHARE_RUN_DIR (benchmarks, GPU validation)",
+                       description="Lay out the time slots of the claims in the given run dirs (each with limits, "
+                                   "region/<i> and control/<i>, as GPUSHARE_RUN_DIR) and write them into their "
+                                   "control files every --interval, as the kubelet plugin's agent does (docs/compute.md).")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a claim's run dir")
+    p.add_argument("--interval", type=float, default=0.25, help="seconds between periods")
+    _add_logging(p)
+    p.set_defaults(run=_lazy("dra_driver.agent.standalone", "run"))
+
     p = sub.add_parser("emulator", formatter_class=_Formatter,
                        help="serve the Kubernetes API emulator (tests, demos, hack scripts)",
                        description="Serve an in-memory Kubernetes API (Nodes, Pods, Events, "

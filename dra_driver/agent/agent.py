@@ -1,7 +1,8 @@
-"""The node agent's loop: every --agent-interval, sample NVML, map processes to claims, set
-each claim's pacing rate; the metrics collector reads the result at scrape time. The backstop
-(backstop.py) polls NVML on its own thread every --backstop-interval. The agent also owns the
-claim-status writer, fed by the driver's Prepare/Unprepare."""
+"""The node agent's loop: every --agent-interval, sample NVML, map processes to claims, lay out
+each GPU's time slots and set each claim's slot and rate (shares.py); the metrics collector
+reads the result at scrape time. The backstop (backstop.py) polls NVML on its own thread every
+--backstop-interval. The agent also owns the claim-status writer, fed by the driver's
+Prepare/Unprepare."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .control import Control
 from .procmap import ProcessMap
 from .regions import Region
 from .sampler import GpuSample, Sampler, load_simulated_nvml
-from .shares import Share, control_gpu, to_ppm
+from .shares import PERIOD_US, Share, plan_gpu, to_ppm
 from .status import StatusWriter
 
 log = get_logger("agent")
@@ -45,12 +46,31 @@ class ClaimView:
     process_memory: list[dict[int, int]] = field(default_factory=list)  # per GPU: pid -> NVML bytes
     paced_ns: list[int] = field(default_factory=list)                  # per GPU: the region's, last period
     pods: dict[str, str] = field(default_factory=dict)  # status.reservedFor: pod UID -> name
+    charged_ns: list[int] = field(default_factory=list)                # per GPU: the region's, last period
 
     def set_rate(self, i: int, ppm: int) -> None:
         """The library's refill rate for GPU i: the control file when there is one, else the region."""
         target = self.controls[i] or self.regions[i]
         if target is not None:
             target.rate_ppm = ppm
+
+    def apply(self, i: int) -> None:
+        """Write GPU i's planned rate and slot (a slot only where no tenant can write it)."""
+        s = self.shares[i]
+        self.set_rate(i, to_ppm(s.rate))
+        if self.controls[i] is not None:
+            self.controls[i].set_slot(PERIOD_US, s.start_us, s.length_us)
+
+    def count_period(self, seconds: float) -> None:
+        """Each share's charged GPU time and paced flag over the last period, from the regions."""
+        paced_ns = [r.paced_ns if r else 0 for r in self.regions]
+        charged_ns = [r.charged_ns if r else 0 for r in self.regions]
+        for s, now, before, c_now, c_before in zip(self.shares, paced_ns, self.paced_ns or paced_ns, charged_ns,
+                                                   self.charged_ns or charged_ns):
+            s.measured = 0.0
+            s.paced = now > before
+            s.charged = max(0, c_now - c_before) / 1e9 / seconds if seconds > 0 else 0.0
+        self.paced_ns, self.charged_ns = paced_ns, charged_ns
 
     def close(self) -> None:
         for f in (*self.regions, *self.controls):
@@ -75,6 +95,7 @@ class Agent:
         self.last_tick_s = 0.0
         self._sim = sim
         self._sampler: Sampler | None = None
+        self._last_tick = 0.0
         self._stop = threading.Event()
         # the period and the backstop both refresh the claims; a period holds it throughout, so
         # neither closes a region the other is reading
@@ -113,9 +134,10 @@ class Agent:
         self.status.stop()
         with self.lock:
             for c in self.claims.values():
-                for ctl in c.controls:  # nobody corrects a trusted rate now: back to the limit
+                for ctl in c.controls:  # nobody hands slots out now: back to the limit, no slot
                     if ctl is not None:
                         ctl.rate_ppm = 0
+                        ctl.set_slot(0, 0, 0)
                 c.close()
             self.claims.clear()
         if self._sampler is not None:
@@ -154,36 +176,32 @@ class Agent:
         self.refresh()
         samples = self._sampler.sample() if self._sampler else []
         claims = dict(self.claims)
+        now = time.monotonic()
+        seconds, self._last_tick = now - (self._last_tick or now), now
         for c in claims.values():
             c.process_memory = [{} for _ in c.gpus]
-            paced_ns = [r.paced_ns if r else 0 for r in c.regions]
-            for s, now, before in zip(c.shares, paced_ns, c.paced_ns or paced_ns):
-                s.measured = 0.0
-                s.paced = now > before
-            c.paced_ns = paced_ns
+            c.count_period(seconds)
         on_gpu: dict[str, list[Share]] = {}
-        other_busy: dict[str, float] = {}
         for g in samples:
-            other_busy[g.uuid] = 0.0
             for pid in set(g.process_memory) | set(g.process_util):
                 hit = self._claim_gpu(claims, self.procs.claim_of(pid), g.uuid)
                 util = g.process_util.get(pid, 0.0) / 100.0
                 if hit is None:
-                    other_busy[g.uuid] += util
                     continue
                 c, i = hit
                 c.process_memory[i][pid] = g.process_memory.get(pid, 0)
                 c.shares[i].measured += util
+        for uid in sorted(claims):  # the same order every period: slots stay put
+            c = claims[uid]
+            for i, gpu in enumerate(c.gpus):
+                if gpu["computeLimit"] < 100:  # limit 100 is never paced
+                    on_gpu.setdefault(gpu["uuid"], []).append(c.shares[i])
+        for shares in on_gpu.values():  # from the regions: needs no NVML
+            plan_gpu(shares)
         for c in claims.values():
             for i, gpu in enumerate(c.gpus):
-                on_gpu.setdefault(gpu["uuid"], []).append(c.shares[i])
-        if samples:
-            for uuid, shares in on_gpu.items():
-                control_gpu(shares, other_busy.get(uuid, 0.0))
-            for c in claims.values():
-                for i, gpu in enumerate(c.gpus):
-                    if gpu["computeLimit"] < 100:  # limit 100 is never paced
-                        c.set_rate(i, to_ppm(c.shares[i].rate))
+                if gpu["computeLimit"] < 100:
+                    c.apply(i)
         self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         with self.lock:
             self.gpus = samples

@@ -3,7 +3,7 @@
 Created zero-filled by the kubelet plugin (root, 0644) and mounted read-only into containers,
 so unlike the usage region no tenant can write it: the library trusts its rate, even above the
 claim's limit. Only the agent writes it: magic and version once, then the rate with one aligned
-32-bit store through a native-int view (struct.pack_into writes byte by byte: a reader could see
+32-bit store and the time slot with one 64-bit store, through native-int views (struct.pack_into writes byte by byte: a reader could see
 half of it); the library reads it with one atomic load.
 """
 
@@ -16,7 +16,7 @@ import struct
 CONTROL_SIZE = 4096
 MAGIC = 0x31304C5254435347  # "GSCTRL01" little endian
 VERSION = 1
-_MAGIC, _VERSION, _RATE_PPM = 0, 8, 12
+_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US = 0, 8, 12, 16, 24
 
 
 class Control:
@@ -31,12 +31,14 @@ class Control:
         finally:
             os.close(fd)  # the mapping keeps the file
         self._words = memoryview(self._map).cast("I")  # x86-64: native = little endian
+        self._quads = memoryview(self._map).cast("Q")
         if struct.unpack_from("<Q", self._map, _MAGIC)[0] != MAGIC:
             # header before any rate: the library reads a rate only under a valid header
             struct.pack_into("<I", self._map, _VERSION, VERSION)
             struct.pack_into("<Q", self._map, _MAGIC, MAGIC)
 
     def close(self) -> None:
+        self._quads.release()
         self._words.release()
         self._map.close()
 
@@ -49,3 +51,16 @@ class Control:
         ppm = max(0, min(ppm, 1_000_000))
         if self.rate_ppm != ppm:
             self._words[_RATE_PPM // 4] = ppm
+
+    @property
+    def slot(self) -> tuple[int, int, int]:
+        """(period_us, start_us, length_us); length 0 = no slot."""
+        slot = self._quads[_SLOT // 8]
+        return self._words[_PERIOD_US // 4], slot & 0xFFFFFFFF, slot >> 32
+
+    def set_slot(self, period_us: int, start_us: int, length_us: int) -> None:
+        """The claim's time slot (docs/compute.md): the period first, then start and length in
+        one aligned 64-bit store, so the library never sees half of a slot."""
+        if self.slot != (period_us, start_us, length_us):
+            self._words[_PERIOD_US // 4] = period_us
+            self._quads[_SLOT // 8] = start_us | length_us << 32

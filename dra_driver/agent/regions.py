@@ -22,7 +22,7 @@ SLOT_COUNT = (REGION_SIZE - HEADER_SIZE) // SLOT_SIZE
 
 # header offsets
 _MAGIC, _VERSION, _USED, _SLOTS_HW = 0, 8, 96, 104
-_PACE_RATE_PPM, _PACED_NS, _OOM_REFUSALS = 128, 144, 152
+_PACE_RATE_PPM, _PACE_GPU_NS, _PACED_NS, _OOM_REFUSALS = 128, 136, 144, 152
 # slot: in_use u32, pid i32, start_time u64, pidns u64, used u64
 _SLOT = struct.Struct("<IiQQQ")
 
@@ -64,6 +64,11 @@ class Region:
     @property
     def used(self) -> int:
         return self._u64(_USED) if self.initialised else 0
+
+    @property
+    def charged_ns(self) -> int:
+        """GPU time the library charged the claim's launches (`pace_gpu_ns`)."""
+        return self._u64(_PACE_GPU_NS) if self.initialised else 0
 
     @property
     def paced_ns(self) -> int:

@@ -1,22 +1,21 @@
-"""Rate control: hold each claim's measured GPU share to its compute limit.
+"""Time slots: how the claims on one GPU take turns (the library's side: hook/src/hook.c,
+"compute pacing"; the design and its figures: docs/compute.md).
 
-The library paces launches with a token bucket whose refill rate is the claim's share of GPU
-time, charged at the launch cost it measures itself. That estimate can be off (queueing behind
-other claims, kernels of varying size), so the agent closes the loop with what NVML measured:
+Contexts of different processes are time-sliced by the GPU, so a claim's event-timed launch
+cost counts the other claims' slices, and NVML's per-process utilization is sampled (a busy
+process can be missing from a whole period): neither can hold a share to a few points. Instead
+the agent lays the claims of a GPU out as consecutive slots of one period (PERIOD_US), each its
+compute limit's part of it, and writes each claim's slot and rate into its trusted control
+file. The library lets a claim that is using its whole share launch a period's worth inside
+its slot, so busy claims run one at a time, each measuring its own cost; a claim using less
+than its share launches at once, wherever it is.
 
-    gain = measured share / rate in effect   (learned only while the claim uses its rate)
-    rate = wanted share / gain               (clamped)
-
-which converges in one or two periods when the gain is steady. Under `Hard` the rate may go
-above the limit (at most HARD_BOOST times it) only where the agent writes it into the claim's
-control file, which no tenant can write: that is what gives back the share an overcharged cost
-(queueing behind another claim's kernels) takes away. Through the tenant-writable region the
-library caps it at the limit. An idle claim's gain decays back to 1, so a claim that starts
-again starts at its limit, never at a boost learned under old contention.
-
-Under `Burst` the wanted share is the limit plus the GPU's idle time (split among the busy Burst claims on that GPU); as soon
-as another claim becomes busy, its share is reserved again in the next period, so borrowed
-time is handed back within one sampling period.
+`Burst`: a busy Burst claim's slot also covers what follows it up to the next busy claim's
+slot (idle claims' slots, time no claim holds), with the rate to match; the agent sees a claim
+busy from the GPU time its library charged in the last period (the region: a claim can only
+claim to be busier than it is, which costs the Burst neighbours their borrowed time, never the
+claim's own share). So borrowed time is handed back at the first period in which the owner is
+busy again. Burst claims are laid out last, so the unallocated rest of the period follows them.
 """
 
 from __future__ import annotations
@@ -24,13 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PPM = 1_000_000
-MIN_RATE = 0.005          # never stall a claim completely
-GAIN_MIN, GAIN_MAX = 0.25, 4.0
-GAIN_STEP = 0.5           # weight of the last period in the learned gain
-BUSY = 0.01               # a claim using at least 1 % of the GPU needs its share
-SATURATED = 0.5           # measured >= this fraction of the rate: the claim is limited by pacing
-                          # (or the library reports it slept launches: `paced`)
-HARD_BOOST = 3.0          # a Hard claim's rate (control file) stays <= this many times its limit
+PERIOD_US = 20_000        # the slot period: long against a 2.5 ms time slice, short against latency
+BUSY = 0.01               # a claim that used at least 1 % of the GPU last period is busy
 
 
 @dataclass(eq=False)
@@ -39,42 +33,35 @@ class Share:
 
     limit: float            # the claim's share, 0..1
     burst: bool
-    trusted: bool = False   # the rate goes to the control file: Hard may exceed the limit
+    trusted: bool = False   # it has a control file: it gets a slot and may exceed the limit (Burst)
     rate: float = 0.0       # the rate written last period, 0..1 (0: not written yet)
-    gain: float = 1.0
-    measured: float = 0.0   # share measured in the last period, 0..1
+    measured: float = 0.0   # NVML's share in the last period (sampled: for metrics), 0..1
+    charged: float = 0.0    # GPU time its library charged in the last period, 0..1
     paced: bool = False     # the library slept launches of the claim in the last period
-    wanted: float = 0.0
+    start_us: int = 0       # its slot in the period
+    length_us: int = 0
 
     @property
     def busy(self) -> bool:
-        return self.measured >= BUSY
+        return self.charged >= BUSY or self.measured >= BUSY
 
 
-def control_gpu(shares: list[Share], other_busy: float) -> None:
-    """One period for the claims sharing a GPU. `measured` must be set; `other_busy` is GPU time
-    of processes that belong to no claim. Sets `rate` (and `gain`, `wanted`)."""
-    for s in shares:
-        in_effect = s.rate or s.limit
-        # Learn only from a claim its pacing holds back (else a claim using less than its rate
-        # would wind the rate up). Queueing behind other claims can hold a paced claim well
-        # below half its rate: the library's paced time says it is still pacing-limited.
-        if s.measured >= SATURATED * in_effect or (s.paced and s.busy):
-            s.gain = min(GAIN_MAX, max(GAIN_MIN, (1 - GAIN_STEP) * s.gain + GAIN_STEP * s.measured / in_effect))
-        elif not s.busy:  # idle: no measurement to learn from, no wind-up; back toward the limit
-            s.gain = 0.5 * s.gain + 0.5
-    bursting = [s for s in shares if s.burst and s.busy]
-    reserved = sum(s.limit for s in shares if s.busy or s.burst) + other_busy
-    spare = max(0.0, 1.0 - reserved) / len(bursting) if bursting else 0.0
-    for s in shares:
-        s.wanted = s.limit + (spare if s.burst and s.busy else 0.0)
-        # Sharing a busy GPU, a Burst claim's shortfall is contention, not a cost error: no boost.
-        contended = other_busy >= BUSY or any(o.busy for o in shares if o is not s)
-        if s.burst:
-            cap = s.wanted if contended else 1.0
-        else:
-            cap = min(1.0, HARD_BOOST * s.limit) if s.trusted else s.limit
-        s.rate = min(cap, max(MIN_RATE, s.wanted / s.gain))
+def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> None:
+    """Lay out the slots of the claims on one GPU (Hard ones first, in the given order) and set
+    each claim's rate: its limit, or for a busy Burst claim its slot's part of the period."""
+    ordered = [s for s in shares if not s.burst] + [s for s in shares if s.burst]
+    start = 0
+    for s in ordered:
+        s.start_us, s.length_us = start, min(period_us - start, round(s.limit * period_us))
+        start += s.length_us
+    busy = [s for s in ordered if s.busy]
+    for s in ordered:
+        s.rate = s.limit
+        if s.burst and s.busy:
+            later = [o.start_us for o in busy if o.start_us > s.start_us]
+            end = later[0] if later else busy[0].start_us + period_us  # cyclic: s itself at the latest
+            s.length_us = min(period_us, end - s.start_us)
+            s.rate = s.length_us / period_us
 
 
 def to_ppm(rate: float) -> int:

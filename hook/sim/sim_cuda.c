@@ -1,7 +1,8 @@
 /* Simulated CUDA driver (libcuda.so.1): enough of the driver API for a CUDA application to
- * start, allocate and launch, on simulated devices shared across processes (sim_state.h).
- * Kernels take GPUSHARE_SIM_KERNEL_US of GPU time each and run one after another on the
- * device, across processes; launches are asynchronous, synchronisation waits. */
+ * start, allocate, launch and capture graphs, on simulated devices shared across processes
+ * (sim_state.h). Kernels take GPUSHARE_SIM_KERNEL_US of GPU time each (a "spin" kernel: its
+ * cycle count at 1 GHz); each process's work runs in order, and the contexts of different
+ * processes are time-sliced (sim_sched.c). Launches are asynchronous, synchronisation waits. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
@@ -12,11 +13,22 @@
 #include "../src/ptrmap.h"
 #include "sim_state.h"
 
-#define QUEUE_KERNELS 1024 /* launches block beyond this much queued work, like a real driver */
+#define QUEUE_KERNELS 1024 /* launches block beyond this many queued kernels, like a real driver */
+#define SPIN 8             /* function handle flag: a kernel that spins for params[0] cycles */
+#define CLOCK_KHZ 1000000  /* 1 GHz: a cycle is a nanosecond */
 
 struct CUctx_st { int dev; };
-struct CUevent_st { uint64_t t; int recorded; };
-struct CUstream_st { int unused; };
+/* an event completes when its process's queue reaches pos; t = when (0: not known yet) */
+struct CUevent_st { int recorded, dev; uint32_t watch; uint64_t pos, rec_t, t; };
+struct CUgraph_st { uint64_t ns; unsigned nodes; };
+struct CUgraphExec_st { uint64_t ns; unsigned nodes; };
+struct CUstream_st {
+    unsigned flags;
+    int capturing, invalidated, mode; /* stream capture (see "capture" below) */
+    pthread_t thread;                 /* that began the capture */
+    uint64_t id;
+    struct CUgraph_st *graph;
+};
 
 static int g_inited;
 static struct CUctx_st g_primary[SIM_MAX_DEV];
@@ -25,13 +37,14 @@ static __thread CUcontext t_stack[16];
 static __thread int t_depth;
 static struct gs_ptrmap g_allocs = GS_PTRMAP_INIT;
 static uint64_t g_next_handle;
-static uint64_t g_last_end; /* completion time of this process's last queued kernel */
+static uint64_t g_nlaunch[SIM_MAX_DEV];                /* launches so far, per device */
+static uint64_t g_ends[SIM_MAX_DEV][QUEUE_KERNELS];    /* queue positions of the last ones */
 static pthread_once_t g_fork_once = PTHREAD_ONCE_INIT;
 
 static void fork_child(void)
 {
     gs_ptrmap_reset_child(&g_allocs); /* the parent's allocations are not the child's */
-    g_last_end = 0;
+    memset(g_nlaunch, 0, sizeof g_nlaunch);
 }
 static void register_fork(void) { pthread_atfork(NULL, NULL, fork_child); }
 
@@ -119,6 +132,7 @@ SIM_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *v = CLOCK_KHZ; break;
     default: *v = 0;
     }
     return CUDA_SUCCESS;
@@ -192,15 +206,211 @@ SIM_API CUresult cuCtxGetDevice(CUdevice *d)
     *d = t_cur->dev;
     return CUDA_SUCCESS;
 }
-static void wait_idle(void) { sim_sleep_until(__atomic_load_n(&g_last_end, __ATOMIC_RELAXED)); }
-SIM_API CUresult cuCtxSynchronize(void) { NEED_CTX(); wait_idle(); return CUDA_SUCCESS; }
+static void wait_idle(void) { sim_wait(t_cur->dev, sim_position(t_cur->dev)); }
+
+/* ---- stream capture: the real driver's rules, stricter for event records ----
+ * Work launched into a capturing stream becomes a graph node instead of running. These
+ * invalidate a capture (the call fails, later captured calls and cuStreamEndCapture fail with
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED):
+ *  - cuEventRecord, cuStreamSynchronize or cuStreamQuery on the capturing stream (the real
+ *    driver turns an event record into a capture dependency; here any is an error, so that a
+ *    library that records its own events into someone's graph is caught);
+ *  - in global mode (thread-local: from the capturing thread) a synchronising call anywhere
+ *    in the process: cuEventQuery, cuEventSynchronize, cuStreamSynchronize/Query of another
+ *    stream, cuCtxSynchronize;
+ *  - any use of the legacy default stream while a blocking stream captures (it would wait for
+ *    that stream). */
+#define MAX_CAPTURES 64
+static struct CUstream_st *g_capt[MAX_CAPTURES];
+static pthread_mutex_t g_capt_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread struct CUstream_st t_ptds; /* this thread's per-thread default stream */
+static uint64_t g_capture_ids;
+static int g_ncapt; /* active captures: the launch path looks no further while 0 */
+
+/* NULL: the legacy default stream */
+static struct CUstream_st *stream_of(CUstream s, int ptsz)
+{
+    if (s == CU_STREAM_PER_THREAD || (s == NULL && ptsz)) return &t_ptds;
+    if (s == NULL || s == CU_STREAM_LEGACY) return NULL;
+    return s;
+}
+
+/* invalidate the active captures that `hit` selects; 1 if any */
+static int invalidate(int (*hit)(struct CUstream_st *))
+{
+    int any = 0;
+    if (!__atomic_load_n(&g_ncapt, __ATOMIC_ACQUIRE)) return 0;
+    pthread_mutex_lock(&g_capt_lock);
+    for (int i = 0; i < MAX_CAPTURES; i++)
+        if (g_capt[i] && !g_capt[i]->invalidated && hit(g_capt[i])) g_capt[i]->invalidated = any = 1;
+    pthread_mutex_unlock(&g_capt_lock);
+    return any;
+}
+static int blocking(struct CUstream_st *c) { return !(c->flags & CU_STREAM_NON_BLOCKING); }
+static int sync_forbidden(struct CUstream_st *c)
+{
+    return c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
+           (c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && pthread_equal(c->thread, pthread_self()));
+}
+static int any_blocking_capture(void)
+{
+    int any = 0;
+    pthread_mutex_lock(&g_capt_lock);
+    for (int i = 0; i < MAX_CAPTURES; i++) any |= g_capt[i] && blocking(g_capt[i]);
+    pthread_mutex_unlock(&g_capt_lock);
+    return any;
+}
+
+/* a synchronising call: fails if it breaks a capture */
+static CUresult sync_call(void)
+{
+    return invalidate(sync_forbidden) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* before work or a record on stream st: GO, or the call's result (captured: CUDA_SUCCESS) */
+#define GO (-1)
+static CUresult capture_use(struct CUstream_st *st, uint64_t ns, int record)
+{
+    if (!st) return invalidate(blocking) ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : GO;
+    if (!__atomic_load_n(&st->capturing, __ATOMIC_ACQUIRE)) return GO;
+    if (st->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (record) {
+        st->invalidated = 1;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    st->graph->ns += ns;
+    st->graph->nodes++;
+    return CUDA_SUCCESS;
+}
+
+static CUresult begin_capture(CUstream s, int ptsz, int mode)
+{
+    NEED_CTX();
+    struct CUstream_st *st = stream_of(s, ptsz);
+    if (!st) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (st->capturing || mode < 0 || mode > 2) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraph_st *g = calloc(1, sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_capt_lock);
+    int i = 0;
+    while (i < MAX_CAPTURES && g_capt[i]) i++;
+    if (i < MAX_CAPTURES) {
+        g_capt[i] = st;
+        st->graph = g;
+        st->mode = mode;
+        st->invalidated = 0;
+        st->thread = pthread_self();
+        st->id = ++g_capture_ids;
+        __atomic_store_n(&st->capturing, 1, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&g_ncapt, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_capt_lock);
+    if (i == MAX_CAPTURES) free(g);
+    return i < MAX_CAPTURES ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode m) { return begin_capture(s, 0, m); }
+SIM_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) { return begin_capture(s, 1, m); }
+SIM_API CUresult cuStreamBeginCapture(CUstream s) { return begin_capture(s, 0, CU_STREAM_CAPTURE_MODE_GLOBAL); }
+SIM_API CUresult cuStreamBeginCapture_ptsz(CUstream s) { return begin_capture(s, 1, CU_STREAM_CAPTURE_MODE_GLOBAL); }
+
+static CUresult end_capture(CUstream s, int ptsz, CUgraph *out)
+{
+    NEED_CTX();
+    struct CUstream_st *st = stream_of(s, ptsz);
+    if (!out || !st || !st->capturing) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_capt_lock);
+    for (int i = 0; i < MAX_CAPTURES; i++)
+        if (g_capt[i] == st) g_capt[i] = NULL;
+    __atomic_store_n(&st->capturing, 0, __ATOMIC_RELEASE);
+    __atomic_sub_fetch(&g_ncapt, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_capt_lock);
+    *out = st->invalidated ? NULL : st->graph;
+    if (st->invalidated) free(st->graph);
+    st->graph = NULL;
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+}
+SIM_API CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { return end_capture(s, 0, g); }
+SIM_API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return end_capture(s, 1, g); }
+
+static CUresult capture_info(CUstream s, int ptsz, CUstreamCaptureStatus *status, cuuint64_t *id)
+{
+    NEED_CTX();
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st = stream_of(s, ptsz);
+    if (!st) { /* the legacy stream cannot capture; asking while a blocking stream does is an error */
+        *status = CU_STREAM_CAPTURE_STATUS_NONE;
+        return any_blocking_capture() ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+    }
+    int c = __atomic_load_n(&st->capturing, __ATOMIC_ACQUIRE);
+    *status = !c ? CU_STREAM_CAPTURE_STATUS_NONE
+                 : st->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (id && c) *id = st->id;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) { return capture_info(s, 0, st, NULL); }
+SIM_API CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st) { return capture_info(s, 1, st, NULL); }
+SIM_API CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id)
+{
+    return capture_info(s, 0, st, id);
+}
+SIM_API CUresult cuStreamGetCaptureInfo_ptsz(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id)
+{
+    return capture_info(s, 1, st, id);
+}
+static CUresult capture_info_v2(CUstream s, int ptsz, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                const CUgraphNode **deps, size_t *ndeps)
+{
+    CUresult rc = capture_info(s, ptsz, st, id);
+    struct CUstream_st *x = stream_of(s, ptsz);
+    if (g) *g = rc == CUDA_SUCCESS && x && x->capturing ? x->graph : NULL;
+    if (deps) *deps = NULL;
+    if (ndeps) *ndeps = 0;
+    return rc;
+}
+SIM_API CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                           const CUgraphNode **deps, size_t *ndeps)
+{
+    return capture_info_v2(s, 0, st, id, g, deps, ndeps);
+}
+SIM_API CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                                const CUgraphNode **deps, size_t *ndeps)
+{
+    return capture_info_v2(s, 1, st, id, g, deps, ndeps);
+}
+
+SIM_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    (void)flags;
+    NEED_CTX();
+    if (!e || !g) return CUDA_ERROR_INVALID_VALUE;
+    *e = malloc(sizeof **e);
+    if (!*e) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*e)->ns = g->ns;
+    (*e)->nodes = g->nodes;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n)
+{
+    (void)err, (void)log, (void)n;
+    return cuGraphInstantiateWithFlags(e, g, 0);
+}
+SIM_API CUresult cuGraphDestroy(CUgraph g) { NEED_INIT(); free(g); return CUDA_SUCCESS; }
+SIM_API CUresult cuGraphExecDestroy(CUgraphExec e) { NEED_INIT(); free(e); return CUDA_SUCCESS; }
+
+SIM_API CUresult cuCtxSynchronize(void)
+{
+    NEED_CTX();
+    CUresult rc = sync_call();
+    if (rc == CUDA_SUCCESS) wait_idle();
+    return rc;
+}
 
 /* ---- streams and events: one timeline per process, shared by its streams ---- */
 SIM_API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 {
-    (void)flags;
     NEED_CTX();
     *s = calloc(1, sizeof **s);
+    if (*s) (*s)->flags = flags;
     return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 SIM_API CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int prio)
@@ -209,14 +419,35 @@ SIM_API CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int
     return cuStreamCreate(s, flags);
 }
 SIM_API CUresult cuStreamDestroy_v2(CUstream s) { NEED_INIT(); free(s); return CUDA_SUCCESS; }
-SIM_API CUresult cuStreamSynchronize(CUstream s) { (void)s; NEED_CTX(); wait_idle(); return CUDA_SUCCESS; }
-SIM_API CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
-SIM_API CUresult cuStreamQuery(CUstream s)
+/* stream sync/query: the capturing stream itself, or a synchronising call */
+static CUresult stream_check(CUstream s, int ptsz)
 {
-    (void)s;
-    NEED_CTX();
-    return sim_now_ns() >= __atomic_load_n(&g_last_end, __ATOMIC_RELAXED) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    struct CUstream_st *st = stream_of(s, ptsz);
+    if (st && __atomic_load_n(&st->capturing, __ATOMIC_ACQUIRE)) {
+        st->invalidated = 1;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (!st && any_blocking_capture()) return invalidate(blocking), CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    return sync_call();
 }
+static CUresult stream_sync(CUstream s, int ptsz)
+{
+    NEED_CTX();
+    CUresult rc = stream_check(s, ptsz);
+    if (rc == CUDA_SUCCESS) wait_idle();
+    return rc;
+}
+SIM_API CUresult cuStreamSynchronize(CUstream s) { return stream_sync(s, 0); }
+SIM_API CUresult cuStreamSynchronize_ptsz(CUstream s) { return stream_sync(s, 1); }
+static CUresult stream_query(CUstream s, int ptsz)
+{
+    NEED_CTX();
+    CUresult rc = stream_check(s, ptsz);
+    if (rc != CUDA_SUCCESS) return rc;
+    return sim_done(t_cur->dev, sim_position(t_cur->dev)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+SIM_API CUresult cuStreamQuery(CUstream s) { return stream_query(s, 0); }
+SIM_API CUresult cuStreamQuery_ptsz(CUstream s) { return stream_query(s, 1); }
 
 SIM_API CUresult cuEventCreate(CUevent *e, unsigned int flags)
 {
@@ -226,38 +457,60 @@ SIM_API CUresult cuEventCreate(CUevent *e, unsigned int flags)
     return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 SIM_API CUresult cuEventDestroy_v2(CUevent e) { NEED_INIT(); free(e); return CUDA_SUCCESS; }
-SIM_API CUresult cuEventRecord(CUevent e, CUstream s)
+static CUresult event_record(CUevent e, CUstream s, int ptsz)
 {
-    (void)s;
     NEED_CTX();
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t now = sim_now_ns(), end = __atomic_load_n(&g_last_end, __ATOMIC_RELAXED);
-    /* completes when the work queued before it does; with free kernels (KERNEL_US=0) the
-     * GPU timeline never moves, so timing a launch measures 0 */
-    e->t = sim_kernel_ns == 0 ? end : end > now ? end : now;
+    CUresult rc = capture_use(stream_of(s, ptsz), 0, 1);
+    if (rc != GO) return rc;
+    int dev = t_cur->dev;
+    e->dev = dev;
+    e->rec_t = sim_now_ns();
+    /* A record is a command of the context, timestamped when the context runs it: 1 ns of
+     * work, so that on an empty queue it still waits for the context's turn. Free kernels
+     * (KERNEL_US=0) never move the GPU clock: timing a launch measures 0. */
+    e->watch = ~0u;
+    e->pos = sim_kernel_ns == 0 ? sim_position(dev) : sim_enqueue_watched(dev, 1, &e->watch);
+    e->t = sim_kernel_ns == 0 ? 1 : 0;
     e->recorded = 1;
     return CUDA_SUCCESS;
 }
-SIM_API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+SIM_API CUresult cuEventRecord(CUevent e, CUstream s) { return event_record(e, s, 0); }
+SIM_API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return event_record(e, s, 1); }
+
+/* 1 if e has completed, its time resolved */
+static int event_done(CUevent e)
+{
+    if (!e->recorded || e->t) return 1;
+    if (!sim_done(e->dev, e->pos)) return 0;
+    e->t = sim_pos_time(e->dev, e->pos, e->watch, e->rec_t);
+    return 1;
+}
 SIM_API CUresult cuEventQuery(CUevent e)
 {
     NEED_INIT();
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
-    return !e->recorded || sim_now_ns() >= e->t ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    CUresult rc = sync_call();
+    if (rc != CUDA_SUCCESS) return rc;
+    return event_done(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 SIM_API CUresult cuEventSynchronize(CUevent e)
 {
     NEED_INIT();
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
-    if (e->recorded) sim_sleep_until(e->t);
+    CUresult rc = sync_call();
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!event_done(e)) {
+        sim_wait(e->dev, e->pos);
+        event_done(e);
+    }
     return CUDA_SUCCESS;
 }
 SIM_API CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b)
 {
     NEED_INIT();
     if (!ms || !a || !b || !a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t now = sim_now_ns();
-    if (now < a->t || now < b->t) return CUDA_ERROR_NOT_READY;
+    if (!event_done(a) || !event_done(b)) return CUDA_ERROR_NOT_READY;
     *ms = (float)(((double)b->t - (double)a->t) / 1e6);
     return CUDA_SUCCESS;
 }
@@ -276,6 +529,9 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 static CUresult error_lookup(CUresult e, const char **s, int text)
@@ -309,7 +565,8 @@ SIM_API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name
 {
     NEED_CTX();
     if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
-    *f = (CUfunction)(uintptr_t)(0x100000 + new_handle() * 16);
+    /* "spin" (the probe's kernel) runs for its cycle count: flag 8 in the handle */
+    *f = (CUfunction)(uintptr_t)(0x100000 + new_handle() * 16 + (strcmp(name, "spin") == 0 ? SPIN : 0));
     return CUDA_SUCCESS;
 }
 SIM_API CUresult cuModuleUnload(CUmodule m) { (void)m; NEED_INIT(); return CUDA_SUCCESS; }
@@ -468,39 +725,38 @@ SIM_API CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n)
 SIM_API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { (void)d, (void)v, (void)n; NEED_CTX(); return CUDA_SUCCESS; }
 
 /* ---- launches ---- */
-static CUresult launch(void)
+static uint64_t kernel_ns(CUfunction f, void **params)
+{
+    if (((uintptr_t)f & SPIN) && params && params[0]) return *(uint64_t *)params[0] * 1000000 / CLOCK_KHZ;
+    return sim_kernel_ns;
+}
+
+/* ns of GPU work on stream s: into its capture, or queued behind this process's earlier work */
+static CUresult launch(CUstream s, int ptsz, uint64_t ns)
 {
     NEED_CTX();
-    uint64_t dur = sim_kernel_ns;
-    if (dur == 0) return CUDA_SUCCESS;
-    struct sim_dev *d = &sim->dev[t_cur->dev];
-    uint64_t now = sim_now_ns(), queue = QUEUE_KERNELS * dur;
-    uint64_t mine = __atomic_load_n(&g_last_end, __ATOMIC_RELAXED);
-    if (mine > now + queue) { /* the queue is full: wait for room */
-        sim_sleep_until(mine - queue);
-        now = sim_now_ns();
-    }
-    uint64_t old = __atomic_load_n(&d->busy_until_ns, __ATOMIC_RELAXED), start;
-    do {
-        start = old > now ? old : now;
-    } while (!__atomic_compare_exchange_n(&d->busy_until_ns, &old, start + dur, 1, __ATOMIC_RELAXED,
-                                          __ATOMIC_RELAXED));
-    __atomic_add_fetch(&d->busy_total_ns, dur, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&sim_me->busy_ns[t_cur->dev], dur, __ATOMIC_RELAXED);
-    uint64_t end = start + dur;
-    while (mine < end && !__atomic_compare_exchange_n(&g_last_end, &mine, end, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    CUresult rc = capture_use(stream_of(s, ptsz), ns, 0);
+    if (rc != GO) return rc;
+    if (ns == 0) return CUDA_SUCCESS;
+    int dev = t_cur->dev;
+    uint64_t n = __atomic_fetch_add(&g_nlaunch[dev], 1, __ATOMIC_RELAXED);
+    uint64_t *slot = &g_ends[dev][n % QUEUE_KERNELS];
+    if (n >= QUEUE_KERNELS) sim_wait(dev, __atomic_load_n(slot, __ATOMIC_RELAXED)); /* the queue is full */
+    __atomic_store_n(slot, sim_enqueue(dev, ns), __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 
 SIM_API CUresult cuLaunchKernel(GS_LAUNCH_ARGS, void **extra)
 {
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)params, (void)extra;
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
-    return launch();
+    return launch(s, 0, kernel_ns(f, params));
 }
 SIM_API CUresult cuLaunchKernel_ptsz(GS_LAUNCH_ARGS, void **extra)
 {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    return launch(s, 1, kernel_ns(f, params));
 }
 SIM_API CUresult cuLaunchCooperativeKernel(GS_LAUNCH_ARGS)
 {
@@ -508,25 +764,30 @@ SIM_API CUresult cuLaunchCooperativeKernel(GS_LAUNCH_ARGS)
 }
 SIM_API CUresult cuLaunchCooperativeKernel_ptsz(GS_LAUNCH_ARGS)
 {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, NULL);
+    return cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, NULL);
 }
 SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
 {
-    (void)params, (void)extra;
+    (void)extra;
     if (!cfg || !f) return CUDA_ERROR_INVALID_VALUE;
-    return launch();
+    return launch(cfg->hStream, 0, kernel_ns(f, params));
 }
 SIM_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
 {
-    return cuLaunchKernelEx(cfg, f, params, extra);
+    (void)extra;
+    if (!cfg || !f) return CUDA_ERROR_INVALID_VALUE;
+    return launch(cfg->hStream, 1, kernel_ns(f, params));
 }
 SIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
-    (void)s;
     if (!g) return CUDA_ERROR_INVALID_HANDLE;
-    return launch();
+    return launch(s, 0, g->ns);
 }
-SIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
+SIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
+{
+    if (!g) return CUDA_ERROR_INVALID_HANDLE;
+    return launch(s, 1, g->ns);
+}
 
 /* ---- cuGetProcAddress: base name + CUDA version + per-thread flag -> versioned entry ---- */
 struct proc { const char *base; int version; int ptsz; void *fn; };
@@ -580,6 +841,20 @@ static const struct proc g_procs[] = {
     P(cuLaunchCooperativeKernel, 0, 0, cuLaunchCooperativeKernel),
     P(cuLaunchCooperativeKernel, 0, 1, cuLaunchCooperativeKernel_ptsz),
     P(cuGraphLaunch, 0, 0, cuGraphLaunch), P(cuGraphLaunch, 0, 1, cuGraphLaunch_ptsz),
+    P(cuStreamQuery, 0, 1, cuStreamQuery_ptsz),
+    P(cuStreamBeginCapture, 0, 0, cuStreamBeginCapture), P(cuStreamBeginCapture, 0, 1, cuStreamBeginCapture_ptsz),
+    P(cuStreamBeginCapture, 10010, 0, cuStreamBeginCapture_v2),
+    P(cuStreamBeginCapture, 10010, 1, cuStreamBeginCapture_v2_ptsz),
+    P(cuStreamEndCapture, 0, 0, cuStreamEndCapture), P(cuStreamEndCapture, 0, 1, cuStreamEndCapture_ptsz),
+    P(cuStreamIsCapturing, 0, 0, cuStreamIsCapturing), P(cuStreamIsCapturing, 0, 1, cuStreamIsCapturing_ptsz),
+    P(cuStreamGetCaptureInfo, 0, 0, cuStreamGetCaptureInfo),
+    P(cuStreamGetCaptureInfo, 0, 1, cuStreamGetCaptureInfo_ptsz),
+    P(cuStreamGetCaptureInfo, 11030, 0, cuStreamGetCaptureInfo_v2),
+    P(cuStreamGetCaptureInfo, 11030, 1, cuStreamGetCaptureInfo_v2_ptsz),
+    P(cuGraphInstantiate, 11000, 0, cuGraphInstantiate_v2),
+    P(cuGraphInstantiate, 12000, 0, cuGraphInstantiateWithFlags),
+    P(cuGraphInstantiateWithFlags, 0, 0, cuGraphInstantiateWithFlags),
+    P(cuGraphDestroy, 0, 0, cuGraphDestroy), P(cuGraphExecDestroy, 0, 0, cuGraphExecDestroy),
 };
 
 SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,

@@ -237,39 +237,28 @@ SIM_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizati
     return NVML_SUCCESS;
 }
 
-/* per process share of the GPU. last_seen == 0: over the process's lifetime; otherwise, as
- * real NVML averages the samples newer than last_seen, over the time since this caller's
- * previous query (first query of a process: its lifetime) */
-static uint64_t g_pu_prev_t[SIM_MAX_DEV][SIM_MAX_PROC], g_pu_prev_busy[SIM_MAX_DEV][SIM_MAX_PROC];
-static uint64_t g_pu_prev_start[SIM_MAX_DEV][SIM_MAX_PROC];
-
+/* per-process utilization as the real driver reports it: sampled (sim_sched.c). Each
+ * process named in the samples newer than last_seen, with its mean over those sample
+ * periods; a busy process can be missing, one period is noise. NOT_FOUND: no sample yet. */
 SIM_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s,
                                                      unsigned int *count, unsigned long long last_seen)
 {
     DEV(d);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    struct sim_proc *ps[SIM_MAX_PROC];
-    unsigned n = procs_on(d->index, ps, SIM_MAX_PROC);
+    int32_t slots[SIM_SAMPLES];
+    unsigned util[SIM_SAMPLES];
+    uint64_t newest;
+    unsigned n = sim_samples(d->index, last_seen, slots, util, &newest, SIM_SAMPLES);
+    if (n == 0) {
+        *count = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
     if (!s || *count < n) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    int dev = d->index;
-    uint64_t now = sim_now_ns();
-    for (unsigned i = 0; i < n; i++) {
-        int slot = (int)(ps[i] - sim->proc);
-        uint64_t busy = __atomic_load_n(&ps[i]->busy_ns[dev], __ATOMIC_RELAXED);
-        uint64_t t0 = ps[i]->start_ns, b0 = 0;
-        if (last_seen && g_pu_prev_start[dev][slot] == ps[i]->start_ns && g_pu_prev_t[dev][slot]) {
-            t0 = g_pu_prev_t[dev][slot];
-            b0 = g_pu_prev_busy[dev][slot];
-        }
-        g_pu_prev_t[dev][slot] = now;
-        g_pu_prev_busy[dev][slot] = busy;
-        g_pu_prev_start[dev][slot] = ps[i]->start_ns;
-        uint64_t dt = now > t0 ? now - t0 : 1, pct = (busy > b0 ? busy - b0 : 0) * 100 / dt;
-        s[i] = (nvmlProcessUtilizationSample_t){caller_pid(ps[i]), now / 1000, pct > 100 ? 100 : (unsigned)pct, 0, 0, 0};
-    }
+    for (unsigned i = 0; i < n; i++)
+        s[i] = (nvmlProcessUtilizationSample_t){caller_pid(&sim->proc[slots[i]]), newest, util[i], 0, 0, 0};
     *count = n;
     return NVML_SUCCESS;
 }

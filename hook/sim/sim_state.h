@@ -1,5 +1,6 @@
 /* Simulated GPUs shared by every process that opens the same state file
- * (GPUSHARE_SIM_STATE): memory in use, a serial kernel timeline, per-process usage. */
+ * (GPUSHARE_SIM_STATE): memory in use, a time-sliced kernel scheduler (sim_sched.c),
+ * per-process usage and NVML's utilization samples. */
 #ifndef GPUSHARE_SIM_STATE_H
 #define GPUSHARE_SIM_STATE_H
 
@@ -8,14 +9,44 @@
 
 #define SIM_MAX_DEV 8
 #define SIM_MAX_PROC 256
-#define SIM_MAGIC 0x324d495350475347ULL /* "GSGPSIM2" */
+#define SIM_MAGIC 0x334d495350475347ULL /* "GSGPSIM3" */
 #define SIM_API __attribute__((visibility("default")))
+
+/* ---- time slicing (sim_sched.c) ---- */
+#define SIM_SEGMENTS 32   /* per (process, device): recent stretches of running, for event times */
+#define SIM_SAMPLES 64    /* per device: NVML utilization samples kept (12.8 s at 200 ms) */
+
+struct sim_seg { uint64_t t0, done0; }; /* from t0 the process ran, its done counter at done0 */
+
+#define SIM_WATCHES 32 /* per (process, device): recorded events the schedule timestamps */
+
+struct sim_queue {        /* one process's work on one device; under the device's sched lock */
+    uint64_t queued_ns;   /* GPU ns ever enqueued (kernel lengths) */
+    uint64_t done_ns;     /* GPU ns ever executed */
+    uint32_t nseg, nwatch;
+    struct sim_seg seg[SIM_SEGMENTS];
+    struct sim_seg watch[SIM_WATCHES]; /* {time reached (0: not yet), position} */
+};
+
+struct sim_sample { uint64_t t_us; int32_t slot; uint32_t util; }; /* realtime us, resident proc[] slot */
+
+struct sim_sched {
+    union { pthread_mutex_t m; char pad[64]; } lock; /* robust, process-shared */
+    uint64_t t;           /* the schedule is computed up to this time (CLOCK_MONOTONIC ns) */
+    int32_t resident;     /* proc index whose context holds the device; -1 none yet */
+    int32_t running;      /* proc index executing now; -1 idle */
+    uint64_t slice_end;   /* the resident's time slice ends here */
+    uint64_t busy_ns;     /* GPU ns executed, all processes */
+    uint64_t next_sample; /* next NVML sample instant */
+    uint64_t sample_busy; /* busy_ns at the previous sample instant */
+    uint32_t nsamples, pad;
+    struct sim_sample samples[SIM_SAMPLES];
+};
 
 struct sim_dev {
     uint64_t total;
     uint64_t used;          /* atomic */
-    uint64_t busy_until_ns; /* atomic: the device runs kernels one after another */
-    uint64_t busy_total_ns; /* atomic: GPU time of every kernel ever scheduled */
+    struct sim_sched sched;
 };
 
 struct sim_proc {
@@ -24,13 +55,16 @@ struct sim_proc {
     uint64_t start_ns;
     uint64_t pidns;                /* inode of that namespace: NVML answers the caller's pids */
     uint64_t used[SIM_MAX_DEV];    /* atomic */
-    uint64_t busy_ns[SIM_MAX_DEV]; /* atomic */
+    uint64_t busy_ns[SIM_MAX_DEV]; /* GPU ns executed (= q.done_ns), read by NVML */
+    struct sim_queue q[SIM_MAX_DEV];
 };
 
 struct sim_state {
     uint64_t magic;
     uint32_t ndev, pad;
     union { pthread_mutex_t m; char pad[64]; } lock; /* robust, guards proc[] */
+    uint64_t slice_ns;         /* GPUSHARE_SIM_SLICE_US when the state was created */
+    uint64_t sample_ns;        /* GPUSHARE_SIM_NVML_SAMPLE_MS when the state was created */
     struct sim_dev dev[SIM_MAX_DEV];
     struct sim_proc proc[SIM_MAX_PROC];
 };
@@ -49,5 +83,19 @@ void sim_uuid_string(int dev, char *out, unsigned len);
 int sim_mem_reserve(int dev, uint64_t size);  /* 0 ok, -1 out of memory */
 void sim_mem_unreserve(int dev, uint64_t size);
 uint64_t sim_busy_done(int dev, uint64_t now); /* GPU ns of kernels finished by now */
+void sim_robust_lock(pthread_mutex_t *m);
+void sim_robust_init(pthread_mutex_t *m);
+
+/* time-sliced scheduler (sim_sched.c): one queue per process and device */
+void sim_sched_init(struct sim_sched *s);
+uint64_t sim_enqueue(int dev, uint64_t ns);        /* position (queued_ns) after the work */
+uint64_t sim_enqueue_watched(int dev, uint64_t ns, uint32_t *watch); /* an event: timestamped */
+uint64_t sim_position(int dev);                     /* queued_ns now */
+int sim_done(int dev, uint64_t pos);                /* 1 if the work up to pos has executed */
+void sim_wait(int dev, uint64_t pos);               /* until it has */
+uint64_t sim_pos_time(int dev, uint64_t pos, uint32_t watch, uint64_t floor); /* when pos completed (done only) */
+/* NVML: per-process (proc[] slot) mean utilization over samples newer than since_us; returns
+ * entries written */
+unsigned sim_samples(int dev, uint64_t since_us, int32_t *slots, unsigned *util, uint64_t *last_us, unsigned max);
 
 #endif

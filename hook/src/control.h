@@ -1,7 +1,7 @@
 /* Trusted control file: one per (claim, GPU), GS_CONTROL_SIZE bytes, created zero-filled by
  * the kubelet plugin (root, 0644) and mounted read-only, so no tenant can write it. Only the
  * node agent (root, on the host) writes it: magic and version once, then rate_ppm with single
- * aligned 32-bit stores. Layout documented in hook/README.md and docs/interfaces.md. */
+ * aligned 32-bit stores, the slot with single 64-bit stores. Layout documented in hook/README.md and docs/interfaces.md. */
 #ifndef GPUSHARE_CONTROL_H
 #define GPUSHARE_CONTROL_H
 
@@ -15,10 +15,15 @@ struct gs_control {
     uint64_t magic;     /*  0: GS_CONTROL_MAGIC; 0 = the agent has not written the file yet */
     uint32_t version;   /*  8: GS_CONTROL_VERSION */
     uint32_t rate_ppm;  /* 12: refill rate, millionths of the GPU; 0 = no override */
+    uint64_t slot;      /* 16: the claim's time slot on the GPU: start_us | length_us << 32,
+                               one 64-bit store; length 0 = none (docs/compute.md) */
+    uint32_t period_us; /* 24: period of the GPU's slot schedule (CLOCK_MONOTONIC) */
 };
 
 _Static_assert(__builtin_offsetof(struct gs_control, version) == 8, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, rate_ppm) == 12, "layout");
+_Static_assert(__builtin_offsetof(struct gs_control, slot) == 16, "layout");
+_Static_assert(__builtin_offsetof(struct gs_control, period_us) == 24, "layout");
 
 /* The agent's rate, or 0 (none yet, or a header this library does not know). The agent writes
  * magic and version before the first rate, so a rate seen here comes with its header. */
@@ -29,6 +34,18 @@ static inline uint32_t gs_control_rate(const struct gs_control *c)
         __atomic_load_n(&c->version, __ATOMIC_RELAXED) != GS_CONTROL_VERSION)
         return 0;
     return rate;
+}
+
+/* The claim's slot in ns: 1 with *start, *len, *period set; 0 = none (or not valid). */
+static inline int gs_control_slot(const struct gs_control *c, uint64_t *start, uint64_t *len, uint64_t *period)
+{
+    uint64_t slot = __atomic_load_n(&c->slot, __ATOMIC_ACQUIRE);
+    uint64_t p = __atomic_load_n(&c->period_us, __ATOMIC_RELAXED);
+    uint64_t s = slot & 0xffffffffu, l = slot >> 32;
+    if (l == 0 || p == 0 || s >= p || l > p || __atomic_load_n(&c->magic, __ATOMIC_RELAXED) != GS_CONTROL_MAGIC)
+        return 0;
+    *start = s * 1000, *len = l * 1000, *period = p * 1000;
+    return 1;
 }
 
 #endif

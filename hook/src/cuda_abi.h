@@ -36,6 +36,10 @@ enum {
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -49,6 +53,7 @@ enum {
 
 #define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK 1
 #define CU_DEVICE_ATTRIBUTE_WARP_SIZE 10
+#define CU_DEVICE_ATTRIBUTE_CLOCK_RATE 13
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
@@ -207,6 +212,33 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra);
 CUresult cuGraphLaunch(CUgraphExec g, CUstream s);
 CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s);
+
+/* ---- stream capture (CUDA graphs) ---- */
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+#define CU_STREAM_NON_BLOCKING 0x1
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+       CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 };
+enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+       CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
+typedef int CUstreamCaptureStatus;
+typedef int CUstreamCaptureMode;
+CUresult cuStreamBeginCapture(CUstream s);
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCapture_ptsz(CUstream s);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream s, CUgraph *g);
+CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g);
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st);
+CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st);
+CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id);
+CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                   const CUgraphNode **deps, size_t *ndeps);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags);
+CUresult cuGraphDestroy(CUgraph g);
+CUresult cuGraphExecDestroy(CUgraphExec e);
 
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlShutdown(void);

@@ -50,6 +50,10 @@ REAL(cuLaunchKernel); REAL(cuLaunchKernel_ptsz);
 REAL(cuLaunchKernelEx); REAL(cuLaunchKernelEx_ptsz);
 REAL(cuLaunchCooperativeKernel); REAL(cuLaunchCooperativeKernel_ptsz);
 REAL(cuGraphLaunch); REAL(cuGraphLaunch_ptsz);
+REAL(cuStreamBeginCapture); REAL(cuStreamBeginCapture_ptsz);
+REAL(cuStreamBeginCapture_v2); REAL(cuStreamBeginCapture_v2_ptsz);
+REAL(cuStreamEndCapture); REAL(cuStreamEndCapture_ptsz);
+REAL(cuStreamIsCapturing); REAL(cuStreamIsCapturing_ptsz);
 REAL(nvmlDeviceGetMemoryInfo); REAL(nvmlDeviceGetMemoryInfo_v2);
 /* not hooked, only called by us */
 REAL(cuCtxGetDevice); REAL(cuDeviceGetUuid_v2); REAL(cuDeviceGetCount); REAL(cuEventCreate); REAL(cuEventDestroy_v2);
@@ -103,6 +107,12 @@ static const struct hook hooks[] = {
     H(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 0, 1),
     H(cuGraphLaunch, "cuGraphLaunch", 0, 0),
     H(cuGraphLaunch_ptsz, "cuGraphLaunch", 0, 1),
+    H(cuStreamBeginCapture, "cuStreamBeginCapture", 0, 0),
+    H(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 0, 1),
+    H(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0),
+    H(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, 1),
+    H(cuStreamEndCapture, "cuStreamEndCapture", 0, 0),
+    H(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 0, 1),
     N(nvmlDeviceGetMemoryInfo),
     N(nvmlDeviceGetMemoryInfo_v2),
     HELPER(cuCtxGetDevice, LIB_CUDA), HELPER(cuDeviceGetUuid_v2, LIB_CUDA), HELPER(cuDeviceGetCount, LIB_CUDA),
@@ -110,6 +120,7 @@ static const struct hook hooks[] = {
     HELPER(cuEventRecord, LIB_CUDA), HELPER(cuEventRecord_ptsz, LIB_CUDA),
     HELPER(cuEventQuery, LIB_CUDA), HELPER(cuEventSynchronize, LIB_CUDA),
     HELPER(cuEventElapsedTime_v2, LIB_CUDA),
+    HELPER(cuStreamIsCapturing, LIB_CUDA), HELPER(cuStreamIsCapturing_ptsz, LIB_CUDA),
     HELPER(nvmlDeviceGetUUID, LIB_NVML), HELPER(nvmlDeviceGetIndex, LIB_NVML),
     HELPER(nvmlDeviceGetCount_v2, LIB_NVML), HELPER(nvmlDeviceGetHandleByIndex_v2, LIB_NVML),
 };
@@ -121,6 +132,7 @@ static const char *fallback_name(const char *name)
     if (strcmp(name, "cuDeviceGetUuid_v2") == 0) return "cuDeviceGetUuid";
     if (strcmp(name, "cuEventElapsedTime_v2") == 0) return "cuEventElapsedTime";
     if (strcmp(name, "cuEventRecord_ptsz") == 0) return "cuEventRecord";
+    if (strcmp(name, "cuStreamIsCapturing_ptsz") == 0) return "cuStreamIsCapturing";
     return NULL;
 }
 
@@ -131,18 +143,25 @@ static int missing_nvml(void) { return NVML_ERROR_LIBRARY_NOT_FOUND; }
 
 /* ------------------------------------------------------------------ state */
 
+#define COST_ENTRIES 256 /* launch costs remembered per GPU: direct-mapped by kernel/graph */
+
 struct gpu_state {
     int index;                 /* limit slot i */
     int failed;                /* fail closed: every allocation refused, 0 reported */
     uint64_t limit;
     int compute, burst;
     struct gs_region region;
-    const struct gs_control *control; /* the agent's trusted rate; NULL = none */
-    /* pacing: cost of one launch (GPU ns) measured with an event pair every SAMPLE_NS */
-    uint64_t cost_ns[2];       /* [kernel, graph], 0 = unknown */
+    const struct gs_control *control; /* the agent's trusted rate and slot; NULL = none */
+    /* pacing: cost of a launch (GPU ns) measured with an event pair every SAMPLE_NS */
+    uint64_t cost_ns[2];       /* [kernel, graph]: mean of all samples, 0 = unknown */
+    struct cost_entry { uintptr_t key; uint64_t ns; } costs[COST_ENTRIES]; /* per kernel/graph */
+    uint64_t my_tat_ns;        /* this process's own bucket (the region's can be forged) */
     uint64_t next_sample_ns;
     pthread_mutex_t sample_lock; /* only trylocked on the launch path */
     int pending, pending_kind;
+    int pending_upper;         /* the GPU was idle at the launch: the sample also counts our
+                                  own launch gap, so it may only lower the estimate */
+    uintptr_t pending_key;
     CUevent ev0, ev1;
 };
 
@@ -189,6 +208,7 @@ static void atfork_child(void)
         if (!g->failed) gs_region_forget_slot(&g->region);
         pthread_mutex_init(&g->sample_lock, NULL);
         g->pending = 0;
+        g->my_tat_ns = 0;
         g->ev0 = g->ev1 = NULL; /* events of the parent's contexts */
     }
 }
@@ -635,28 +655,44 @@ HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 }
 
 /* ------------------------------------------------------------------ compute pacing
- * A token bucket per (claim, GPU) kept in the region as a GCRA "theoretical arrival time":
- * each launch books cost/rate wall nanoseconds of the claim's timeline and may run at most
- * BURST_NS ahead of it. cost = the launch's GPU time, measured by the library with an event
- * pair around one launch every SAMPLE_NS (first launch: measured synchronously). rate = the
- * agent's rate in the control file when it wrote one; else the region's pace_rate_ppm (never
- * above the limit under the Hard policy: the region is tenant-writable); else the compute
- * limit. Lock-free: one CAS per launch. */
+ * Design, alternatives and figures: docs/compute.md. Contexts of different processes are
+ * time-sliced, so an event pair around a kernel also counts the slices of the other claims'
+ * contexts: a cost measured that way says little while others are busy. So:
+ *  - each launch books cost/rate of the claim's timeline in a GCRA token bucket: pace_tat_ns
+ *    in the region, shared by the claim's processes, and a private one per process, so that
+ *    a forged region can never let a process run past the rate on its own;
+ *  - the node agent gives each claim on a GPU its own time slot in a common period (control
+ *    file, trusted). Inside its slot a claim may run up to a period ahead of its timeline, so
+ *    a busy claim launches its period's worth there and the claims take turns: each runs
+ *    alone and measures its own cost. Outside its slot it may run OUT_BURST_NS ahead, so a
+ *    claim that uses less than its rate is never held back;
+ *  - cost = per kernel (function and grid) or graph: the low envelope of event-pair samples,
+ *    which drops to a clean sample at once and rises by 1/32 of an inflated one (at most
+ *    1/32 of itself);
+ *  - nothing is recorded, queried, synchronised or slept on a capturing stream, and no event
+ *    is queried or synchronised while a capture is active in the process (global-mode
+ *    capture forbids it on every stream).
+ * Without a slot (no agent, older plugin) the bucket may run BURST_NS ahead anywhere. */
 
-#define BURST_NS 10000000ull    /* 10 ms */
-#define SAMPLE_NS 10000000ull   /* one measured launch per 10 ms */
+#define BURST_NS 10000000ull      /* no slot: 10 ms */
+#define OUT_BURST_NS 2000000ull   /* outside the claim's slot: 2 ms */
+#define SAMPLE_NS 10000000ull     /* one measured launch per 10 ms */
+#define TAT_SANE_NS 10000000000ull /* a timeline further ahead is forged: ignored */
 enum { KIND_KERNEL = 0, KIND_GRAPH = 1 };
+
+static int g_captures; /* captures begun through us and not yet ended */
 
 struct launch {
     struct gpu_state *g;  /* NULL: not paced */
     int kind, ptsz, sampling;
+    uintptr_t key;
     CUstream stream;
 };
 
 static uint64_t rate_ppm(struct gpu_state *g)
 {
     /* Trusted (root-owned, read-only in the container), so it may exceed the limit: the agent
-     * holds the claim's measured share to the limit, compensating for an overcharged cost. */
+     * raises a Burst claim's rate into idle time. */
     uint64_t trusted = g->control ? gs_control_rate(g->control) : 0;
     if (trusted) return trusted > 1000000 ? 1000000 : trusted;
     uint64_t limit = (uint64_t)g->compute * 10000;
@@ -676,7 +712,31 @@ static CUresult record(CUevent e, CUstream s, int ptsz)
     return ptsz ? real_cuEventRecord_ptsz(e, s) : real_cuEventRecord(e, s);
 }
 
-/* under sample_lock: read a finished sample into the cost estimate */
+/* 1 if stream s is capturing, or the driver says it may not be used now (the legacy stream
+ * while a blocking stream captures) */
+static int capturing(CUstream s, int ptsz)
+{
+    __typeof__(real_cuStreamIsCapturing) fn = ptsz ? real_cuStreamIsCapturing_ptsz : real_cuStreamIsCapturing;
+    if ((void *)fn == (void *)missing_cuda) return 0; /* a driver without capture */
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return fn(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static struct cost_entry *cost_entry(struct gpu_state *g, uintptr_t key)
+{
+    return &g->costs[((key >> 4) ^ (key >> 14)) % COST_ENTRIES];
+}
+
+/* the launch's cost: its own entry, else the mean of the kind; 0 = never measured. (Key and
+ * ns are two loads: a racing update may charge one launch another's cost.) */
+static uint64_t cost_of(struct gpu_state *g, int kind, uintptr_t key)
+{
+    struct cost_entry *e = cost_entry(g, key);
+    uint64_t ns = __atomic_load_n(&e->key, __ATOMIC_RELAXED) == key ? __atomic_load_n(&e->ns, __ATOMIC_RELAXED) : 0;
+    return ns ? ns : __atomic_load_n(&g->cost_ns[kind], __ATOMIC_RELAXED);
+}
+
+/* under sample_lock: read a finished sample into the cost estimates */
 static void finish_sample(struct gpu_state *g)
 {
     CUresult q = real_cuEventQuery(g->ev1);
@@ -684,14 +744,31 @@ static void finish_sample(struct gpu_state *g)
     float ms = 0;
     g->pending = 0;
     if (q != CUDA_SUCCESS || real_cuEventElapsedTime_v2(&ms, g->ev0, g->ev1) != CUDA_SUCCESS) return;
-    uint64_t sample = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
+    /* +1: a measured cost is never 0, so 0 keeps meaning "not measured yet" */
+    uint64_t sample = (ms > 0 ? (uint64_t)((double)ms * 1e6) : 0) + 1;
     uint64_t *c = &g->cost_ns[g->pending_kind];
     uint64_t old = __atomic_load_n(c, __ATOMIC_RELAXED);
-    /* +1: a measured cost is never 0, so 0 keeps meaning "not measured yet" */
-    __atomic_store_n(c, old ? (3 * old + sample + 1) / 4 : sample + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(c, old ? (3 * old + sample) / 4 : sample, __ATOMIC_RELAXED);
+    struct cost_entry *e = cost_entry(g, g->pending_key);
+    old = e->key == g->pending_key ? e->ns : 0;
+    uint64_t rise = (sample - old) / 32 < old / 32 ? (sample - old) / 32 : old / 32; /* one slice is no trend */
+    if (g->pending_upper) rise = 0;
+    __atomic_store_n(&e->ns, !old || sample < old ? sample : old + rise, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->key, g->pending_key, __ATOMIC_RELAXED);
 }
 
-static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind)
+/* GCRA: book interval on timeline *tat, not starting before floor (<= now); returns the time
+ * the booking starts at */
+static uint64_t book(uint64_t *tat, uint64_t now, uint64_t floor, uint64_t interval)
+{
+    uint64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED), base;
+    do { /* ignore an absurd timeline (the region is tenant-writable) */
+        base = old > floor && old < now + TAT_SANE_NS ? old : floor;
+    } while (!__atomic_compare_exchange_n(tat, &old, base + interval, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return base;
+}
+
+static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr_t key)
 {
     L->g = NULL;
     L->sampling = 0;
@@ -699,28 +776,45 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind)
     if (g_launch_mode != LAUNCH_PACE) return;
     struct gpu_state *g = current_gpu();
     if (!g || g->failed || g->compute >= 100) return;
+    int captures = __atomic_load_n(&g_captures, __ATOMIC_RELAXED) > 0;
+    if (captures && capturing(s, ptsz)) return; /* it goes into a graph: nothing runs now */
     L->g = g;
     L->kind = kind;
     L->ptsz = ptsz;
     L->stream = s;
+    L->key = key;
 
     uint64_t now = gs_now_ns();
-    uint64_t cost = __atomic_load_n(&g->cost_ns[kind], __ATOMIC_RELAXED);
+    uint64_t cost = cost_of(g, kind, key);
+    int first_in_slot = 0;
     if (cost) {
+        uint64_t start = 0, len = 0, period = 0, ahead = BURST_NS, next_slot = 0;
+        int slotted = g->control && gs_control_slot(g->control, &start, &len, &period);
+        int in_slot = 0;
+        uint64_t floor = now;
+        if (slotted) { /* in the slot: up to the next slot's start, a period's worth */
+            uint64_t phase = (now % period + period - start) % period; /* since the slot began */
+            in_slot = phase < len;
+            next_slot = now + period - phase;
+            ahead = in_slot ? period - phase : OUT_BURST_NS;
+            if (in_slot) floor = now - phase; /* a late wake-up does not cost the claim its time */
+        }
         uint64_t interval = cost * 1000000 / rate_ppm(g);
-        uint64_t *tat = &g->region.hdr->pace_tat_ns;
-        uint64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED), base;
-        do { /* ignore an absurd timeline (the region is tenant-writable) */
-            base = old > now && old < now + 10000000000ull ? old : now;
-        } while (!__atomic_compare_exchange_n(tat, &old, base + interval, 1, __ATOMIC_RELAXED,
-                                              __ATOMIC_RELAXED));
-        if (base > now + BURST_NS) {
-            __atomic_add_fetch(&g->region.hdr->paced_ns, base - BURST_NS - now, __ATOMIC_RELAXED);
-            sleep_until(base - BURST_NS);
-            now = base - BURST_NS;
+        uint64_t base = book(&g->region.hdr->pace_tat_ns, now, floor, interval);
+        uint64_t mine = book(&g->my_tat_ns, now, floor, interval);
+        if (mine > base) base = mine;
+        /* the first launch of a slot can queue behind the last one of the previous slot's
+         * claim: not a clean sample */
+        first_in_slot = in_slot && base <= now;
+        __atomic_add_fetch(&g->region.hdr->pace_gpu_ns, cost, __ATOMIC_RELAXED);
+        if (base > now + ahead) { /* slotted: at the latest when the next slot opens */
+            uint64_t wake = slotted && (in_slot || next_slot < base - ahead) ? next_slot : base - ahead;
+            __atomic_add_fetch(&g->region.hdr->paced_ns, wake - now, __ATOMIC_RELAXED);
+            sleep_until(wake);
+            now = wake;
         }
     }
-    if ((cost && now < __atomic_load_n(&g->next_sample_ns, __ATOMIC_RELAXED)) ||
+    if (captures || first_in_slot || (cost && now < __atomic_load_n(&g->next_sample_ns, __ATOMIC_RELAXED)) ||
         pthread_mutex_trylock(&g->sample_lock) != 0)
         return;
     if (g->pending) finish_sample(g);
@@ -728,7 +822,8 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind)
         if (real_cuEventCreate(&g->ev0, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->ev0 = NULL;
         if (real_cuEventCreate(&g->ev1, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->ev1 = NULL;
     }
-    if (!g->pending && g->ev0 && g->ev1 && record(g->ev0, s, ptsz) == CUDA_SUCCESS) {
+    /* capturing() again: a capture begun where we cannot see it (cuStreamBeginCaptureToGraph) */
+    if (!g->pending && g->ev0 && g->ev1 && !capturing(s, ptsz) && record(g->ev0, s, ptsz) == CUDA_SUCCESS) {
         L->sampling = 1; /* keep sample_lock until pace_end */
         return;
     }
@@ -743,7 +838,10 @@ static void pace_end(struct launch *L, CUresult rc)
     if (rc == CUDA_SUCCESS && record(g->ev1, L->stream, L->ptsz) == CUDA_SUCCESS) {
         g->pending = 1;
         g->pending_kind = L->kind;
-        if (!__atomic_load_n(&g->cost_ns[L->kind], __ATOMIC_RELAXED)) { /* first: wait for it */
+        g->pending_key = L->key;
+        g->pending_upper = !__atomic_load_n(&g_captures, __ATOMIC_RELAXED) && real_cuEventQuery(g->ev0) == CUDA_SUCCESS;
+        if (!__atomic_load_n(&g->cost_ns[L->kind], __ATOMIC_RELAXED) &&
+            !__atomic_load_n(&g_captures, __ATOMIC_RELAXED)) { /* first: wait for it */
             real_cuEventSynchronize(g->ev1);
             finish_sample(g);
         }
@@ -756,56 +854,106 @@ static void pace_end(struct launch *L, CUresult rc)
     pthread_mutex_unlock(&g->sample_lock);
 }
 
-#define LAUNCH(realfn, stream, ptsz, kind, ...)                                               \
+#define LAUNCH(realfn, stream, ptsz, kind, key, ...)                                         \
     do {                                                                                     \
         if (LIKELY(__atomic_load_n(&g_launch_mode, __ATOMIC_ACQUIRE) == LAUNCH_PASS))        \
             return realfn(__VA_ARGS__);                                                      \
         struct launch L_;                                                                    \
-        pace_begin(&L_, (stream), (ptsz), (kind));                                           \
+        pace_begin(&L_, (stream), (ptsz), (kind), (key));                                    \
         CUresult rc_ = realfn(__VA_ARGS__);                                                  \
         pace_end(&L_, rc_);                                                                  \
         return rc_;                                                                          \
     } while (0)
 
+/* a kernel's cost key: the function and its grid size */
+#define KEY(f, gx, gy, gz) ((uintptr_t)(f) ^ ((uintptr_t)(gx) * (gy) * (gz) << 20))
+
 HOOK CUresult cuLaunchKernel(GS_LAUNCH_ARGS, void **extra)
 {
-    LAUNCH(real_cuLaunchKernel, s, 0, KIND_KERNEL, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    LAUNCH(real_cuLaunchKernel, s, 0, KIND_KERNEL, KEY(f, gx, gy, gz), f, gx, gy, gz, bx, by, bz, shmem, s,
+           params, extra);
 }
 
 HOOK CUresult cuLaunchKernel_ptsz(GS_LAUNCH_ARGS, void **extra)
 {
-    LAUNCH(real_cuLaunchKernel_ptsz, s, 1, KIND_KERNEL, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    LAUNCH(real_cuLaunchKernel_ptsz, s, 1, KIND_KERNEL, KEY(f, gx, gy, gz), f, gx, gy, gz, bx, by, bz, shmem,
+           s, params, extra);
 }
 
 HOOK CUresult cuLaunchCooperativeKernel(GS_LAUNCH_ARGS)
 {
-    LAUNCH(real_cuLaunchCooperativeKernel, s, 0, KIND_KERNEL, f, gx, gy, gz, bx, by, bz, shmem, s, params);
+    LAUNCH(real_cuLaunchCooperativeKernel, s, 0, KIND_KERNEL, KEY(f, gx, gy, gz), f, gx, gy, gz, bx, by, bz,
+           shmem, s, params);
 }
 
 HOOK CUresult cuLaunchCooperativeKernel_ptsz(GS_LAUNCH_ARGS)
 {
-    LAUNCH(real_cuLaunchCooperativeKernel_ptsz, s, 1, KIND_KERNEL, f, gx, gy, gz, bx, by, bz, shmem, s,
-           params);
+    LAUNCH(real_cuLaunchCooperativeKernel_ptsz, s, 1, KIND_KERNEL, KEY(f, gx, gy, gz), f, gx, gy, gz, bx, by,
+           bz, shmem, s, params);
 }
+
+#define EX_KEY(cfg, f) (cfg ? KEY(f, cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ) : (uintptr_t)(f))
 
 HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
 {
-    LAUNCH(real_cuLaunchKernelEx, cfg ? cfg->hStream : NULL, 0, KIND_KERNEL, cfg, f, params, extra);
+    LAUNCH(real_cuLaunchKernelEx, cfg ? cfg->hStream : NULL, 0, KIND_KERNEL, EX_KEY(cfg, f), cfg, f, params,
+           extra);
 }
 
 HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
 {
-    LAUNCH(real_cuLaunchKernelEx_ptsz, cfg ? cfg->hStream : NULL, 1, KIND_KERNEL, cfg, f, params, extra);
+    LAUNCH(real_cuLaunchKernelEx_ptsz, cfg ? cfg->hStream : NULL, 1, KIND_KERNEL, EX_KEY(cfg, f), cfg, f,
+           params, extra);
 }
 
+/* a graph launch is charged at the graph's own measured replay cost */
 HOOK CUresult cuGraphLaunch(CUgraphExec ge, CUstream s)
 {
-    LAUNCH(real_cuGraphLaunch, s, 0, KIND_GRAPH, ge, s);
+    LAUNCH(real_cuGraphLaunch, s, 0, KIND_GRAPH, (uintptr_t)ge, ge, s);
 }
 
 HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec ge, CUstream s)
 {
-    LAUNCH(real_cuGraphLaunch_ptsz, s, 1, KIND_GRAPH, ge, s);
+    LAUNCH(real_cuGraphLaunch_ptsz, s, 1, KIND_GRAPH, (uintptr_t)ge, ge, s);
+}
+
+/* Captures: counted so that the launch path asks the driver about capture only while one
+ * is active. An ended capture (invalidated or not) is no longer active. */
+static CUresult capture_begun(CUresult rc)
+{
+    if (rc == CUDA_SUCCESS) __atomic_add_fetch(&g_captures, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+static CUresult capture_ended(CUresult rc)
+{
+    int n = __atomic_load_n(&g_captures, __ATOMIC_RELAXED);
+    if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+        while (n > 0 && !__atomic_compare_exchange_n(&g_captures, &n, n - 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return rc;
+}
+
+HOOK CUresult cuStreamBeginCapture(CUstream s) { ensure_cuda(); return capture_begun(real_cuStreamBeginCapture(s)); }
+HOOK CUresult cuStreamBeginCapture_ptsz(CUstream s)
+{
+    ensure_cuda();
+    return capture_begun(real_cuStreamBeginCapture_ptsz(s));
+}
+HOOK CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode m)
+{
+    ensure_cuda();
+    return capture_begun(real_cuStreamBeginCapture_v2(s, m));
+}
+HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m)
+{
+    ensure_cuda();
+    return capture_begun(real_cuStreamBeginCapture_v2_ptsz(s, m));
+}
+HOOK CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { ensure_cuda(); return capture_ended(real_cuStreamEndCapture(s, g)); }
+HOOK CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
+{
+    ensure_cuda();
+    return capture_ended(real_cuStreamEndCapture_ptsz(s, g));
 }
 
 /* ------------------------------------------------------------------ symbol lookup */

@@ -6,6 +6,15 @@
  *       A = alloc (default) | managed | async | pitch | vmm
  *   gpushare-probe [--device N] meminfo
  *   gpushare-probe [--device N] launch --seconds T [--kernel-us US]
+ *   gpushare-probe [--device N] time --count N [--kernel-us US]
+ *       event-pair time of single kernels (median, p90), each waited for
+ *   gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]
+ *       an inference-like client: a request of K kernels, waited for, then interval of think time
+ *   gpushare-probe [--device N] graph --seconds T [--kernel-us US] [--nodes N] [--mode global|thread|relaxed]
+ *                  [--side-us US] [--record 1]
+ *       capture N kernels on a stream into a CUDA graph, then replay it flat out; --side-us: while
+ *       capturing, also launch kernels on another stream, 2 ms apart; --record: record an event
+ *       on the capturing stream (the capture must fail)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -36,8 +45,6 @@ static const char spin_ptx[] =
     "  ret;\n"
     "}\n";
 
-#define CU_DEVICE_ATTRIBUTE_CLOCK_RATE 13
-
 static __typeof__(&cuGetProcAddress_v2) p_getproc;
 #define FN(sym) static __typeof__(&sym) p_##sym
 FN(cuInit); FN(cuDeviceGet); FN(cuDeviceGetAttribute); FN(cuDevicePrimaryCtxRetain); FN(cuCtxSetCurrent);
@@ -45,6 +52,8 @@ FN(cuCtxSynchronize); FN(cuMemGetInfo_v2); FN(cuDeviceTotalMem_v2); FN(cuMemAllo
 FN(cuMemAllocManaged); FN(cuMemAllocAsync); FN(cuMemFreeAsync); FN(cuMemAllocPitch_v2); FN(cuMemCreate);
 FN(cuMemRelease); FN(cuModuleLoadData); FN(cuModuleGetFunction); FN(cuLaunchKernel); FN(cuEventCreate);
 FN(cuEventRecord); FN(cuEventSynchronize); FN(cuEventElapsedTime); FN(cuGetErrorName);
+FN(cuStreamCreate); FN(cuStreamSynchronize); FN(cuStreamBeginCapture_v2); FN(cuStreamEndCapture);
+FN(cuGraphInstantiateWithFlags); FN(cuGraphLaunch);
 
 static void *get(const char *base)
 {
@@ -99,6 +108,9 @@ static void load_driver(void)
     GET(cuLaunchKernel, "cuLaunchKernel"); GET(cuEventCreate, "cuEventCreate");
     GET(cuEventRecord, "cuEventRecord"); GET(cuEventSynchronize, "cuEventSynchronize");
     GET(cuEventElapsedTime, "cuEventElapsedTime");
+    GET(cuStreamCreate, "cuStreamCreate"); GET(cuStreamSynchronize, "cuStreamSynchronize");
+    GET(cuStreamBeginCapture_v2, "cuStreamBeginCapture"); GET(cuStreamEndCapture, "cuStreamEndCapture");
+    GET(cuGraphInstantiateWithFlags, "cuGraphInstantiate"); GET(cuGraphLaunch, "cuGraphLaunch");
     CUdevice dev;
     CUcontext ctx;
     CHECK(p_cuInit(0));
@@ -224,46 +236,180 @@ static int cmd_meminfo(void)
     return 0;
 }
 
+static double g_seconds = 1, g_kernel_us = 100, g_interval_us = 2400, g_request_us = 410;
+static int g_count = 50, g_kernels = 8, g_nodes = 10, g_record;
+static double g_side_us;
+static const char *g_mode = "global";
+
+static void parse_opts(int argc, char **argv)
+{
+    for (int i = 0; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--seconds")) g_seconds = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--kernel-us")) g_kernel_us = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--interval-us")) g_interval_us = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--request-us")) g_request_us = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--count")) g_count = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--kernels")) g_kernels = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--nodes")) g_nodes = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--mode")) g_mode = argv[i + 1];
+        else if (!strcmp(argv[i], "--side-us")) g_side_us = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--record")) g_record = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            exit(64);
+        }
+    }
+}
+
+static CUfunction g_spin;
+static int g_khz;
+
+/* load the driver and the spin kernel */
+static void load_spin(void)
+{
+    load_driver();
+    CHECK(p_cuDeviceGetAttribute(&g_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, g_device));
+    if (g_khz <= 0) g_khz = 1000000;
+    CUmodule mod;
+    CHECK(p_cuModuleLoadData(&mod, spin_ptx));
+    CHECK(p_cuModuleGetFunction(&g_spin, mod, "spin"));
+}
+
+static CUresult spin(CUstream s, unsigned long long *cycles, double us)
+{
+    *cycles = (unsigned long long)(us * g_khz / 1000.0);
+    void *params[] = {cycles};
+    return p_cuLaunchKernel(g_spin, 1, 1, 1, 1, 1, 1, 0, s, params, NULL);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int i = (int)(p / 100.0 * n + 0.999999) - 1; /* nearest rank */
+    return n ? v[i < 0 ? 0 : i] : 0;
+}
+
+/* ms between an event pair around one kernel, waited for */
+static float time_one(void)
+{
+    static CUevent e0, e1;
+    unsigned long long cycles;
+    float ms;
+    if (!e0) {
+        CHECK(p_cuEventCreate(&e0, CU_EVENT_DEFAULT));
+        CHECK(p_cuEventCreate(&e1, CU_EVENT_DEFAULT));
+    }
+    CHECK(p_cuEventRecord(e0, NULL));
+    CHECK(spin(NULL, &cycles, g_kernel_us));
+    CHECK(p_cuEventRecord(e1, NULL));
+    CHECK(p_cuEventSynchronize(e1));
+    CHECK(p_cuEventElapsedTime(&ms, e0, e1));
+    return ms;
+}
+
 static int cmd_launch(int argc, char **argv)
 {
-    double seconds = 1, kernel_us = 100;
-    for (int i = 0; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--kernel-us")) kernel_us = atof(argv[i + 1]);
-    }
-    load_driver();
-    int khz = 0;
-    CHECK(p_cuDeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, g_device));
-    unsigned long long cycles = (unsigned long long)(kernel_us * (khz > 0 ? khz : 1000000) / 1000.0);
-    CUmodule mod;
-    CUfunction fn;
-    CHECK(p_cuModuleLoadData(&mod, spin_ptx));
-    CHECK(p_cuModuleGetFunction(&fn, mod, "spin"));
-    void *params[] = {&cycles};
-    CUevent e0, e1;
-    CHECK(p_cuEventCreate(&e0, CU_EVENT_DEFAULT));
-    CHECK(p_cuEventCreate(&e1, CU_EVENT_DEFAULT));
-    /* calibrate: GPU time of one kernel, the shortest of a few */
-    float best = 1e9f;
+    parse_opts(argc, argv);
+    load_spin();
+    unsigned long long cycles;
+    float best = 1e9f; /* calibrate: GPU time of one kernel, the shortest of a few */
     for (int i = 0; i < 5; i++) {
-        float ms;
-        CHECK(p_cuEventRecord(e0, NULL));
-        CHECK(p_cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
-        CHECK(p_cuEventRecord(e1, NULL));
-        CHECK(p_cuEventSynchronize(e1));
-        CHECK(p_cuEventElapsedTime(&ms, e0, e1));
+        float ms = time_one();
         if (ms < best) best = ms;
     }
     long long launches = 0;
-    double t0 = now_s(), end = t0 + seconds;
+    double t0 = now_s(), end = t0 + g_seconds;
     while (now_s() < end) {
-        for (int i = 0; i < 16; i++) CHECK(p_cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+        for (int i = 0; i < 16; i++) CHECK(spin(NULL, &cycles, g_kernel_us));
         launches += 16;
     }
     CHECK(p_cuCtxSynchronize());
     double wall = now_s() - t0;
     printf("launches=%lld seconds=%.3f launches_per_s=%.1f kernel_us=%.1f busy_share=%.2f\n", launches, wall,
            launches / wall, best * 1000.0, 100.0 * launches * best / 1000.0 / wall);
+    return 0;
+}
+
+static int cmd_time(int argc, char **argv)
+{
+    parse_opts(argc, argv);
+    load_spin();
+    double *ms = calloc((size_t)g_count, sizeof *ms);
+    for (int i = 0; i < g_count; i++) ms[i] = time_one();
+    printf("count=%d median_ms=%.3f p90_ms=%.3f\n", g_count, pct(ms, g_count, 50), pct(ms, g_count, 90));
+    return 0;
+}
+
+static int cmd_serve(int argc, char **argv)
+{
+    parse_opts(argc, argv);
+    load_spin();
+    unsigned long long cycles[64];
+    int k = g_kernels < 1 ? 1 : g_kernels > 64 ? 64 : g_kernels;
+    int cap = (int)(g_seconds * 1e6 / g_interval_us) + 2, n = 0;
+    double *lat = calloc((size_t)cap, sizeof *lat);
+    double t0 = now_s(), next = t0;
+    while (n < cap && now_s() < t0 + g_seconds) {
+        double t = now_s();
+        if (t < next) {
+            usleep((useconds_t)((next - t) * 1e6));
+            t = now_s();
+        }
+        for (int i = 0; i < k; i++) CHECK(spin(NULL, &cycles[i], g_request_us / k));
+        CHECK(p_cuCtxSynchronize());
+        lat[n++] = (now_s() - t) * 1e3;
+        next = now_s() + g_interval_us / 1e6; /* think time after each answer */
+    }
+    double wall = now_s() - t0;
+    printf("requests=%d busy_share=%.2f", n, 100.0 * n * g_request_us / 1e6 / wall);
+    printf(" p50_ms=%.3f p99_ms=%.3f\n", pct(lat, n, 50), pct(lat, n, 99));
+    return 0;
+}
+
+static int cmd_graph(int argc, char **argv)
+{
+    parse_opts(argc, argv);
+    load_spin();
+    int mode = !strcmp(g_mode, "thread") ? 1 : !strcmp(g_mode, "relaxed") ? 2 : 0;
+    int nodes = g_nodes < 1 ? 1 : g_nodes > 1024 ? 1024 : g_nodes;
+    CUstream s, side;
+    CHECK(p_cuStreamCreate(&s, 0));
+    CHECK(p_cuStreamCreate(&side, 1 /* non-blocking */));
+    CUevent ev;
+    CHECK(p_cuEventCreate(&ev, CU_EVENT_DEFAULT));
+    static unsigned long long cycles[1024], side_cycles;
+    CHECK(p_cuStreamBeginCapture_v2(s, mode));
+    CUresult rc = CUDA_SUCCESS;
+    for (int i = 0; i < nodes && rc == CUDA_SUCCESS; i++) {
+        rc = spin(s, &cycles[i], g_kernel_us);
+        if (g_side_us > 0 && rc == CUDA_SUCCESS) {
+            CHECK(spin(side, &side_cycles, g_side_us));
+            usleep(2000);
+        }
+        if (g_record && i == nodes / 2 && rc == CUDA_SUCCESS) rc = p_cuEventRecord(ev, s);
+    }
+    CUgraph g = NULL;
+    CUresult end = p_cuStreamEndCapture(s, &g);
+    printf("capture_rc=%d capture=%s call_rc=%d\n", end, err_name(end), rc);
+    if (rc || end) return 1;
+    CUgraphExec ge;
+    CHECK(p_cuGraphInstantiateWithFlags(&ge, g, 0));
+    long long replays = 0;
+    double t0 = now_s(), stop = t0 + g_seconds;
+    while (now_s() < stop) {
+        CHECK(p_cuGraphLaunch(ge, s));
+        replays++;
+    }
+    CHECK(p_cuStreamSynchronize(s));
+    double wall = now_s() - t0;
+    printf("replays=%lld seconds=%.3f busy_share=%.2f\n", replays, wall,
+           100.0 * replays * nodes * g_kernel_us / 1e6 / wall);
     return 0;
 }
 
@@ -278,8 +424,14 @@ int main(int argc, char **argv)
     if (i < argc && !strcmp(argv[i], "alloc")) return cmd_alloc(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "meminfo")) return cmd_meminfo();
     if (i < argc && !strcmp(argv[i], "launch")) return cmd_launch(argc - i - 1, argv + i + 1);
+    if (i < argc && !strcmp(argv[i], "time")) return cmd_time(argc - i - 1, argv + i + 1);
+    if (i < argc && !strcmp(argv[i], "serve")) return cmd_serve(argc - i - 1, argv + i + 1);
+    if (i < argc && !strcmp(argv[i], "graph")) return cmd_graph(argc - i - 1, argv + i + 1);
     fprintf(stderr, "usage: gpushare-probe [--device N] alloc --chunk BYTES [--max BYTES] [--hold S] [--api A]\n"
                     "       gpushare-probe [--device N] meminfo\n"
-                    "       gpushare-probe [--device N] launch --seconds T [--kernel-us US]\n");
+                    "       gpushare-probe [--device N] launch --seconds T [--kernel-us US]\n"
+                    "       gpushare-probe [--device N] time --count N [--kernel-us US]\n"
+                    "       gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]\n"
+                    "       gpushare-probe [--device N] graph --seconds T [--kernel-us US] [--nodes N] [--mode M]\n");
     return 64;
 }

@@ -56,14 +56,18 @@ def mean(values) -> float:
     return sum(values) / len(values)
 
 
-def test_two_tenants_30_70_within_5_points(node):
-    # Each tenant's event-timed launch cost includes queueing behind the other's kernels; the
-    # agent's rate in the trusted control file (above the limit, under Hard) makes up for it.
-    periods, probes = run_two_tenants(node)
-    a, b = mean(p[0] for p in periods), mean(p[1] for p in periods)
-    assert abs(a - 30) <= 5 and abs(b - 70) <= 5, (a, b, periods)
-    # the whole runs, convergence included, stay near the shares too, never well above
-    assert probes[0] <= 35 and probes[1] <= 75 and probes[0] >= 20 and probes[1] >= 60, probes
+def test_two_tenants_30_70_within_3_points(node):
+    """Large kernels (the H100's 4096 matmul, 2.65 ms) under 2.5 ms time slices: the agent's
+    slots hold the shares; NVML, sampled, only agrees roughly."""
+    a, ids_a = node.claim(compute=30)
+    b, ids_b = node.claim(compute=70)
+    wa = node.run("a", ids_a, "launch", "--seconds", "8", "--kernel-us", "2650")
+    wb = node.run("b", ids_b, "launch", "--seconds", "8", "--kernel-us", "2650")
+    wait_for(lambda: node.plugin.agent.claims.get(a[2]) and node.share(a).length_us > 0)
+    assert (node.share(a).start_us, node.share(a).length_us) == ((0, 6000) if a[2] < b[2] else (14000, 6000))
+    outs = wa.read_until("launches=", timeout=30), wb.read_until("launches=", timeout=30)
+    got = [float(o["launches"]) * 2650e-6 / float(o["seconds"]) * 100 for o in outs]
+    assert abs(got[0] - 30) <= 3 and abs(got[1] - 70) <= 3, (got, outs)
 
 
 def test_burst_borrows_idle_time_and_hands_it_back(node):
@@ -84,5 +88,6 @@ def test_burst_borrows_idle_time_and_hands_it_back(node):
     assert handed_back <= 2 * node.plugin.agent.interval + 0.5, handed_back
     # A keeps at most its share plus what B leaves idle (20 %); B, Hard with a control file,
     # holds its share: the agent's trusted rate makes up for the contention
-    got_a, got_b = measured(node, a), node.share(b).measured * 100
+    time.sleep(2 * node.plugin.agent.interval)
+    got_a, got_b = node.share(a).charged * 100, node.share(b).charged * 100  # NVML's are sampled
     assert got_a <= 55 and got_b >= 45, (got_a, got_b)

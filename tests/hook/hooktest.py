@@ -58,11 +58,15 @@ class Claim:
     def region(self, i: int = 0) -> Path:
         return self.root / "region" / str(i)
 
-    def write_control(self, rate_ppm: int, i: int = 0, magic: int = CONTROL_MAGIC, version: int = 1) -> None:
-        """The node agent's control file (hook/src/control.h): header, then the rate."""
+    def write_control(self, rate_ppm: int, i: int = 0, magic: int = CONTROL_MAGIC, version: int = 1,
+                      slot: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """The node agent's control file (hook/src/control.h): header, the rate, and the claim's
+        time slot (period_us, start_us, length_us; zeros: none)."""
         path = self.root / "control" / str(i)
         path.parent.mkdir(exist_ok=True)
-        path.write_bytes(struct.pack("<QII", magic, version, rate_ppm).ljust(CONTROL_SIZE, b"\0"))
+        period, start, length = slot
+        data = struct.pack("<QIIIII", magic, version, rate_ppm, start, length, period)
+        path.write_bytes(data.ljust(CONTROL_SIZE, b"\0"))
 
     def run(self, *args, preload=True, env=None, timeout=60, check=True, build=None):
         b = build or self.build

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import shutil
+import struct
 
 import pytest
 
@@ -140,9 +141,14 @@ def test_reboot_zeroes_regions_but_keeps_claims(prepared, start_plugin, dirs):
     start_plugin()
     with open(region(dirs, claim[2]), "rb") as f:
         assert f.read() == bytes(1 << 20)
-    with open(control, "rb") as f:  # no rate; the agent may have written its header again
+    with open(control, "rb") as f:  # nothing stale; the agent may have written header, rate and slot again
         data = f.read()
-    assert data[12:] == bytes(4096 - 12) and data[:8] in (bytes(8), b"GSCTRL01"), data[:16]
+    assert data[28:] == bytes(4096 - 28) and data[:8] in (bytes(8), b"GSCTRL01"), data[:32]
+    if data[:8] == bytes(8):
+        assert data[12:28] == bytes(16), data[:32]
+    else:  # written again by the agent: a rate and a slot of its 20 ms period
+        rate, _, period = struct.unpack_from("<IQI", data, 12)
+        assert rate > 0 and period == 20000, data[:32]
     assert kubelet.prepare(claim) == answer
 
 

@@ -1,0 +1,57 @@
+"""The agent's slot layout (dra_driver/agent/shares.py), without processes."""
+from dra_driver.agent.shares import PERIOD_US, Share, plan_gpu
+
+
+def share(limit, burst=False, busy=False):
+    return Share(limit=limit, burst=burst, trusted=True, charged=0.5 if busy else 0.0)
+
+
+def layout(shares):
+    plan_gpu(shares)
+    return [(s.start_us, s.length_us, round(s.rate, 3)) for s in shares]
+
+
+def test_hard_claims_get_consecutive_slots_at_their_limits():
+    assert layout([share(0.2), share(0.3), share(0.5)]) == [
+        (0, 4000, 0.2), (4000, 6000, 0.3), (10000, 10000, 0.5)]
+
+
+def test_busy_burst_claim_alone_gets_the_whole_period():
+    b = share(0.3, burst=True, busy=True)
+    assert layout([share(0.5), b])[1] == (10000, PERIOD_US, 1.0)
+
+
+def test_burst_claim_hands_back_when_the_other_is_busy():
+    b = share(0.3, burst=True, busy=True)
+    # Hard 50 busy: the Burst claim keeps its slot and the unallocated 20 % after it
+    assert layout([share(0.5, busy=True), b]) == [(0, 10000, 0.5), (10000, 10000, 0.5)]
+
+
+def test_idle_burst_claim_keeps_its_own_slot_and_burst_claims_go_last():
+    assert layout([share(0.3, burst=True), share(0.7)]) == [(14000, 6000, 0.3), (0, 14000, 0.7)]
+
+
+def test_share_agent_writes_slots_into_run_dirs(tmp_path):
+    """`gpushare-dra share-agent`'s period over claims laid out with GPUSHARE_RUN_DIR: control
+    files created and given consecutive slots, in the order given."""
+    import struct
+
+    from dra_driver.agent.standalone import RunDirClaim, tick
+
+    dirs = []
+    for i, (limit, policy) in enumerate([(30, "Hard"), (50, "Burst"), (100, "Hard")]):
+        d = tmp_path / f"c{i}"
+        (d / "region").mkdir(parents=True)
+        (d / "limits").write_text(f"GPUSHARE_LIMITS_VERSION=1\nGPUSHARE_GPU_COUNT=1\nGPUSHARE_DEVICE_UUID_0=GPU-x\n"
+                                  f"GPUSHARE_MEMORY_LIMIT_0=1024\nGPUSHARE_COMPUTE_LIMIT_0={limit}\n"
+                                  f"GPUSHARE_COMPUTE_POLICY_0={policy}\n")
+        with open(d / "region" / "0", "wb") as f:
+            f.truncate(1 << 20)
+        dirs.append(d)
+    claims = [RunDirClaim(str(d)) for d in dirs]
+    tick(claims, 0.25)
+    got = [struct.unpack_from("<QIIQI", (d / "control" / "0").read_bytes()) for d in dirs[:2]]
+    # (magic, version, rate_ppm, slot = start | length << 32, period_us)
+    assert [(g[2], g[3] & 0xFFFFFFFF, g[3] >> 32, g[4]) for g in got] == [
+        (300_000, 0, 6000, PERIOD_US), (500_000, 6000, 10000, PERIOD_US)]
+    assert not (dirs[2] / "control").exists()  # limit 100: never paced
