@@ -406,7 +406,7 @@ static int reserve(struct gpu_state *g, size_t size)
 
 static void release(struct gpu_state *g, size_t size)
 {
-    if (!g->failed) gs_region_release(&g->region, size);
+    if (!g->failed) gs_region_release(&g->region, size, g->limit);
 }
 
 /* After the real allocation: undo the reservation on failure, else remember what a free
@@ -574,9 +574,9 @@ static void report(struct gpu_state *g, uint64_t phys_total, uint64_t phys_free,
         *total = *free_b = *used = 0;
         return;
     }
-    gs_region_reap(&g->region, 1000000000ull); /* at most once a second */
+    gs_region_reap(&g->region, 1000000000ull, g->limit); /* at most once a second, never waits */
     uint64_t t = g->limit < phys_total ? g->limit : phys_total;
-    uint64_t u = gs_region_used(&g->region);
+    uint64_t u = gs_region_used(&g->region, g->limit);
     uint64_t f = u < t ? t - u : 0;
     *total = t;
     *free_b = f < phys_free ? f : phys_free;

@@ -26,7 +26,8 @@ struct gs_region_header {
         pthread_mutex_t m;
         uint8_t pad[64];
     } lock;
-    uint64_t used;           /*  96: bytes reserved by all slots (sum of slot.used) */
+    uint64_t used;           /*  96: bytes reserved by all slots (sum of slot.used) as of the
+                                     last locked update; advisory: never trusted (see region.c) */
     uint32_t slots_hw;       /* 104: slots [0, slots_hw) have been used at least once */
     uint32_t reserved1;      /* 108 */
     uint64_t reaped;         /* 112: number of dead slots reclaimed (diagnostics) */
@@ -59,26 +60,44 @@ _Static_assert(__builtin_offsetof(struct gs_region_header, pace_rate_ppm) == 128
 _Static_assert(__builtin_offsetof(struct gs_region_header, paced_ns) == 144, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, oom_refusals) == 152, "layout");
 
-/* Per-process view of one region. */
+/* Per-process view of one region. The region is tenant-writable: what this process holds is
+ * kept here too (`mine`), and the shared lock is waited for at most GS_LOCK_WAIT_NS. */
+#define GS_LOCK_WAIT_NS 100000000ull /* 100 ms */
+enum { GS_LOG_USED, GS_LOG_SLOT, GS_LOG_WEDGED, GS_LOG_LOCK, GS_LOG_KINDS };
 struct gs_region {
     struct gs_region_header *hdr;
     struct gs_slot *slots;
     int lock_fd;            /* O_CLOEXEC fd whose OFD lock on our slot's byte says "alive" */
     int slot;               /* our slot, -1 = not registered yet */
     int fault_stop;         /* test only: SIGSTOP while holding the lock */
+    int holder_byte;        /* we hold the OFD lock that says "a live process holds the mutex" */
+    uint64_t mine;          /* bytes this process holds: the truth for our slot (under pub) */
+    uint32_t hw_seen;       /* highest slots_hw this process has seen (it never legitimately falls) */
+    pthread_mutex_t local;  /* one thread of this process at a time in the shared lock */
+    pthread_mutex_t pub;    /* guards mine and its copy in our slot; never held across a wait */
+    __pthread_list_t saved_list; /* the mutex's robust-list links as glibc set them (see region.c) */
+    int saved_kind;
+    int saved_owner;
     uint64_t last_reap_ns;
+    uint64_t last_log_ns[GS_LOG_KINDS]; /* repairs are logged at most once per 10 s each */
+    uint64_t unlogged[GS_LOG_KINDS];
     char path[4096];        /* "" = anonymous, per-process accounting */
 };
 
 /* Map (and if zero-filled, initialise) the region at path; NULL path = private anonymous
  * region. Returns 0, or -1 after one log line (corrupt, unknown version, cannot open). */
 int gs_region_open(struct gs_region *r, const char *path);
-/* Reserve size bytes if the claim's total stays <= limit. 0 = reserved, -1 = refused. */
+/* Reserve size bytes if the claim's total (the sum of live slots) stays <= limit.
+ * 0 = reserved, -1 = refused (over the limit, or the lock is held for over 100 ms by a live
+ * process). Never waits longer than GS_LOCK_WAIT_NS. */
 int gs_region_reserve(struct gs_region *r, uint64_t size, uint64_t limit);
-void gs_region_release(struct gs_region *r, uint64_t size);
-uint64_t gs_region_used(struct gs_region *r);
-/* Reclaim slots of dead processes, at most once per min_interval_ns. */
-void gs_region_reap(struct gs_region *r, uint64_t min_interval_ns);
+/* Never waits: only this process writes its own slot (`used` is refreshed if the lock is free). */
+void gs_region_release(struct gs_region *r, uint64_t size, uint64_t limit);
+/* The claim's usage as the sum of live slots, read without the lock (never blocks). */
+uint64_t gs_region_used(struct gs_region *r, uint64_t limit);
+/* Reclaim slots of dead processes, at most once per min_interval_ns; skipped (never waits)
+ * when the lock is busy. */
+void gs_region_reap(struct gs_region *r, uint64_t min_interval_ns, uint64_t limit);
 /* In a fork child: forget the parent's slot (re-registered on the next reservation). */
 void gs_region_forget_slot(struct gs_region *r);
 uint64_t gs_now_ns(void);

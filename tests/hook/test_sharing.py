@@ -40,25 +40,33 @@ def _wait_stopped(pid, timeout=10.0):
     raise AssertionError("the faulting process never stopped")
 
 
-def test_killed_lock_holder_does_not_stall_others(make_claim):
+def test_stopped_then_killed_lock_holder(make_claim):
+    """A live process stopped inside the region lock: allocations are refused after ~100 ms
+    (never a hang), memory queries answer at once from the slots; once it dies, its
+    half-made reservation is reclaimed and the claim gets its whole limit."""
     c = make_claim(memory=LIMIT)
     holder = c.popen("gpushare-probe", "alloc", "--chunk", "16Mi", "--max", "16Mi",
                      env={"GPUSHARE_TEST_FAULT": "stop_in_lock"})
     try:
         _wait_stopped(holder.pid)  # stopped inside the robust mutex, mid-update
-        waiter = c.popen("gpushare-probe", "alloc", "--chunk", "8Mi")
-        time.sleep(0.3)
-        assert waiter.poll() is None, "the lock was not held"
         t0 = time.monotonic()
+        refused = c.run("gpushare-probe", "alloc", "--chunk", "8Mi", timeout=30)
+        refused_s = time.monotonic() - t0
+        info = kv(c.run("gpushare-probe", "meminfo", timeout=30).stdout)
         holder.kill()
-        out, err = waiter.communicate(timeout=5)
-        elapsed = time.monotonic() - t0
+        holder.wait()
+        after = kv(c.run("gpushare-probe", "alloc", "--chunk", "8Mi", timeout=30).stdout)
     finally:
         holder.kill()
         holder.wait()
-    assert elapsed < 1.0, f"waiter stalled {elapsed:.2f}s after the holder died"
-    # the dead holder's half-made reservation is reclaimed: the waiter gets the whole limit
-    assert int(kv(out)["allocated"]) == LIMIT, out + err
+    out = kv(refused.stdout)
+    assert out["result"] == "oom" and int(out["allocated"]) == 0, refused.stdout
+    assert "lock held for over 100 ms by a live process" in refused.stderr, refused.stderr
+    # the figure itself (~100 ms) is printed by hook/build/tests/t_region; this bound covers
+    # process start-up on a loaded machine
+    assert refused_s < 3.0, refused_s
+    assert int(info["cu_free"]) == LIMIT - 16 * MiB and int(info["nvml_used"]) == 16 * MiB, info
+    assert int(after["allocated"]) == LIMIT, after
 
 
 def test_fault_hook_ignored_outside_test_mode(make_claim):
