@@ -420,10 +420,20 @@ static int region_lock(struct gs_region *r, int blocking)
         pthread_mutex_unlock(&r->local);
         return -1;
     }
-    /* most of the wait for the mutex, the rest for a repair made by another process */
-    struct timespec first = deadline_in(GS_LOCK_WAIT_NS * 8 / 10), last = deadline_in(GS_LOCK_WAIT_NS);
-    if (pthread_mutex_timedlock(&r->local, &last) != 0) return -1; /* a thread of ours is waiting */
-    int rc = pthread_mutex_timedlock(&r->hdr->lock.m, &first);
+    /* most of the wait for the mutex, the rest for a repair made by another process;
+     * uncontended, no clock is read */
+    struct timespec first = {0, 0}, last = {0, 0};
+    int rc = pthread_mutex_trylock(&r->local);
+    if (rc == EBUSY) {
+        first = deadline_in(GS_LOCK_WAIT_NS * 8 / 10), last = deadline_in(GS_LOCK_WAIT_NS);
+        rc = pthread_mutex_timedlock(&r->local, &last);
+    }
+    if (rc != 0) return -1; /* another thread of ours has been waiting for the shared lock */
+    rc = pthread_mutex_trylock(&r->hdr->lock.m);
+    if (rc == EBUSY) {
+        if (!last.tv_sec) first = deadline_in(GS_LOCK_WAIT_NS * 8 / 10), last = deadline_in(GS_LOCK_WAIT_NS);
+        rc = pthread_mutex_timedlock(&r->hdr->lock.m, &first);
+    }
     if (rc != 0 && rc != EOWNERDEAD) {
         if (repair_lock(r) == 0) return 0;
         rc = pthread_mutex_timedlock(&r->hdr->lock.m, &last);
