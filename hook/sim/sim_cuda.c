@@ -528,6 +528,125 @@ SIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 }
 SIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
 
+/* ---- other device-memory paths (for the hook's tests of hook/README.md's list): legacy
+ * CUDA < 3.2 entry points, graph memory nodes, stream capture, context limits. Graphs hold
+ * nothing and run nothing here; capture only marks the stream. ---- */
+SIM_API CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int size)
+{
+    unsigned long long key;
+    CUresult rc = cuMemAlloc_v2(&key, size);
+    if (rc == CUDA_SUCCESS) *p = (CUdeviceptr_v1)key; /* the sim's keys are not 32-bit: tests only */
+    return rc;
+}
+SIM_API CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned int *pitch, unsigned int w, unsigned int h,
+                                 unsigned int elem)
+{
+    unsigned long long key;
+    size_t pt;
+    CUresult rc = cuMemAllocPitch_v2(&key, &pt, w, h, elem);
+    if (rc == CUDA_SUCCESS) *p = (CUdeviceptr_v1)key, *pitch = (unsigned int)pt;
+    return rc;
+}
+SIM_API CUresult cuArrayCreate(CUarray *a, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY_DESCRIPTOR d2 = {d->Width, d->Height, d->Format, d->NumChannels};
+    return cuArrayCreate_v2(a, &d2);
+}
+SIM_API CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d2 = {d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags};
+    return cuArray3DCreate_v2(a, &d2);
+}
+
+SIM_API CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
+{
+    (void)flags;
+    NEED_INIT();
+    *g = (CUgraph)(uintptr_t)(0x200000 + new_handle() * 16);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuGraphDestroy(CUgraph g) { (void)g; NEED_INIT(); return CUDA_SUCCESS; }
+/* the address is reserved at once; memory would come at launch (graphs do not run here) */
+SIM_API CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                        CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    (void)deps, (void)ndeps;
+    NEED_INIT();
+    if (!node || !g || !params || params->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    params->dptr = (1ull << 47) | (new_handle() << 20);
+    *node = (CUgraphNode)(uintptr_t)(0x300000 + new_handle() * 16);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                CUgraphNodeParams *params)
+{
+    if (params && params->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return cuGraphAddMemAllocNode(node, g, deps, ndeps, &params->alloc);
+    NEED_INIT();
+    if (!node || !g || !params) return CUDA_ERROR_INVALID_VALUE;
+    *node = (CUgraphNode)(uintptr_t)(0x300000 + new_handle() * 16);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                   const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *params)
+{
+    (void)edges;
+    return cuGraphAddNode(node, g, deps, ndeps, params);
+}
+
+#define SIM_CAPTURES 16
+static CUstream g_capturing[SIM_CAPTURES]; /* streams being captured (NULL = free entry) */
+static pthread_mutex_t g_capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static int capture_set(CUstream from, CUstream to)
+{
+    int ok = 0;
+    pthread_mutex_lock(&g_capture_lock);
+    for (int i = 0; i < SIM_CAPTURES && !ok; i++)
+        if (g_capturing[i] == from) g_capturing[i] = to, ok = 1;
+    pthread_mutex_unlock(&g_capture_lock);
+    return ok;
+}
+SIM_API CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
+{
+    (void)mode;
+    NEED_CTX();
+    if (!s || capture_set(s, s)) return CUDA_ERROR_INVALID_VALUE; /* legacy stream, or already */
+    return capture_set(NULL, s) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_API CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    NEED_CTX();
+    if (!s || !g || !capture_set(s, NULL)) return CUDA_ERROR_INVALID_VALUE;
+    return cuGraphCreate(g, 0);
+}
+SIM_API CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+    NEED_CTX();
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    *status = s && capture_set(s, s) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s, status); }
+
+/* limits are remembered per process (enough for one context), not backed by device memory */
+static size_t g_ctx_limits[3] = {1024, 1 << 20, 8 << 20};
+SIM_API CUresult cuCtxSetLimit(int limit, size_t value)
+{
+    NEED_CTX();
+    if (limit < 0 || limit > CU_LIMIT_MALLOC_HEAP_SIZE) return CUDA_ERROR_NOT_SUPPORTED;
+    g_ctx_limits[limit] = value;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuCtxGetLimit(size_t *value, int limit)
+{
+    NEED_CTX();
+    if (!value || limit < 0 || limit > CU_LIMIT_MALLOC_HEAP_SIZE) return CUDA_ERROR_NOT_SUPPORTED;
+    *value = g_ctx_limits[limit];
+    return CUDA_SUCCESS;
+}
+
 /* ---- cuGetProcAddress: base name + CUDA version + per-thread flag -> versioned entry ---- */
 struct proc { const char *base; int version; int ptsz; void *fn; };
 #define P(base, ver, ptsz, fn) {#base, ver, ptsz, (void *)fn}
@@ -580,6 +699,15 @@ static const struct proc g_procs[] = {
     P(cuLaunchCooperativeKernel, 0, 0, cuLaunchCooperativeKernel),
     P(cuLaunchCooperativeKernel, 0, 1, cuLaunchCooperativeKernel_ptsz),
     P(cuGraphLaunch, 0, 0, cuGraphLaunch), P(cuGraphLaunch, 0, 1, cuGraphLaunch_ptsz),
+    /* other device-memory paths (block above) */
+    P(cuMemAlloc, 0, 0, cuMemAlloc), P(cuMemAllocPitch, 0, 0, cuMemAllocPitch),
+    P(cuArrayCreate, 0, 0, cuArrayCreate), P(cuArray3DCreate, 0, 0, cuArray3DCreate),
+    P(cuGraphCreate, 0, 0, cuGraphCreate), P(cuGraphDestroy, 0, 0, cuGraphDestroy),
+    P(cuGraphAddMemAllocNode, 0, 0, cuGraphAddMemAllocNode), P(cuGraphAddNode, 0, 0, cuGraphAddNode),
+    P(cuGraphAddNode, 12030, 0, cuGraphAddNode_v2),
+    P(cuStreamBeginCapture, 10010, 0, cuStreamBeginCapture_v2), P(cuStreamEndCapture, 0, 0, cuStreamEndCapture),
+    P(cuStreamIsCapturing, 0, 0, cuStreamIsCapturing), P(cuStreamIsCapturing, 0, 1, cuStreamIsCapturing_ptsz),
+    P(cuCtxSetLimit, 0, 0, cuCtxSetLimit), P(cuCtxGetLimit, 0, 0, cuCtxGetLimit),
 };
 
 SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
