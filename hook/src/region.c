@@ -6,10 +6,11 @@
  *   slot counts what this process knows it holds (`mine`), whatever the slot says;
  * - a slot can never legitimately hold more than the limit, so more counts as the limit: a
  *   forged slot gives a tenant no more than allocating the limit would;
- * - the mutex is waited for at most GS_LOCK_WAIT_NS. Every holder also takes an OFD lock on
- *   HOLDER_BYTE (kernel state: a tenant can hold it with a live process, not forge it), so a
- *   waiter that times out can tell a live holder (refuse: OOM) from a forged or orphaned lock
- *   word (reinitialise the mutex, log, go on).
+ * - a lock that does not move is waited for at most GS_LOCK_WAIT_NS. The holder writes its
+ *   slot in `holder` and bumps `lock_seq`; a waiter that sees the lock stand still breaks it
+ *   at once if no live process can be inside (forged or orphaned word), refuses (OOM) while a
+ *   live holder keeps it, and breaks that too once it has seen it kept for GS_LOCK_BREAK_NS
+ *   (see break_lock).
  * `used` is written under the lock only and slots fall only outside it (releases), so
  * legitimately: sum of live slots <= used <= limit. Anything else is logged. */
 #define _GNU_SOURCE
@@ -41,7 +42,7 @@ uint64_t gs_now_ns(void)
 static long slot_offset(int i) { return (long)GS_HEADER_SIZE + (long)i * GS_SLOT_SIZE; }
 
 #define FUTEX_TID_MASK 0x3fffffff  /* owner tid in a robust mutex's lock word (linux/futex.h) */
-#define HOLDER_BYTE 32               /* a file offset inside the mutex: no slot's liveness byte */
+#define HOLDER_BYTE 32               /* OFD lock of a process breaking the mutex (no slot's byte) */
 #define LOG_EVERY_NS 10000000000ull  /* a tenant rewriting the region in a loop: one line per 10 s */
 
 static void init_mutex(pthread_mutex_t *m)
@@ -305,6 +306,7 @@ static void take_slot(struct gs_region *r, uint32_t i)
     __atomic_store_n(&r->slot, (int)i, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&r->pub);
     if (i >= slots_hw(r)) __atomic_store_n(&r->hw_seen, i + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->hdr->holder, i + 1, __ATOMIC_RELAXED); /* registered inside the lock */
     if (i >= __atomic_load_n(&r->hdr->slots_hw, __ATOMIC_RELAXED))
         __atomic_store_n(&r->hdr->slots_hw, i + 1, __ATOMIC_RELAXED);
 }
@@ -346,7 +348,7 @@ static struct timespec deadline_in(uint64_t ns)
     return ts;
 }
 
-/* Just locked (rc 0 or EOWNERDEAD): take the holder byte, remember the robust-list links. */
+/* Just locked (rc 0 or EOWNERDEAD): say who is inside, remember the robust-list links. */
 static void locked(struct gs_region *r, int rc)
 {
     pthread_mutex_t *m = &r->hdr->lock.m;
@@ -354,8 +356,8 @@ static void locked(struct gs_region *r, int rc)
         reap_locked(r);
         pthread_mutex_consistent(m);
     }
-    if (!r->holder_byte && r->path[0] && open_lock_fd(r) >= 0)
-        r->holder_byte = gs_live_claim(r->lock_fd, HOLDER_BYTE) == 0;
+    __atomic_store_n(&r->hdr->holder, (uint32_t)(r->slot + 1), __ATOMIC_RELAXED);
+    __atomic_store_n(&r->hdr->lock_seq, r->hdr->lock_seq + 1, __ATOMIC_RELAXED); /* "it moves" */
     /* glibc unlinks a robust mutex from the thread's robust list through these pointers, which
      * sit in the shared page: a tenant rewriting them while we hold the lock would make us write
      * through its pointers. They are put back as glibc set them before unlocking. */
@@ -364,50 +366,90 @@ static void locked(struct gs_region *r, int rc)
     r->saved_owner = m->__data.__lock & FUTEX_TID_MASK; /* our tid, as glibc wrote it */
 }
 
-static void drop_holder_byte(struct gs_region *r)
-{
-    if (!r->holder_byte) return;
-    struct flock fl = gs_byte_lock(HOLDER_BYTE);
-    fl.l_type = F_UNLCK;
-    fcntl(r->lock_fd, F_OFD_SETLK, &fl);
-    r->holder_byte = 0;
-}
-
 static void shared_unlock(struct gs_region *r)
 {
     pthread_mutex_t *m = &r->hdr->lock.m;
-    /* not ours any more (rewritten, or broken by a waiter after 100 ms): leave it to them */
+    /* not ours any more (rewritten, or broken by a waiter): leave it to them */
     if ((__atomic_load_n(&m->__data.__lock, __ATOMIC_RELAXED) & FUTEX_TID_MASK) == r->saved_owner) {
+        __atomic_store_n(&r->hdr->holder, 0, __ATOMIC_RELAXED);
         m->__data.__list = r->saved_list;
         m->__data.__kind = r->saved_kind;
         pthread_mutex_unlock(m);
     }
-    drop_holder_byte(r);
 }
 
-/* The mutex could not be had in time. If no live process holds the holder byte, nobody is
- * inside: the word is forged (or orphaned), so reinitialise it and take it. 0 = we hold it. */
-static int repair_lock(struct gs_region *r)
+static struct gs_lock_view lock_view(struct gs_region *r)
 {
-    if (!r->path[0] || open_lock_fd(r) < 0 || gs_live_claim(r->lock_fd, HOLDER_BYTE) != 0) return -1;
-    r->holder_byte = 1;
-    pthread_mutex_t *m = &r->hdr->lock.m;
-    int rc = pthread_mutex_trylock(m);
-    if (rc != 0 && rc != EOWNERDEAD) {
-        log_repair(r, GS_LOG_LOCK, "lock word %#x is held by no live process (forged, or its holder died "
-                   "unnoticed); reinitialised", (unsigned)m->__data.__lock);
-        init_mutex(m);
-        rc = pthread_mutex_trylock(m);
-    }
-    if (rc == 0 || rc == EOWNERDEAD) {
-        locked(r, rc);
-        return 0;
-    }
-    drop_holder_byte(r); /* lost a race for the fresh mutex */
-    return -1;
+    /* the owner only: waiters set FUTEX_WAITERS in the word themselves */
+    struct gs_lock_view v = {__atomic_load_n((uint32_t *)&r->hdr->lock.m.__data.__lock, __ATOMIC_RELAXED) & FUTEX_TID_MASK,
+                          __atomic_load_n(&r->hdr->holder, __ATOMIC_RELAXED),
+                          __atomic_load_n(&r->hdr->lock_seq, __ATOMIC_RELAXED)};
+    return v;
 }
 
-/* 0 = locked; -1 = a live process has held it for GS_LOCK_WAIT_NS (logged). blocking=0: try once. */
+static int same_view(struct gs_lock_view a, struct gs_lock_view b)
+{
+    return a.word == b.word && a.holder == b.holder && a.seq == b.seq;
+}
+
+/* The lock has not moved for GS_STUCK_NS. Break it (reinitialise and take it) when nobody live
+ * can be inside: `holder` names no slot, a dead one, or ours (we are not inside: our threads
+ * queue on `local`); or when the same live holder has kept it without moving for
+ * GS_LOCK_BREAK_NS as this process saw it (a stopped process, or forged fields). Otherwise -1:
+ * a live holder is inside. Breakers exclude each other with an OFD lock on HOLDER_BYTE. */
+static int break_lock(struct gs_region *r, struct gs_lock_view v)
+{
+    if (!r->path[0] || open_lock_fd(r) < 0 || v.word == 0) return -1; /* free now: wait on */
+    int live = v.holder > 0 && v.holder <= GS_SLOT_COUNT && (int)v.holder - 1 != r->slot &&
+               gs_live_held(r->lock_fd, slot_offset(v.holder - 1));
+    uint64_t now = gs_now_ns();
+    if (live && !same_view(v, r->stuck)) {
+        r->stuck = v, r->stuck_since = now;
+        return -1;
+    }
+    if (live && now - r->stuck_since < GS_LOCK_BREAK_NS) return -1;
+    if (gs_live_claim(r->lock_fd, HOLDER_BYTE) != 0) return -1; /* another process is breaking it */
+    int rc = -1;
+    if (same_view(lock_view(r), v)) { /* else it moved meanwhile */
+        if (live)
+            log_repair(r, GS_LOG_LOCK, "lock kept by live slot %u for over %llu ms (stopped?); broken",
+                       v.holder - 1, GS_LOCK_BREAK_NS / 1000000);
+        else
+            log_repair(r, GS_LOG_LOCK, "lock word %#x, holder %u: no live process inside (forged, or its "
+                       "holder died unnoticed); reinitialised", v.word, v.holder);
+        init_mutex(&r->hdr->lock.m);
+        rc = pthread_mutex_trylock(&r->hdr->lock.m);
+    }
+    struct flock fl = gs_byte_lock(HOLDER_BYTE);
+    fl.l_type = F_UNLCK;
+    fcntl(r->lock_fd, F_OFD_SETLK, &fl);
+    if (rc != 0) return -1;
+    memset(&r->stuck, 0, sizeof r->stuck);
+    return 0;
+}
+
+/* Wait for the shared mutex in slices, watching it move. A lock that does not move for
+ * GS_STUCK_NS is broken if nobody live is inside (break_lock), else refused at GS_LOCK_WAIT_NS;
+ * a lock that keeps moving (contention) is waited for up to GS_LOCK_BUSY_NS. */
+static int wait_shared(struct gs_region *r)
+{
+    uint64_t start = gs_now_ns(), moved = start;
+    struct gs_lock_view v = lock_view(r);
+    for (;;) {
+        struct timespec dl = deadline_in(GS_LOCK_SLICE_NS);
+        int rc = pthread_mutex_timedlock(&r->hdr->lock.m, &dl);
+        if (rc == 0 || rc == EOWNERDEAD) return rc;
+        uint64_t now = gs_now_ns();
+        struct gs_lock_view w = lock_view(r);
+        if (!same_view(w, v)) v = w, moved = now;
+        /* not a timeout: a lock word glibc will not wait on (forged kind, not recoverable) */
+        if ((rc != ETIMEDOUT || now - moved >= GS_STUCK_NS) && break_lock(r, v) == 0) return 0;
+        if (rc != ETIMEDOUT || now - start >= GS_LOCK_BUSY_NS || (now - start >= GS_LOCK_WAIT_NS && now - moved >= GS_STUCK_NS))
+            return rc;
+    }
+}
+
+/* 0 = locked; -1 = refused (logged). blocking=0: try once. */
 static int region_lock(struct gs_region *r, int blocking)
 {
     if (!blocking) {
@@ -420,30 +462,20 @@ static int region_lock(struct gs_region *r, int blocking)
         pthread_mutex_unlock(&r->local);
         return -1;
     }
-    /* most of the wait for the mutex, the rest for a repair made by another process;
-     * uncontended, no clock is read */
-    struct timespec first = {0, 0}, last = {0, 0};
-    int rc = pthread_mutex_trylock(&r->local);
+    int rc = pthread_mutex_trylock(&r->local); /* uncontended: no clock is read */
     if (rc == EBUSY) {
-        first = deadline_in(GS_LOCK_WAIT_NS * 8 / 10), last = deadline_in(GS_LOCK_WAIT_NS);
-        rc = pthread_mutex_timedlock(&r->local, &last);
+        struct timespec dl = deadline_in(GS_LOCK_BUSY_NS);
+        rc = pthread_mutex_timedlock(&r->local, &dl);
     }
     if (rc != 0) return -1; /* another thread of ours has been waiting for the shared lock */
     rc = pthread_mutex_trylock(&r->hdr->lock.m);
-    if (rc == EBUSY) {
-        if (!last.tv_sec) first = deadline_in(GS_LOCK_WAIT_NS * 8 / 10), last = deadline_in(GS_LOCK_WAIT_NS);
-        rc = pthread_mutex_timedlock(&r->hdr->lock.m, &first);
-    }
-    if (rc != 0 && rc != EOWNERDEAD) {
-        if (repair_lock(r) == 0) return 0;
-        rc = pthread_mutex_timedlock(&r->hdr->lock.m, &last);
-    }
+    if (rc == EBUSY) rc = wait_shared(r);
     if (rc == 0 || rc == EOWNERDEAD) {
         locked(r, rc);
         return 0;
     }
-    log_repair(r, GS_LOG_WEDGED, "lock held for over %llu ms by a live process (error %d); allocation refused",
-               GS_LOCK_WAIT_NS / 1000000, rc);
+    log_repair(r, GS_LOG_WEDGED, "lock kept by a live process (error %d after %s); allocation refused", rc,
+               rc == ETIMEDOUT ? "waiting" : "one try");
     pthread_mutex_unlock(&r->local);
     return -1;
 }
@@ -527,7 +559,7 @@ void gs_region_forget_slot(struct gs_region *r)
     if (!r->hdr) return;
     init_local(r); /* a thread of the parent may have held them at fork */
     r->mine = 0;
-    r->holder_byte = 0;
+    memset(&r->stuck, 0, sizeof r->stuck);
     if (!r->path[0]) { /* private copy: the child owns none of the parent's memory */
         init_region(r->hdr);
         r->slot = -1;

@@ -144,8 +144,10 @@ static void scribble_tests(const char *path)
     EXPECT(gs_region_reserve(&R, LIMIT, LIMIT) == 0, "dead forged slot not reaped");
     gs_region_release(&R, LIMIT, LIMIT);
 
-    /* a forged owner in the mutex word: repaired after one wait, not a hang */
+    /* a forged owner in the mutex word naming our own slot as the holder: repaired after one
+     * wait, not a hang (no live process can be inside) */
     __atomic_store_n((uint32_t *)&h->lock.m, 0x3ffffff0u, __ATOMIC_RELAXED);
+    h->holder = (uint32_t)R.slot + 1;
     struct timespec t0 = now_ts();
     int rc = gs_region_reserve(&R, 1000, LIMIT);
     double forged_ms = ms_since(t0);
@@ -181,12 +183,18 @@ static void scribble_tests(const char *path)
     EXPECT(u == LIMIT / 2, "usage while wedged %llu", (unsigned long long)u);
     EXPECT(query_ms < 50, "usage query took %.1f ms", query_ms);
     gs_region_release(&R, 1, LIMIT); /* a release never waits either */
+    /* kept past GS_LOCK_BREAK_NS as this process sees it: broken, so the claim is not locked out */
+    t0 = now_ts();
+    while ((rc = gs_region_reserve(&R, 1000, LIMIT)) != 0 && ms_since(t0) < 5000) {}
+    double broken_ms = ms_since(t0);
+    EXPECT(rc == 0 && broken_ms >= 800, "stopped holder's lock broken after %.0f ms (rc %d)", broken_ms, rc);
+    if (rc == 0) gs_region_release(&R, 1000, LIMIT);
     kill(s, SIGKILL);
     waitpid(s, NULL, 0);
     EXPECT(gs_region_reserve(&R, LIMIT, LIMIT) == 0, "dead stopped holder's reservation not reclaimed");
     gs_region_release(&R, LIMIT, LIMIT);
-    printf("forged_lock_first_reserve_ms=%.1f stopped_holder_refusal_ms=%.1f wedged_usage_query_ms=%.3f\n",
-           forged_ms, stopped_ms, query_ms);
+    printf("forged_lock_first_reserve_ms=%.1f stopped_holder_refusal_ms=%.1f wedged_usage_query_ms=%.3f "
+           "stopped_holder_broken_ms=%.0f\n", forged_ms, stopped_ms, query_ms, broken_ms);
 }
 
 static void make_file(const char *path)

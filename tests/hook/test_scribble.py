@@ -86,4 +86,4 @@ def test_forged_lock_owner_is_repaired_quickly(make_claim):
     assert int(kv(info.stdout)["cu_free"]) == LIMIT
     assert query_s < 3.0, query_s  # never waits for the lock (figure: hook/build/tests/t_region)
     assert int(kv(p.stdout)["allocated"]) == LIMIT, p.stdout
-    assert "held by no live process" in p.stderr and "reinitialised" in p.stderr, p.stderr
+    assert "no live process inside" in p.stderr and "reinitialised" in p.stderr, p.stderr

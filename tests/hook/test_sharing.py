@@ -61,7 +61,7 @@ def test_stopped_then_killed_lock_holder(make_claim):
         holder.wait()
     out = kv(refused.stdout)
     assert out["result"] == "oom" and int(out["allocated"]) == 0, refused.stdout
-    assert "lock held for over 100 ms by a live process" in refused.stderr, refused.stderr
+    assert "lock kept by a live process" in refused.stderr, refused.stderr
     # the figure itself (~100 ms) is printed by hook/build/tests/t_region; this bound covers
     # process start-up on a loaded machine
     assert refused_s < 3.0, refused_s
