@@ -433,18 +433,23 @@ static int break_lock(struct gs_region *r, struct gs_lock_view v)
  * a lock that keeps moving (contention) is waited for up to GS_LOCK_BUSY_NS. */
 static int wait_shared(struct gs_region *r)
 {
-    uint64_t start = gs_now_ns(), moved = start;
+    uint64_t start = gs_now_ns(), moved = start, now = start;
+    uint64_t refuse = start + GS_LOCK_WAIT_NS - GS_LOCK_SLACK_NS; /* wake-ups come late, never early */
     struct gs_lock_view v = lock_view(r);
     for (;;) {
-        struct timespec dl = deadline_in(GS_LOCK_SLICE_NS);
+        /* look again after a slice, or when the lock would count as stuck, or be refused */
+        uint64_t next = now + GS_LOCK_SLICE_NS;
+        if (moved + GS_STUCK_NS > now && moved + GS_STUCK_NS < next) next = moved + GS_STUCK_NS;
+        if (refuse > now && refuse < next) next = refuse;
+        struct timespec dl = deadline_in(next - now);
         int rc = pthread_mutex_timedlock(&r->hdr->lock.m, &dl);
         if (rc == 0 || rc == EOWNERDEAD) return rc;
-        uint64_t now = gs_now_ns();
+        now = gs_now_ns();
         struct gs_lock_view w = lock_view(r);
         if (!same_view(w, v)) v = w, moved = now;
         /* not a timeout: a lock word glibc will not wait on (forged kind, not recoverable) */
         if ((rc != ETIMEDOUT || now - moved >= GS_STUCK_NS) && break_lock(r, v) == 0) return 0;
-        if (rc != ETIMEDOUT || now - start >= GS_LOCK_BUSY_NS || (now - start >= GS_LOCK_WAIT_NS && now - moved >= GS_STUCK_NS))
+        if (rc != ETIMEDOUT || now - start >= GS_LOCK_BUSY_NS || (now >= refuse && now - moved >= GS_STUCK_NS))
             return rc;
     }
 }

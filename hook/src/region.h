@@ -66,6 +66,7 @@ _Static_assert(__builtin_offsetof(struct gs_region_header, oom_refusals) == 152,
 #define GS_LOCK_WAIT_NS 100000000ull   /* a lock that does not move: refused after 100 ms */
 #define GS_STUCK_NS 80000000ull        /* not moving this long: break it if nobody live is inside */
 #define GS_LOCK_SLICE_NS 20000000ull   /* waits are sliced to watch the lock move */
+#define GS_LOCK_SLACK_NS 2000000ull    /* refused this much before GS_LOCK_WAIT_NS: wake-ups are late */
 #define GS_LOCK_BUSY_NS 1000000000ull  /* a lock that keeps moving (contention): waited at most 1 s */
 #define GS_LOCK_BREAK_NS 1000000000ull /* a live holder keeping it unmoved this long is stopped */
 enum { GS_LOG_USED, GS_LOG_SLOT, GS_LOG_WEDGED, GS_LOG_LOCK, GS_LOG_KINDS };
