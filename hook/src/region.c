@@ -392,15 +392,16 @@ static int same_view(struct gs_lock_view a, struct gs_lock_view b)
     return a.word == b.word && a.holder == b.holder && a.seq == b.seq;
 }
 
-/* The lock has not moved for GS_STUCK_NS. Break it (reinitialise and take it) when nobody live
+/* The lock has not moved for GS_STUCK_NS, or glibc refuses to use it (`unusable`: a forged
+ * kind, not recoverable). Break it (reinitialise and take it) when it is unusable or nobody live
  * can be inside: `holder` names no slot, a dead one, or ours (we are not inside: our threads
  * queue on `local`); or when the same live holder has kept it without moving for
  * GS_LOCK_BREAK_NS as this process saw it (a stopped process, or forged fields). Otherwise -1:
  * a live holder is inside. Breakers exclude each other with an OFD lock on HOLDER_BYTE. */
-static int break_lock(struct gs_region *r, struct gs_lock_view v)
+static int break_lock(struct gs_region *r, struct gs_lock_view v, int unusable)
 {
-    if (!r->path[0] || open_lock_fd(r) < 0 || v.word == 0) return -1; /* free now: wait on */
-    int live = v.holder > 0 && v.holder <= GS_SLOT_COUNT && (int)v.holder - 1 != r->slot &&
+    if (!r->path[0] || open_lock_fd(r) < 0 || (v.word == 0 && !unusable)) return -1; /* free now: wait on */
+    int live = !unusable && v.holder > 0 && v.holder <= GS_SLOT_COUNT && (int)v.holder - 1 != r->slot &&
                gs_live_held(r->lock_fd, slot_offset(v.holder - 1));
     uint64_t now = gs_now_ns();
     if (live && !same_view(v, r->stuck)) {
@@ -415,8 +416,9 @@ static int break_lock(struct gs_region *r, struct gs_lock_view v)
             log_repair(r, GS_LOG_LOCK, "lock kept by live slot %u for over %llu ms (stopped?); broken",
                        v.holder - 1, GS_LOCK_BREAK_NS / 1000000);
         else
-            log_repair(r, GS_LOG_LOCK, "lock word %#x, holder %u: no live process inside (forged, or its "
-                       "holder died unnoticed); reinitialised", v.word, v.holder);
+            log_repair(r, GS_LOG_LOCK, "lock word %#x, holder %u: %s; reinitialised", v.word, v.holder,
+                       unusable ? "glibc cannot use the mutex (forged)"
+                                : "no live process inside (forged, or its holder died unnoticed)");
         init_mutex(&r->hdr->lock.m);
         rc = pthread_mutex_trylock(&r->hdr->lock.m);
     }
@@ -448,7 +450,7 @@ static int wait_shared(struct gs_region *r)
         struct gs_lock_view w = lock_view(r);
         if (!same_view(w, v)) v = w, moved = now;
         /* not a timeout: a lock word glibc will not wait on (forged kind, not recoverable) */
-        if ((rc != ETIMEDOUT || now - moved >= GS_STUCK_NS) && break_lock(r, v) == 0) return 0;
+        if ((rc != ETIMEDOUT || now - moved >= GS_STUCK_NS) && break_lock(r, v, rc != ETIMEDOUT) == 0) return 0;
         if (rc != ETIMEDOUT || now - start >= GS_LOCK_BUSY_NS || (now >= refuse && now - moved >= GS_STUCK_NS))
             return rc;
     }
@@ -475,6 +477,7 @@ static int region_lock(struct gs_region *r, int blocking)
     if (rc != 0) return -1; /* another thread of ours has been waiting for the shared lock */
     rc = pthread_mutex_trylock(&r->hdr->lock.m);
     if (rc == EBUSY) rc = wait_shared(r);
+    else if (rc != 0 && rc != EOWNERDEAD && break_lock(r, lock_view(r), 1) == 0) rc = 0;
     if (rc == 0 || rc == EOWNERDEAD) {
         locked(r, rc);
         return 0;

@@ -159,6 +159,13 @@ static void scribble_tests(const char *path)
     EXPECT(ms_since(t0) < 50, "still slow after repair: %.1f ms", ms_since(t0));
     gs_region_release(&R, 1000, LIMIT);
 
+    /* a mutex kind glibc will not use (EINVAL at once, whatever the word): repaired, not refused forever */
+    h->lock.m.__data.__kind = 0x7f;
+    EXPECT(gs_region_reserve(&R, 1000, LIMIT) == 0, "forged mutex kind not repaired");
+    gs_region_release(&R, 1000, LIMIT);
+    EXPECT(gs_region_reserve(&R, 1000, LIMIT) == 0, "after the kind repair");
+    gs_region_release(&R, 1000, LIMIT);
+
     /* a holder stopped inside the lock: refused within ~100 ms, usage still readable */
     pid_t s = fork();
     if (s == 0) {
