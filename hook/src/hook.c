@@ -423,7 +423,7 @@ static int reserve(struct gpu_state *g, size_t size)
 
 static void release(struct gpu_state *g, size_t size)
 {
-    if (!g->failed) gs_region_release(&g->region, size, g->limit);
+    if (!g->failed) gs_region_release(&g->region, size);
 }
 
 /* After the real allocation: undo the reservation on failure, else remember what a free
@@ -791,7 +791,7 @@ static void report(struct gpu_state *g, uint64_t phys_total, uint64_t phys_free,
         *total = *free_b = *used = 0;
         return;
     }
-    gs_region_reap(&g->region, 1000000000ull, g->limit); /* at most once a second, never waits */
+    gs_region_reap(&g->region, 1000000000ull); /* at most once a second, never waits */
     uint64_t t = g->limit < phys_total ? g->limit : phys_total;
     uint64_t u = gs_region_used(&g->region, g->limit);
     uint64_t f = u < t ? t - u : 0;

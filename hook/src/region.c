@@ -11,8 +11,8 @@
  *   at once if no live process can be inside (forged or orphaned word), refuses (OOM) while a
  *   live holder keeps it, and breaks that too once it has seen it kept for GS_LOCK_BREAK_NS
  *   (see break_lock).
- * `used` is written under the lock only and slots fall only outside it (releases), so
- * legitimately: sum of live slots <= used <= limit. Anything else is logged. */
+ * `used` follows the slots (after them), so legitimately sum of live slots <= used <= limit.
+ * Anything else is logged. */
 #define _GNU_SOURCE
 #include "region.h"
 
@@ -242,21 +242,42 @@ static void repair_own_locked(struct gs_region *r)
     pthread_mutex_unlock(&r->pub);
 }
 
-/* Under the lock: the claim's usage from the live slots; `used` rewritten to it (logged when
- * it could not have been written by the library: below the slots' sum or above the limit). */
+/* `used` -= u, saturating (atomic: releases do it without the lock) */
+static void sub_used(struct gs_region *r, uint64_t u)
+{
+    uint64_t old = __atomic_load_n(&r->hdr->used, __ATOMIC_RELAXED);
+    /* release: whoever sees the lower `used` sees the lower slot too */
+    while (u && !__atomic_compare_exchange_n(&r->hdr->used, &old, old - (u < old ? u : old), 1, __ATOMIC_RELEASE,
+                                             __ATOMIC_RELAXED)) {}
+}
+
+/* Under the lock: the claim's usage from the live slots. `used` moves with them (reservations
+ * add after their slot grows, releases subtract after it shrinks), so it can only be in
+ * [sum, limit]; outside, a tenant wrote it: logged and rewritten. */
 static uint64_t recount_locked(struct gs_region *r, uint64_t limit)
 {
     int forged = 0;
+    /* `used` first: a release lowers its slot before `used`, so read in this order (acquire)
+     * a legitimate `used` is never below the sum */
+    uint64_t used = __atomic_load_n(&r->hdr->used, __ATOMIC_ACQUIRE);
     uint64_t sum = slots_sum(r, limit, &forged);
-    uint64_t used = __atomic_load_n(&r->hdr->used, __ATOMIC_RELAXED);
     if (forged)
         log_repair(r, GS_LOG_SLOT, "a live slot claimed more than the limit %llu; counted as the limit",
                    (unsigned long long)limit);
-    if (used < sum || used > limit)
+    if (used < sum || used > limit) {
         log_repair(r, GS_LOG_USED, "used was %llu, live slots hold %llu (limit %llu); recomputed",
                    (unsigned long long)used, (unsigned long long)sum, (unsigned long long)limit);
-    __atomic_store_n(&r->hdr->used, sum, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->hdr->used, sum, __ATOMIC_RELAXED);
+    }
     return sum;
+}
+
+/* Under the lock: a dead process's slot cleared, its usage with it. */
+static void clear_dead_slot(struct gs_region *r, struct gs_slot *s)
+{
+    sub_used(r, __atomic_load_n(&s->used, __ATOMIC_RELAXED));
+    memset(s, 0, sizeof *s);
+    r->hdr->reaped++;
 }
 
 static void reap_locked(struct gs_region *r)
@@ -266,8 +287,7 @@ static void reap_locked(struct gs_region *r)
     for (uint32_t i = 0; i < hw; i++) {
         struct gs_slot *s = &r->slots[i];
         if (!s->in_use || (int)i == r->slot || gs_live_held(r->lock_fd, slot_offset(i))) continue;
-        memset(s, 0, sizeof *s);
-        r->hdr->reaped++;
+        clear_dead_slot(r, s);
     }
 }
 
@@ -319,18 +339,19 @@ static int register_locked(struct gs_region *r)
     }
     if (open_lock_fd(r) < 0) return -1;
     learn_hw(r);
-    for (int pass = 0; pass < 2; pass++) {
-        for (uint32_t i = 0; i < GS_SLOT_COUNT; i++) {
-            struct gs_slot *s = &r->slots[i];
-            if (s->in_use || gs_live_claim(r->lock_fd, slot_offset(i)) != 0) continue;
-            struct stat st;
-            s->pid = getpid();
-            s->start_time = proc_start_time();
-            s->pidns = stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
-            take_slot(r, i);
-            return 0;
-        }
-        reap_locked(r);
+    for (uint32_t i = 0; i < GS_SLOT_COUNT; i++) {
+        struct gs_slot *s = &r->slots[i];
+        /* a dead process's slot is taken over (its usage with it): slots stay packed, so the
+         * sums over [0, slots_hw) stay short */
+        if (s->in_use && gs_live_held(r->lock_fd, slot_offset(i))) continue;
+        if (gs_live_claim(r->lock_fd, slot_offset(i)) != 0) continue;
+        if (s->in_use) clear_dead_slot(r, s);
+        struct stat st;
+        s->pid = getpid();
+        s->start_time = proc_start_time();
+        s->pidns = stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+        take_slot(r, i);
+        return 0;
     }
     gs_log("region %s: no free usage slot", r->path);
     return -1;
@@ -520,7 +541,7 @@ int gs_region_reserve(struct gs_region *r, uint64_t size, uint64_t limit)
         publish_mine(r);
         pthread_mutex_unlock(&r->pub);
         if (r->fault_stop) raise(SIGSTOP); /* test only: die here, holding the lock */
-        __atomic_store_n(&r->hdr->used, sum + size, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&r->hdr->used, size, __ATOMIC_RELAXED);
         rc = 0;
     } else {
         __atomic_add_fetch(&r->hdr->oom_refusals, 1, __ATOMIC_RELAXED);
@@ -530,7 +551,7 @@ out:
     return rc;
 }
 
-void gs_region_release(struct gs_region *r, uint64_t size, uint64_t limit)
+void gs_region_release(struct gs_region *r, uint64_t size)
 {
     if (size == 0 || r->slot < 0) return;
     pthread_mutex_lock(&r->pub);
@@ -538,11 +559,7 @@ void gs_region_release(struct gs_region *r, uint64_t size, uint64_t limit)
     __atomic_store_n(&r->mine, r->mine - u, __ATOMIC_RELAXED);
     publish_mine(r);
     pthread_mutex_unlock(&r->pub);
-    /* `used` is written under the lock only (so it is never legitimately below the slots'
-     * sum); when the lock is busy its holder's update or the next one brings it down */
-    if (region_lock(r, 0) != 0) return;
-    recount_locked(r, limit);
-    region_unlock(r);
+    sub_used(r, u); /* after the slot, so that `used` never falls below the slots' sum */
 }
 
 uint64_t gs_region_used(struct gs_region *r, uint64_t limit)
@@ -551,14 +568,13 @@ uint64_t gs_region_used(struct gs_region *r, uint64_t limit)
     return slots_sum(r, limit, &forged);
 }
 
-void gs_region_reap(struct gs_region *r, uint64_t min_interval_ns, uint64_t limit)
+void gs_region_reap(struct gs_region *r, uint64_t min_interval_ns)
 {
     uint64_t now = gs_now_ns();
     if (now - __atomic_load_n(&r->last_reap_ns, __ATOMIC_RELAXED) < min_interval_ns) return;
     __atomic_store_n(&r->last_reap_ns, now, __ATOMIC_RELAXED);
     if (region_lock(r, 0) != 0) return;
     reap_locked(r);
-    recount_locked(r, limit);
     region_unlock(r);
 }
 

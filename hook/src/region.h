@@ -26,8 +26,8 @@ struct gs_region_header {
         pthread_mutex_t m;
         uint8_t pad[64];
     } lock;
-    uint64_t used;           /*  96: bytes reserved by all slots (sum of slot.used) as of the
-                                     last locked update; advisory: never trusted (see region.c) */
+    uint64_t used;           /*  96: bytes reserved by all slots (sum of slot.used), kept for
+                                     readers; never trusted by the library (see region.c) */
     uint32_t slots_hw;       /* 104: slots [0, slots_hw) have been used at least once */
     uint32_t lock_seq;       /* 108: bumped by every lock holder: waiters see the lock move (was reserved) */
     uint64_t reaped;         /* 112: number of dead slots reclaimed (diagnostics) */
@@ -101,13 +101,13 @@ int gs_region_open(struct gs_region *r, const char *path);
  * 0 = reserved, -1 = refused (over the limit, or the lock is held for over 100 ms by a live
  * process). Never waits longer than GS_LOCK_WAIT_NS. */
 int gs_region_reserve(struct gs_region *r, uint64_t size, uint64_t limit);
-/* Never waits: only this process writes its own slot (`used` is refreshed if the lock is free). */
-void gs_region_release(struct gs_region *r, uint64_t size, uint64_t limit);
+/* Never waits: only this process writes its own slot. */
+void gs_region_release(struct gs_region *r, uint64_t size);
 /* The claim's usage as the sum of live slots, read without the lock (never blocks). */
 uint64_t gs_region_used(struct gs_region *r, uint64_t limit);
 /* Reclaim slots of dead processes, at most once per min_interval_ns; skipped (never waits)
  * when the lock is busy. */
-void gs_region_reap(struct gs_region *r, uint64_t min_interval_ns, uint64_t limit);
+void gs_region_reap(struct gs_region *r, uint64_t min_interval_ns);
 /* In a fork child: forget the parent's slot (re-registered on the next reservation). */
 void gs_region_forget_slot(struct gs_region *r);
 uint64_t gs_now_ns(void);

@@ -27,7 +27,7 @@ static void *worker(void *arg)
             while ((p = __atomic_load_n(&peak, __ATOMIC_SEQ_CST)) < h &&
                    !__atomic_compare_exchange_n(&peak, &p, h, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
             __atomic_sub_fetch(&held, sz, __ATOMIC_SEQ_CST);
-            gs_region_release(&R, sz, LIMIT);
+            gs_region_release(&R, sz);
         }
     }
     return NULL;
@@ -62,7 +62,7 @@ static pid_t holder(const char *path, uint64_t hold, int *ctl, int *ready)
         if (write(up[1], &c, 1) != 1) _exit(2);
         while (read(down[0], &c, 1) == 1) {
             c = gs_region_reserve(&r, 1, LIMIT) == 0 ? 'y' : 'n';
-            if (c == 'y') gs_region_release(&r, 1, LIMIT);
+            if (c == 'y') gs_region_release(&r, 1);
             if (write(up[1], &c, 1) != 1) _exit(2);
         }
         _exit(0);
@@ -104,7 +104,7 @@ static void scribble_tests(const char *path)
 
     /* another process's live slot forged past the limit counts as the limit, until its owner
      * (on its next reservation) puts it back; slots_hw forged to 0 hides nobody */
-    gs_region_release(&R, got, LIMIT);
+    gs_region_release(&R, got);
     int their = -1;
     for (uint32_t i = 0; i < GS_SLOT_COUNT && their < 0; i++)
         if (R.slots[i].in_use && (int)i != R.slot) their = (int)i;
@@ -126,7 +126,7 @@ static void scribble_tests(const char *path)
     R.slots[R.slot].in_use = 0;
     EXPECT(gs_region_reserve(&R, LIMIT / 4 + 1, LIMIT) != 0, "own forged slot made room");
     EXPECT(R.slots[R.slot].used == LIMIT / 4 && R.slots[R.slot].in_use == 1, "own slot not repaired");
-    gs_region_release(&R, LIMIT / 4, LIMIT);
+    gs_region_release(&R, LIMIT / 4);
     close(ctl);
     waitpid(a, NULL, 0);
     close(ready);
@@ -135,14 +135,14 @@ static void scribble_tests(const char *path)
     h->used = UINT64_MAX;
     EXPECT(gs_region_reserve(&R, LIMIT, LIMIT) == 0, "2^64-1 in used locked the claim out");
     EXPECT(h->used == LIMIT, "used not recomputed: %llu", (unsigned long long)h->used);
-    gs_region_release(&R, LIMIT, LIMIT);
+    gs_region_release(&R, LIMIT);
 
     /* a dead process's slot forged to 2^64-1 is reaped */
     R.slots[GS_SLOT_COUNT - 1].in_use = 1;
     R.slots[GS_SLOT_COUNT - 1].used = UINT64_MAX;
     h->slots_hw = GS_SLOT_COUNT;
     EXPECT(gs_region_reserve(&R, LIMIT, LIMIT) == 0, "dead forged slot not reaped");
-    gs_region_release(&R, LIMIT, LIMIT);
+    gs_region_release(&R, LIMIT);
 
     /* a forged owner in the mutex word naming our own slot as the holder: repaired after one
      * wait, not a hang (no live process can be inside) */
@@ -153,18 +153,18 @@ static void scribble_tests(const char *path)
     double forged_ms = ms_since(t0);
     EXPECT(rc == 0, "forged lock word not repaired");
     EXPECT(forged_ms < 1000, "forged lock word: %.1f ms", forged_ms);
-    gs_region_release(&R, 1000, LIMIT);
+    gs_region_release(&R, 1000);
     t0 = now_ts();
     EXPECT(gs_region_reserve(&R, 1000, LIMIT) == 0, "after repair");
     EXPECT(ms_since(t0) < 50, "still slow after repair: %.1f ms", ms_since(t0));
-    gs_region_release(&R, 1000, LIMIT);
+    gs_region_release(&R, 1000);
 
     /* a mutex kind glibc will not use (EINVAL at once, whatever the word): repaired, not refused forever */
     h->lock.m.__data.__kind = 0x7f;
     EXPECT(gs_region_reserve(&R, 1000, LIMIT) == 0, "forged mutex kind not repaired");
-    gs_region_release(&R, 1000, LIMIT);
+    gs_region_release(&R, 1000);
     EXPECT(gs_region_reserve(&R, 1000, LIMIT) == 0, "after the kind repair");
-    gs_region_release(&R, 1000, LIMIT);
+    gs_region_release(&R, 1000);
 
     /* a holder stopped inside the lock: refused within ~100 ms, usage still readable */
     pid_t s = fork();
@@ -185,21 +185,21 @@ static void scribble_tests(const char *path)
     EXPECT(stopped_ms >= 50 && stopped_ms < 1000, "refusal took %.1f ms", stopped_ms);
     t0 = now_ts();
     uint64_t u = gs_region_used(&R, LIMIT);
-    gs_region_reap(&R, 0, LIMIT);
+    gs_region_reap(&R, 0);
     double query_ms = ms_since(t0);
     EXPECT(u == LIMIT / 2, "usage while wedged %llu", (unsigned long long)u);
     EXPECT(query_ms < 50, "usage query took %.1f ms", query_ms);
-    gs_region_release(&R, 1, LIMIT); /* a release never waits either */
+    gs_region_release(&R, 1); /* a release never waits either */
     /* kept past GS_LOCK_BREAK_NS as this process sees it: broken, so the claim is not locked out */
     t0 = now_ts();
     while ((rc = gs_region_reserve(&R, 1000, LIMIT)) != 0 && ms_since(t0) < 5000) {}
     double broken_ms = ms_since(t0);
     EXPECT(rc == 0 && broken_ms >= 800, "stopped holder's lock broken after %.0f ms (rc %d)", broken_ms, rc);
-    if (rc == 0) gs_region_release(&R, 1000, LIMIT);
+    if (rc == 0) gs_region_release(&R, 1000);
     kill(s, SIGKILL);
     waitpid(s, NULL, 0);
     EXPECT(gs_region_reserve(&R, LIMIT, LIMIT) == 0, "dead stopped holder's reservation not reclaimed");
-    gs_region_release(&R, LIMIT, LIMIT);
+    gs_region_release(&R, LIMIT);
     printf("forged_lock_first_reserve_ms=%.1f stopped_holder_refusal_ms=%.1f wedged_usage_query_ms=%.3f "
            "stopped_holder_broken_ms=%.0f\n", forged_ms, stopped_ms, query_ms, broken_ms);
 }
@@ -222,7 +222,7 @@ int main(int argc, char **argv)
     EXPECT(gs_region_reserve(&R, LIMIT, LIMIT) == 0, "reserve limit");
     EXPECT(gs_region_reserve(&R, 1, LIMIT) != 0, "reserve past limit");
     EXPECT(gs_region_reserve(&R, UINT64_MAX, LIMIT) != 0, "reserve SIZE_MAX");
-    gs_region_release(&R, LIMIT, LIMIT);
+    gs_region_release(&R, LIMIT);
     EXPECT(gs_region_used(&R, LIMIT) == 0, "used %llu", (unsigned long long)gs_region_used(&R, LIMIT));
 
     pid_t kids[2];
@@ -231,7 +231,7 @@ int main(int argc, char **argv)
             struct gs_region r2;
             if (gs_region_open(&r2, path) != 0) _exit(1);
             for (int i = 0; i < 3000; i++)
-                if (gs_region_reserve(&r2, 5000, LIMIT) == 0) gs_region_release(&r2, 5000, LIMIT);
+                if (gs_region_reserve(&r2, 5000, LIMIT) == 0) gs_region_release(&r2, 5000);
             _exit(0);
         }
     }
@@ -255,7 +255,7 @@ int main(int argc, char **argv)
     }
     waitpid(p, NULL, 0);
     EXPECT(gs_region_reserve(&R, LIMIT, LIMIT) == 0, "dead process's usage not reclaimed");
-    gs_region_release(&R, LIMIT, LIMIT);
+    gs_region_release(&R, LIMIT);
 
     scribble_tests(path);
 
