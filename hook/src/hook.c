@@ -498,7 +498,7 @@ HOOK CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int fla
 }
 
 /* Stream-ordered allocations count when enqueued (against the current context's device).
- * On a capturing stream they would become graph memory nodes: refused (see graph_memory). */
+ * On a capturing stream they would become graph memory nodes: refused (graph_memory_refused). */
 HOOK CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
 {
     struct gpu_state *g = current_gpu();
