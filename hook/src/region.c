@@ -264,10 +264,12 @@ static uint64_t recount_locked(struct gs_region *r, uint64_t limit)
     if (forged)
         log_repair(r, GS_LOG_SLOT, "a live slot claimed more than the limit %llu; counted as the limit",
                    (unsigned long long)limit);
-    if (used < sum || used > limit) {
-        log_repair(r, GS_LOG_USED, "used was %llu, live slots hold %llu (limit %llu); recomputed",
-                   (unsigned long long)used, (unsigned long long)sum, (unsigned long long)limit);
+    if (r->resync || used < sum || used > limit) {
+        if (!r->resync)
+            log_repair(r, GS_LOG_USED, "used was %llu, live slots hold %llu (limit %llu); recomputed",
+                       (unsigned long long)used, (unsigned long long)sum, (unsigned long long)limit);
         __atomic_store_n(&r->hdr->used, sum, __ATOMIC_RELAXED);
+        r->resync = 0;
     }
     return sum;
 }
@@ -373,8 +375,9 @@ static struct timespec deadline_in(uint64_t ns)
 static void locked(struct gs_region *r, int rc)
 {
     pthread_mutex_t *m = &r->hdr->lock.m;
-    if (rc == EOWNERDEAD) { /* the holder died mid-update: every update is recounted anyway */
+    if (rc == EOWNERDEAD) { /* the holder died mid-update (slot raised, `used` not yet) */
         reap_locked(r);
+        r->resync = 1; /* `used` is rewritten from the slots, without a "forged" line */
         pthread_mutex_consistent(m);
     }
     __atomic_store_n(&r->hdr->holder, (uint32_t)(r->slot + 1), __ATOMIC_RELAXED);

@@ -88,6 +88,7 @@ struct gs_region {
     __pthread_list_t saved_list; /* the mutex's robust-list links as glibc set them (see region.c) */
     int saved_kind;
     int saved_owner;
+    int resync;             /* a holder died inside: rewrite `used` at the next recount (under the lock) */
     uint64_t last_reap_ns;
     uint64_t last_log_ns[GS_LOG_KINDS]; /* repairs are logged at most once per 10 s each */
     uint64_t unlogged[GS_LOG_KINDS];
