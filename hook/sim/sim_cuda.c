@@ -789,6 +789,90 @@ SIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
     return launch(s, 1, g->ns);
 }
 
+/* ---- other device-memory paths (for the hook's tests of hook/README.md's list): legacy
+ * CUDA < 3.2 entry points, graph memory nodes, context limits. Nodes added to a graph by
+ * hand run nothing here (stream capture: above). ---- */
+SIM_API CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int size)
+{
+    unsigned long long key;
+    CUresult rc = cuMemAlloc_v2(&key, size);
+    if (rc == CUDA_SUCCESS) *p = (CUdeviceptr_v1)key; /* the sim's keys are not 32-bit: tests only */
+    return rc;
+}
+SIM_API CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned int *pitch, unsigned int w, unsigned int h,
+                                 unsigned int elem)
+{
+    unsigned long long key;
+    size_t pt;
+    CUresult rc = cuMemAllocPitch_v2(&key, &pt, w, h, elem);
+    if (rc == CUDA_SUCCESS) *p = (CUdeviceptr_v1)key, *pitch = (unsigned int)pt;
+    return rc;
+}
+SIM_API CUresult cuArrayCreate(CUarray *a, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY_DESCRIPTOR d2 = {d->Width, d->Height, d->Format, d->NumChannels};
+    return cuArrayCreate_v2(a, &d2);
+}
+SIM_API CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d2 = {d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags};
+    return cuArray3DCreate_v2(a, &d2);
+}
+
+SIM_API CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
+{
+    NEED_INIT();
+    if (!g || flags) return CUDA_ERROR_INVALID_VALUE;
+    *g = calloc(1, sizeof **g); /* empty: nodes added here run nothing (cuGraphDestroy frees it) */
+    return *g ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+/* the address is reserved at once; memory would come at launch (graphs do not run here) */
+SIM_API CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                        CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    (void)deps, (void)ndeps;
+    NEED_INIT();
+    if (!node || !g || !params || params->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    params->dptr = (1ull << 47) | (new_handle() << 20);
+    *node = (CUgraphNode)(uintptr_t)(0x300000 + new_handle() * 16);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                CUgraphNodeParams *params)
+{
+    if (params && params->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return cuGraphAddMemAllocNode(node, g, deps, ndeps, &params->alloc);
+    NEED_INIT();
+    if (!node || !g || !params) return CUDA_ERROR_INVALID_VALUE;
+    *node = (CUgraphNode)(uintptr_t)(0x300000 + new_handle() * 16);
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                   const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *params)
+{
+    (void)edges;
+    return cuGraphAddNode(node, g, deps, ndeps, params);
+}
+
+/* limits are remembered per process (enough for one context), not backed by device memory */
+static size_t g_ctx_limits[3] = {1024, 1 << 20, 8 << 20};
+SIM_API CUresult cuCtxSetLimit(int limit, size_t value)
+{
+    NEED_CTX();
+    if (limit < 0 || limit > CU_LIMIT_MALLOC_HEAP_SIZE) return CUDA_ERROR_NOT_SUPPORTED;
+    g_ctx_limits[limit] = value;
+    return CUDA_SUCCESS;
+}
+SIM_API CUresult cuCtxGetLimit(size_t *value, int limit)
+{
+    NEED_CTX();
+    if (!value || limit < 0 || limit > CU_LIMIT_MALLOC_HEAP_SIZE) return CUDA_ERROR_NOT_SUPPORTED;
+    *value = g_ctx_limits[limit];
+    return CUDA_SUCCESS;
+}
+
 /* ---- cuGetProcAddress: base name + CUDA version + per-thread flag -> versioned entry ---- */
 struct proc { const char *base; int version; int ptsz; void *fn; };
 #define P(base, ver, ptsz, fn) {#base, ver, ptsz, (void *)fn}
@@ -855,6 +939,13 @@ static const struct proc g_procs[] = {
     P(cuGraphInstantiate, 12000, 0, cuGraphInstantiateWithFlags),
     P(cuGraphInstantiateWithFlags, 0, 0, cuGraphInstantiateWithFlags),
     P(cuGraphDestroy, 0, 0, cuGraphDestroy), P(cuGraphExecDestroy, 0, 0, cuGraphExecDestroy),
+    /* other device-memory paths (block above) */
+    P(cuMemAlloc, 0, 0, cuMemAlloc), P(cuMemAllocPitch, 0, 0, cuMemAllocPitch),
+    P(cuArrayCreate, 0, 0, cuArrayCreate), P(cuArray3DCreate, 0, 0, cuArray3DCreate),
+    P(cuGraphCreate, 0, 0, cuGraphCreate),
+    P(cuGraphAddMemAllocNode, 0, 0, cuGraphAddMemAllocNode), P(cuGraphAddNode, 0, 0, cuGraphAddNode),
+    P(cuGraphAddNode, 12030, 0, cuGraphAddNode_v2),
+    P(cuCtxSetLimit, 0, 0, cuCtxSetLimit), P(cuCtxGetLimit, 0, 0, cuCtxGetLimit),
 };
 
 SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,

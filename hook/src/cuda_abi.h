@@ -109,6 +109,64 @@ typedef struct {
     unsigned int numAttrs;
 } CUlaunchConfig;
 
+/* ---- the other device-memory paths: legacy (CUDA < 3.2) entry points, graph memory nodes,
+ * stream capture, VMM mappings, context limits ---- */
+typedef unsigned int CUdeviceptr_v1; /* 32-bit device pointers of the CUDA < 3.2 entry points */
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    int Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;
+
+typedef struct {
+    int allocType;
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+typedef struct {
+    CUmemPoolProps poolProps;
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+#define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+typedef struct {
+    int type; /* CUgraphNodeType */
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+
+#define CU_LIMIT_STACK_SIZE 0
+#define CU_LIMIT_PRINTF_FIFO_SIZE 1
+#define CU_LIMIT_MALLOC_HEAP_SIZE 2
+#define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
+
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps layout");
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams layout");
+
 /* ---- NVML ---- */
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
@@ -200,6 +258,29 @@ CUresult cuArrayDestroy(CUarray a);
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d,
                                 unsigned int levels);
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray m);
+
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int size);
+CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width, unsigned int height,
+                         unsigned int elem);
+CUresult cuArrayCreate(CUarray *a, const CUDA_ARRAY_DESCRIPTOR_v1 *d);
+CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d);
+CUresult cuGraphCreate(CUgraph *g, unsigned int flags);
+CUresult cuGraphDestroy(CUgraph g);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                CUDA_MEM_ALLOC_NODE_PARAMS *params);
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                        CUgraphNodeParams *params);
+CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *edges,
+                           size_t ndeps, CUgraphNodeParams *params);
+CUresult cuStreamBeginCapture_v2(CUstream s, int mode);
+CUresult cuStreamEndCapture(CUstream s, CUgraph *g);
+CUresult cuStreamIsCapturing(CUstream s, int *status);
+CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status);
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags);
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags);
+CUresult cuMemUnmap(CUdeviceptr p, size_t size);
+CUresult cuCtxSetLimit(int limit, size_t value);
+CUresult cuCtxGetLimit(size_t *value, int limit);
 
 #define GS_LAUNCH_ARGS                                                                        \
     CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,        \

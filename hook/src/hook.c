@@ -46,6 +46,9 @@ REAL(cuMemFreeAsync); REAL(cuMemFreeAsync_ptsz);
 REAL(cuMemCreate); REAL(cuMemRelease);
 REAL(cuArrayCreate_v2); REAL(cuArray3DCreate_v2); REAL(cuArrayDestroy);
 REAL(cuMipmappedArrayCreate); REAL(cuMipmappedArrayDestroy);
+REAL(cuMemAlloc); REAL(cuMemAllocPitch); REAL(cuArrayCreate); REAL(cuArray3DCreate);
+REAL(cuGraphAddMemAllocNode); REAL(cuGraphAddNode); REAL(cuGraphAddNode_v2);
+REAL(cuMemMap); REAL(cuMemUnmap); REAL(cuCtxSetLimit); REAL(cuCtxDestroy_v2);
 REAL(cuLaunchKernel); REAL(cuLaunchKernel_ptsz);
 REAL(cuLaunchKernelEx); REAL(cuLaunchKernelEx_ptsz);
 REAL(cuLaunchCooperativeKernel); REAL(cuLaunchCooperativeKernel_ptsz);
@@ -61,6 +64,7 @@ REAL(cuEventRecord); REAL(cuEventRecord_ptsz); REAL(cuEventQuery); REAL(cuEventS
 REAL(cuEventElapsedTime_v2);
 REAL(nvmlDeviceGetUUID); REAL(nvmlDeviceGetIndex); REAL(nvmlDeviceGetCount_v2);
 REAL(nvmlDeviceGetHandleByIndex_v2);
+REAL(cuCtxGetCurrent); REAL(cuDeviceGetAttribute);
 
 enum { LIB_CUDA, LIB_NVML };
 
@@ -99,6 +103,17 @@ static const struct hook hooks[] = {
     H(cuArrayDestroy, "cuArrayDestroy", 0, 0),
     H(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 0, 0),
     H(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 0),
+    H(cuMemAlloc, "cuMemAlloc", 0, 0),
+    H(cuMemAllocPitch, "cuMemAllocPitch", 0, 0),
+    H(cuArrayCreate, "cuArrayCreate", 0, 0),
+    H(cuArray3DCreate, "cuArray3DCreate", 0, 0),
+    H(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 0),
+    H(cuGraphAddNode, "cuGraphAddNode", 0, 0),
+    H(cuGraphAddNode_v2, "cuGraphAddNode", 12030, 0),
+    H(cuMemMap, "cuMemMap", 0, 0),
+    H(cuMemUnmap, "cuMemUnmap", 0, 0),
+    H(cuCtxSetLimit, "cuCtxSetLimit", 0, 0),
+    H(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
     H(cuLaunchKernel, "cuLaunchKernel", 0, 0),
     H(cuLaunchKernel_ptsz, "cuLaunchKernel", 0, 1),
     H(cuLaunchKernelEx, "cuLaunchKernelEx", 0, 0),
@@ -123,6 +138,7 @@ static const struct hook hooks[] = {
     HELPER(cuStreamIsCapturing, LIB_CUDA), HELPER(cuStreamIsCapturing_ptsz, LIB_CUDA),
     HELPER(nvmlDeviceGetUUID, LIB_NVML), HELPER(nvmlDeviceGetIndex, LIB_NVML),
     HELPER(nvmlDeviceGetCount_v2, LIB_NVML), HELPER(nvmlDeviceGetHandleByIndex_v2, LIB_NVML),
+    HELPER(cuCtxGetCurrent, LIB_CUDA), HELPER(cuDeviceGetAttribute, LIB_CUDA),
 };
 #define NHOOKS (sizeof hooks / sizeof hooks[0])
 
@@ -469,6 +485,29 @@ static CUresult finish_free(CUresult rc, int known, const struct gs_ptr_entry *e
         return finish_free(call, known_, &e_);                                               \
     } while (0)
 
+/* Graph memory (memory nodes, and stream-ordered allocations made while capturing) lives in
+ * a driver pool that is sized by graph launches and kept for relaunches until
+ * cuDeviceGraphMemTrim: counting it at node creation would either keep the budget after the
+ * graph is gone or under-count relaunches. Refused on a GPU of the claim. */
+static CUresult graph_memory_refused(const char *what)
+{
+    static int logged;
+    if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+        gs_log("%s refused: graph memory is not counted under a gpushare claim", what);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* 1 if stream s is capturing, or the driver says it may not be used now (the legacy stream
+ * while a blocking stream captures): pacing never touches it, and memory allocated on it would
+ * be graph memory */
+static int capturing(CUstream s, int ptsz)
+{
+    __typeof__(real_cuStreamIsCapturing) fn = ptsz ? real_cuStreamIsCapturing_ptsz : real_cuStreamIsCapturing;
+    if ((void *)fn == (void *)missing_cuda) return 0; /* a driver without capture */
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return fn(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 HOOK CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
     struct gpu_state *g = current_gpu();
@@ -481,28 +520,33 @@ HOOK CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int fla
     ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocManaged(dptr, size, flags));
 }
 
-/* Stream-ordered allocations count when enqueued (against the current context's device). */
+/* Stream-ordered allocations count when enqueued (against the current context's device).
+ * On a capturing stream they would become graph memory nodes: refused (graph_memory_refused). */
 HOOK CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
 {
     struct gpu_state *g = current_gpu();
+    if (g && capturing(s, 0)) return graph_memory_refused("cuMemAllocAsync on a capturing stream");
     ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocAsync(dptr, size, s));
 }
 
 HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s)
 {
     struct gpu_state *g = current_gpu();
+    if (g && capturing(s, 1)) return graph_memory_refused("cuMemAllocAsync on a capturing stream");
     ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocAsync_ptsz(dptr, size, s));
 }
 
 HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
 {
     struct gpu_state *g = current_gpu();
+    if (g && capturing(s, 0)) return graph_memory_refused("cuMemAllocFromPoolAsync on a capturing stream");
     ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocFromPoolAsync(dptr, size, pool, s));
 }
 
 HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
 {
     struct gpu_state *g = current_gpu();
+    if (g && capturing(s, 1)) return graph_memory_refused("cuMemAllocFromPoolAsync on a capturing stream");
     ALLOC_BODY(g, size, GS_KIND_PTR, *dptr, real_cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, s));
 }
 
@@ -547,11 +591,6 @@ HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CU
     ALLOC_BODY(g, size, GS_KIND_VMM, *h, real_cuMemCreate(h, size, prop, flags));
 }
 
-HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle h)
-{
-    FREE_BODY(GS_KIND_VMM, h, real_cuMemRelease(h));
-}
-
 HOOK CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
 {
     struct gpu_state *g = current_gpu();
@@ -584,6 +623,187 @@ HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
     FREE_BODY(GS_KIND_MIPMAP, (uintptr_t)m, real_cuMipmappedArrayDestroy(m));
 }
 
+/* ------------------------------------------------------------------ other device-memory paths
+ * (hook/README.md lists every path with its status) */
+
+/* CUDA < 3.2 entry points (32-bit sizes and pointers), reached by name or through
+ * cuGetProcAddress with a version below 3020: no toolkit since 2010 calls them, so on a GPU of
+ * the claim they are refused rather than counted a second way. */
+static CUresult legacy_refused(const char *name)
+{
+    static int logged;
+    if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+        gs_log("%s (CUDA < 3.2 entry point) refused under a gpushare claim; use the _v2 entry points", name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+HOOK CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int size)
+{
+    return current_gpu() ? legacy_refused("cuMemAlloc") : real_cuMemAlloc(dptr, size);
+}
+
+HOOK CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width, unsigned int height,
+                              unsigned int elem)
+{
+    return current_gpu() ? legacy_refused("cuMemAllocPitch") : real_cuMemAllocPitch(dptr, pitch, width, height, elem);
+}
+
+HOOK CUresult cuArrayCreate(CUarray *a, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    return current_gpu() ? legacy_refused("cuArrayCreate") : real_cuArrayCreate(a, d);
+}
+
+HOOK CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    return current_gpu() ? legacy_refused("cuArray3DCreate") : real_cuArray3DCreate(a, d);
+}
+
+static int on_claim_device(const CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    int dev = p && p->poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p->poolProps.location.id : -1;
+    if (dev < 0) {
+        ensure_cuda();
+        return 0;
+    }
+    return gpu_for_device(dev) != NULL;
+}
+
+HOOK CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                     CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    if (on_claim_device(params)) return graph_memory_refused("cuGraphAddMemAllocNode");
+    return real_cuGraphAddMemAllocNode(node, graph, deps, ndeps, params);
+}
+
+static int is_claim_alloc_node(const CUgraphNodeParams *p)
+{
+    return p && p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && on_claim_device(&p->alloc);
+}
+
+HOOK CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                             CUgraphNodeParams *params)
+{
+    if (is_claim_alloc_node(params)) return graph_memory_refused("cuGraphAddNode (memory allocation node)");
+    ensure_cuda();
+    return real_cuGraphAddNode(node, graph, deps, ndeps, params);
+}
+
+HOOK CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *params)
+{
+    if (is_claim_alloc_node(params)) return graph_memory_refused("cuGraphAddNode (memory allocation node)");
+    ensure_cuda();
+    return real_cuGraphAddNode_v2(node, graph, deps, edges, ndeps, params);
+}
+
+/* VMM: the driver frees a handle's memory when it is released *and* unmapped. A counted handle
+ * carries its number of mappings; released while mapped, it stays counted (as
+ * GS_KIND_VMM_RELEASED) until its last mapping goes. */
+static int handle_maps(uint64_t h, int delta)
+{
+    struct gs_ptr_entry e;
+    int kind = GS_KIND_VMM;
+    if (!gs_ptrmap_take(&g_ptrs, kind, h, &e)) {
+        kind = GS_KIND_VMM_RELEASED;
+        if (!gs_ptrmap_take(&g_ptrs, kind, h, &e)) return -1; /* not counted (host memory, no claim) */
+    }
+    e.aux = delta < 0 && e.aux == 0 ? 0 : e.aux + (uint64_t)(int64_t)delta;
+    if (kind == GS_KIND_VMM_RELEASED && e.aux == 0) release(&g_gpu[e.gpu], e.size);
+    else gs_ptrmap_put_entry(&g_ptrs, &e);
+    return 0;
+}
+
+HOOK CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                       unsigned long long flags)
+{
+    ensure_cuda();
+    CUresult rc = real_cuMemMap(p, size, offset, h, flags);
+    if (rc == CUDA_SUCCESS && g_limits.mode != GS_MODE_NONE && handle_maps(h, +1) == 0) {
+        struct gs_ptr_entry m = {p, size, 0, GS_KIND_MAP, h};
+        gs_ptrmap_put_entry(&g_ptrs, &m);
+    }
+    return rc;
+}
+
+/* The range may cover several mappings, each starting where the previous one ends. */
+HOOK CUresult cuMemUnmap(CUdeviceptr p, size_t size)
+{
+    ensure_cuda();
+    CUresult rc = real_cuMemUnmap(p, size);
+    struct gs_ptr_entry m;
+    for (uint64_t a = p; rc == CUDA_SUCCESS && a - p < size && gs_ptrmap_take(&g_ptrs, GS_KIND_MAP, a, &m);
+         a += m.size ? m.size : size)
+        handle_maps(m.aux, -1);
+    return rc;
+}
+
+HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    struct gs_ptr_entry e;
+    int known = untrack(GS_KIND_VMM, h, &e);
+    CUresult rc = real_cuMemRelease(h);
+    if (known && rc == CUDA_SUCCESS && e.aux > 0) { /* still mapped: still counted */
+        e.kind = GS_KIND_VMM_RELEASED;
+        gs_ptrmap_put_entry(&g_ptrs, &e);
+        return rc;
+    }
+    return finish_free(rc, known, &e);
+}
+
+/* Context limits that reserve device memory beyond what the context starts with: the
+ * in-kernel malloc heap, the printf FIFO (bytes), and the per-thread stack (bytes times every
+ * thread the GPU can hold). Counted above the driver's defaults, per context, until changed or
+ * the context is destroyed. Other limits reserve no device memory of note. */
+static uint64_t limit_bytes(int limit, size_t value, CUdevice dev)
+{
+    static const uint64_t defaults[] = {1024, 1 << 20, 8 << 20}; /* stack, printf FIFO, heap */
+    if (limit < 0 || limit > CU_LIMIT_MALLOC_HEAP_SIZE || value <= defaults[limit]) return 0;
+    uint64_t extra = value - defaults[limit];
+    if (limit != CU_LIMIT_STACK_SIZE) return extra;
+    int sms = 0, threads = 0;
+    if (real_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || sms <= 0)
+        sms = 1;
+    if (real_cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS ||
+        threads <= 0)
+        threads = 2048;
+    return gs_mul_sat(extra, (size_t)sms * (size_t)threads);
+}
+
+static uint64_t ctx_limit_key(CUcontext c, int limit) { return ((uint64_t)(uintptr_t)c << 2) | (uint64_t)limit; }
+
+HOOK CUresult cuCtxSetLimit(int limit, size_t value)
+{
+    struct gpu_state *g = current_gpu();
+    CUcontext c;
+    CUdevice dev;
+    if (!g || limit < 0 || limit > CU_LIMIT_MALLOC_HEAP_SIZE || real_cuCtxGetCurrent(&c) != CUDA_SUCCESS ||
+        real_cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+        return real_cuCtxSetLimit(limit, value);
+    struct gs_ptr_entry old = {0};
+    int had = gs_ptrmap_take(&g_ptrs, GS_KIND_CTX_LIMIT, ctx_limit_key(c, limit), &old);
+    uint64_t want = limit_bytes(limit, value, dev), have = had ? old.size : 0;
+    if (want > have && reserve(g, want - have) != 0) {
+        if (had) gs_ptrmap_put_entry(&g_ptrs, &old);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = real_cuCtxSetLimit(limit, value);
+    uint64_t keep = rc == CUDA_SUCCESS ? want : have;
+    if (want > have && rc != CUDA_SUCCESS) release(g, want - have);
+    if (want < have && rc == CUDA_SUCCESS) release(g, have - want);
+    if (keep) gs_ptrmap_put(&g_ptrs, GS_KIND_CTX_LIMIT, ctx_limit_key(c, limit), keep, g->index);
+    return rc;
+}
+
+HOOK CUresult cuCtxDestroy_v2(CUcontext c)
+{
+    ensure_cuda();
+    CUresult rc = real_cuCtxDestroy_v2(c);
+    struct gs_ptr_entry e;
+    for (int limit = 0; rc == CUDA_SUCCESS && limit <= CU_LIMIT_MALLOC_HEAP_SIZE; limit++)
+        if (gs_ptrmap_take(&g_ptrs, GS_KIND_CTX_LIMIT, ctx_limit_key(c, limit), &e)) release(&g_gpu[e.gpu], e.size);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ reporting */
 
 /* total = min(limit, physical); free = total - claim usage (>= 0, <= physical free) */
@@ -594,9 +814,9 @@ static void report(struct gpu_state *g, uint64_t phys_total, uint64_t phys_free,
         *total = *free_b = *used = 0;
         return;
     }
-    gs_region_reap(&g->region, 1000000000ull); /* at most once a second */
+    gs_region_reap(&g->region, 1000000000ull); /* at most once a second, never waits */
     uint64_t t = g->limit < phys_total ? g->limit : phys_total;
-    uint64_t u = gs_region_used(&g->region);
+    uint64_t u = gs_region_used(&g->region, g->limit);
     uint64_t f = u < t ? t - u : 0;
     *total = t;
     *free_b = f < phys_free ? f : phys_free;
@@ -712,15 +932,6 @@ static CUresult record(CUevent e, CUstream s, int ptsz)
     return ptsz ? real_cuEventRecord_ptsz(e, s) : real_cuEventRecord(e, s);
 }
 
-/* 1 if stream s is capturing, or the driver says it may not be used now (the legacy stream
- * while a blocking stream captures) */
-static int capturing(CUstream s, int ptsz)
-{
-    __typeof__(real_cuStreamIsCapturing) fn = ptsz ? real_cuStreamIsCapturing_ptsz : real_cuStreamIsCapturing;
-    if ((void *)fn == (void *)missing_cuda) return 0; /* a driver without capture */
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return fn(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
-}
 
 static struct cost_entry *cost_entry(struct gpu_state *g, uintptr_t key)
 {

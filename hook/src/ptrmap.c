@@ -37,8 +37,15 @@ static int grow(struct gs_ptrmap *m)
 
 int gs_ptrmap_put(struct gs_ptrmap *m, int kind, uint64_t key, uint64_t size, int gpu)
 {
-    struct gs_ptr_entry e = {key ? key : 1, size, gpu, kind};
-    int rc = 0;
+    struct gs_ptr_entry e = {key, size, gpu, kind, 0};
+    return gs_ptrmap_put_entry(m, &e);
+}
+
+int gs_ptrmap_put_entry(struct gs_ptrmap *m, const struct gs_ptr_entry *in)
+{
+    struct gs_ptr_entry e = *in;
+    int kind = e.kind, rc = 0;
+    if (!e.key) e.key = 1;
     pthread_mutex_lock(&m->lock);
     if ((m->count + 1) * 2 > m->cap && grow(m) != 0) {
         rc = -1;

@@ -21,14 +21,15 @@ struct gs_region_header {
     uint32_t slot_size;      /*  16: GS_SLOT_SIZE */
     uint32_t slot_count;     /*  20: GS_SLOT_COUNT */
     uint32_t region_size;    /*  24: GS_REGION_SIZE */
-    uint32_t reserved0;      /*  28 */
+    uint32_t holder;         /*  28: slot + 1 of the process inside the lock, 0 = none (was reserved) */
     union {                  /*  32: process-shared robust mutex guarding used/slots */
         pthread_mutex_t m;
         uint8_t pad[64];
     } lock;
-    uint64_t used;           /*  96: bytes reserved by all slots (sum of slot.used) */
+    uint64_t used;           /*  96: bytes reserved by all slots (sum of slot.used), kept for
+                                     readers; never trusted by the library (see region.c) */
     uint32_t slots_hw;       /* 104: slots [0, slots_hw) have been used at least once */
-    uint32_t reserved1;      /* 108 */
+    uint32_t lock_seq;       /* 108: bumped by every lock holder: waiters see the lock move (was reserved) */
     uint64_t reaped;         /* 112: number of dead slots reclaimed (diagnostics) */
     /* compute pacing, lock-free (atomics) */
     uint64_t pace_tat_ns;    /* 120: token bucket as GCRA "theoretical arrival time", CLOCK_MONOTONIC ns */
@@ -54,30 +55,59 @@ struct gs_slot {
 _Static_assert(sizeof(struct gs_region_header) <= GS_HEADER_SIZE, "header too big");
 _Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex too big");
 _Static_assert(sizeof(struct gs_slot) == GS_SLOT_SIZE, "slot size");
+_Static_assert(__builtin_offsetof(struct gs_region_header, holder) == 28, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, used) == 96, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, pace_rate_ppm) == 128, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, paced_ns) == 144, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, oom_refusals) == 152, "layout");
 
-/* Per-process view of one region. */
+/* Per-process view of one region. The region is tenant-writable: what this process holds is
+ * kept here too (`mine`), and the shared lock is waited for at most GS_LOCK_WAIT_NS. */
+#define GS_LOCK_WAIT_NS 100000000ull   /* a lock that does not move: refused after 100 ms */
+#define GS_STUCK_NS 80000000ull        /* not moving this long: break it if nobody live is inside */
+#define GS_LOCK_SLICE_NS 20000000ull   /* waits are sliced to watch the lock move */
+#define GS_LOCK_SLACK_NS 2000000ull    /* refused this much before GS_LOCK_WAIT_NS: wake-ups are late */
+#define GS_LOCK_BUSY_NS 1000000000ull  /* a lock that keeps moving (contention): waited at most 1 s */
+#define GS_LOCK_BREAK_NS 1000000000ull /* a live holder keeping it unmoved this long is stopped */
+enum { GS_LOG_USED, GS_LOG_SLOT, GS_LOG_WEDGED, GS_LOG_LOCK, GS_LOG_KINDS };
+struct gs_lock_view { /* what a waiter sees of the lock; any change means it moves */
+    uint32_t word, holder, seq;
+};
 struct gs_region {
     struct gs_region_header *hdr;
     struct gs_slot *slots;
     int lock_fd;            /* O_CLOEXEC fd whose OFD lock on our slot's byte says "alive" */
     int slot;               /* our slot, -1 = not registered yet */
     int fault_stop;         /* test only: SIGSTOP while holding the lock */
+    struct gs_lock_view stuck; /* a live holder seen keeping the lock unmoved, since: */
+    uint64_t stuck_since;
+    uint64_t mine;          /* bytes this process holds: the truth for our slot (under pub) */
+    uint32_t hw_seen;       /* highest slots_hw this process has seen (it never legitimately falls) */
+    pthread_mutex_t local;  /* one thread of this process at a time in the shared lock */
+    pthread_mutex_t pub;    /* guards mine and its copy in our slot; never held across a wait */
+    __pthread_list_t saved_list; /* the mutex's robust-list links as glibc set them (see region.c) */
+    int saved_kind;
+    int saved_owner;
+    int resync;             /* a holder died inside: rewrite `used` at the next recount (under the lock) */
     uint64_t last_reap_ns;
+    uint64_t last_log_ns[GS_LOG_KINDS]; /* repairs are logged at most once per 10 s each */
+    uint64_t unlogged[GS_LOG_KINDS];
     char path[4096];        /* "" = anonymous, per-process accounting */
 };
 
 /* Map (and if zero-filled, initialise) the region at path; NULL path = private anonymous
  * region. Returns 0, or -1 after one log line (corrupt, unknown version, cannot open). */
 int gs_region_open(struct gs_region *r, const char *path);
-/* Reserve size bytes if the claim's total stays <= limit. 0 = reserved, -1 = refused. */
+/* Reserve size bytes if the claim's total (the sum of live slots) stays <= limit.
+ * 0 = reserved, -1 = refused (over the limit, or the lock is held for over 100 ms by a live
+ * process). Never waits longer than GS_LOCK_WAIT_NS. */
 int gs_region_reserve(struct gs_region *r, uint64_t size, uint64_t limit);
+/* Never waits: only this process writes its own slot. */
 void gs_region_release(struct gs_region *r, uint64_t size);
-uint64_t gs_region_used(struct gs_region *r);
-/* Reclaim slots of dead processes, at most once per min_interval_ns. */
+/* The claim's usage as the sum of live slots, read without the lock (never blocks). */
+uint64_t gs_region_used(struct gs_region *r, uint64_t limit);
+/* Reclaim slots of dead processes, at most once per min_interval_ns; skipped (never waits)
+ * when the lock is busy. */
 void gs_region_reap(struct gs_region *r, uint64_t min_interval_ns);
 /* In a fork child: forget the parent's slot (re-registered on the next reservation). */
 void gs_region_forget_slot(struct gs_region *r);

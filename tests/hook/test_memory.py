@@ -14,6 +14,18 @@ def test_every_api_counted_and_freed(make_claim):
     assert "OK t_apis failures=0" in p.stdout, p.stdout
 
 
+def test_other_memory_paths_counted_or_refused(make_claim):
+    """Legacy (CUDA < 3.2) entry points and graph memory refused, VMM handles released while
+    mapped still counted, context heap/FIFO/stack limits counted (hook/README.md's list)."""
+    c = make_claim(memory=LIMIT)
+    p = c.run("tests/t_paths", LIMIT)
+    assert "OK t_paths failures=0" in p.stdout, p.stdout + p.stderr
+    assert "refused under a gpushare claim" in p.stderr and "graph memory is not counted" in p.stderr, p.stderr
+    # the simulated driver serves every one of those paths: the refusals are the library's
+    p = c.run("tests/t_paths", LIMIT, "nohook", preload=False)
+    assert "OK t_paths nohook failures=0" in p.stdout, p.stdout
+
+
 def test_failed_real_allocation_releases_reservation(make_claim):
     c = make_claim(memory=LIMIT, sim={"GPUSHARE_SIM_MEMORY": "1Mi"})
     p = c.run("tests/t_apis", LIMIT, "physfail")

@@ -38,7 +38,7 @@ def _asan_run(c, asan_build, *args, **kw):
 
 @pytest.mark.parametrize("args", [("tests/t_apis", LIMIT), ("tests/t_threads", LIMIT, MiB, 5),
                                   ("tests/t_fork", LIMIT), ("tests/t_race", 4, 10, LIMIT, 3 * MiB),
-                                  ("tests/t_dlnext",)])
+                                  ("tests/t_dlnext",), ("tests/t_paths", LIMIT)])
 def test_asan_ubsan(asan_claim, asan_build, args):
     p = _asan_run(asan_claim, asan_build, *args, timeout=180)
     assert "OK " in p.stdout
