@@ -88,7 +88,8 @@ def _mock_gpu(index: int, memory_bytes: int, **overrides: object) -> GpuInfo:
     return replace(gpu, **overrides) if overrides else gpu
 
 
-_COUNT_X_MEMORY = re.compile(r"^\s*(\d+)\s*x\s*(\S+)\s*$")
+_COUNT_X_MEMORY = re.compile(r"\s*([0-9]+)\s*x\s*(\S+)\s*")  # fullmatch only
+MAX_MOCK_GPUS = 1024  # a bound, so a typo cannot build millions of devices
 
 # YAML keys of a mock GPU entry and the GpuInfo field each sets.
 _MOCK_YAML_FIELDS = {
@@ -119,7 +120,7 @@ class MockBackend:
         self.discover()  # fail at start-up, not at the first reconcile
 
     def discover(self) -> list[GpuInfo]:
-        if _COUNT_X_MEMORY.match(self.spec.split(",")[0]):
+        if _COUNT_X_MEMORY.fullmatch(self.spec.split(",")[0]):
             return self._from_shorthand(self.spec)
         return self._from_yaml(Path(self.spec))
 
@@ -127,7 +128,7 @@ class MockBackend:
     def _from_shorthand(spec: str) -> list[GpuInfo]:
         gpus: list[GpuInfo] = []
         for group in spec.split(","):
-            m = _COUNT_X_MEMORY.match(group)
+            m = _COUNT_X_MEMORY.fullmatch(group)
             if not m:
                 raise DiscoveryError(f"--mock-gpus: {group!r} is not COUNTxMEMORY (e.g. 2x80Gi)")
             try:
@@ -136,6 +137,8 @@ class MockBackend:
                 raise DiscoveryError(str(e)) from None
             if memory <= 0:
                 raise DiscoveryError(f"--mock-gpus: memory in {group!r} must be positive")
+            if len(m.group(1)) > 4 or len(gpus) + int(m.group(1)) > MAX_MOCK_GPUS:
+                raise DiscoveryError(f"--mock-gpus: more than {MAX_MOCK_GPUS} GPUs in {spec!r}")
             gpus.extend(_mock_gpu(len(gpus), memory) for _ in range(int(m.group(1))))
         return gpus
 
@@ -150,6 +153,8 @@ class MockBackend:
         entries = doc.get("gpus") if isinstance(doc, dict) else None
         if not isinstance(entries, list):
             raise DiscoveryError(f"--mock-gpus: {path} must hold a mapping with a list 'gpus'")
+        if len(entries) > MAX_MOCK_GPUS:
+            raise DiscoveryError(f"--mock-gpus: {path} lists {len(entries)} GPUs, more than {MAX_MOCK_GPUS}")
         gpus = []
         for i, entry in enumerate(entries):
             where = f"{path}: gpus[{i}]"

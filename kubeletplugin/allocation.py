@@ -83,7 +83,7 @@ def plan_claim(claim: dict, driver: str, pool: str, gpus: dict[int, GpuInfo], pa
         if gpu is None:
             raise ClaimError(f"{where}.device: no GPU with index {ref.gpu_index} on this node (got {name!r})")
         share_id = result.get("shareID") or None
-        if share_id is not None and not (isinstance(share_id, str) and UID.match(share_id)):
+        if share_id is not None and not (isinstance(share_id, str) and UID.fullmatch(share_id)):
             raise ClaimError(f"{where}.shareID: not a UID (got {share_id!r})")
         entry = per_gpu.setdefault(gpu.index, {"memory": 0, "compute": 0, "shares": 0, "requests": set()})
         request = result.get("request", "")

@@ -44,7 +44,7 @@ class ClaimFiles:
         _mkdir(self.root, 0o711)
 
     def dir(self, uid: str) -> str:
-        assert UID.match(uid), uid  # callers validate; this keeps every path inside root
+        assert UID.fullmatch(uid), uid  # callers validate; this keeps every path inside root
         return os.path.join(self.root, uid)
 
     def limits_path(self, uid: str) -> str:
@@ -94,7 +94,7 @@ class ClaimFiles:
     def uids(self) -> set[str]:
         """Claim folders on disk (anything not named like a UID is left alone)."""
         try:
-            return {e for e in os.listdir(self.root) if UID.match(e)}
+            return {e for e in os.listdir(self.root) if UID.fullmatch(e)}
         except FileNotFoundError:
             return set()
 

@@ -36,6 +36,7 @@ log = get_logger("kubeletplugin.driver")
 
 NVIDIA_KIND = "nvidia.com/gpu"
 SYSTEM_CDI_DIR = "/etc/cdi"
+API_TIMEOUT_S = 20  # reading a claim; the kubelet gives a whole Prepare call 45 s
 
 
 class KeyedLocks:
@@ -171,9 +172,12 @@ class Driver:
         return prepared
 
     def _read_claim(self, ref: ClaimRef) -> dict:
+        faults.delay(ref.name)
         try:
             # Raw JSON: keeps every field (consumedCapacity, shareID) and skips slow model decoding.
-            resp = self.resource_api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False)
+            # Bounded: a hung API server must not hold a gRPC worker (and the claim's lock) forever.
+            resp = self.resource_api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False,
+                                                                    _request_timeout=API_TIMEOUT_S)
             claim = json.loads(resp.data)
         except client.ApiException as e:
             if e.status == 404:
@@ -247,7 +251,7 @@ class Driver:
             written_boot = None
         rebooted = written_boot is not None and written_boot != self.checkpoint.boot_id
         for uid, entry in self.checkpoint.items():
-            if not UID.match(uid):
+            if not UID.fullmatch(uid):
                 log.error("checkpoint entry with a bad uid dropped", uid=uid[:80], step="recover")
                 self.checkpoint.delete(uid)
                 continue
@@ -269,7 +273,7 @@ class Driver:
             self._write_spec(uid, prepared)
         known = {uid for uid, _ in self.checkpoint.items()}
         for uid in (self.files.uids() | self.specs.names()) - known:
-            if UID.match(uid):
+            if UID.fullmatch(uid):
                 log.warning("removing files of a claim the checkpoint does not know", uid=uid, step="recover")
                 self.specs.remove(uid)
                 self.files.remove(uid)

@@ -257,6 +257,10 @@ def test_same_claim_concurrently_prepares_once(api, kubelet, dirs):
     (NAMESPACE, "../x", "0f0f0f0f-0000-4000-8000-000000000000", "name"),
     (NAMESPACE, "a/b", "0f0f0f0f-0000-4000-8000-000000000000", "name"),
     (NAMESPACE, "a" * 254, "0f0f0f0f-0000-4000-8000-000000000000", "name"),
+    # exact match: `$` in a regex also matches before a trailing newline
+    (NAMESPACE, "c", "0f0f0f0f-0000-4000-8000-000000000000\n", "uid"),
+    (NAMESPACE + "\n", "c", "0f0f0f0f-0000-4000-8000-000000000000", "namespace"),
+    (NAMESPACE, "c\n", "0f0f0f0f-0000-4000-8000-000000000000", "name"),
 ])
 def test_path_safety(kubelet, dirs, namespace, name, uid, field):
     answer = kubelet.prepare((namespace, name, uid)).claims[uid]
@@ -267,10 +271,11 @@ def test_path_safety(kubelet, dirs, namespace, name, uid, field):
     assert sorted(os.listdir(dirs.root)) == ["cdi", "plugin", "registry", "state"]
 
 
-def test_bad_share_id_is_rejected(api, kubelet, dirs):
-    claim = make_claim(api, [result("gpu-0", share_id="x" * 10)])
+@pytest.mark.parametrize("share_id", ["x" * 10, "0f0f0f0f-0000-4000-8000-000000000000\n"])
+def test_bad_share_id_is_rejected(api, kubelet, dirs, share_id):
+    claim = make_claim(api, [result("gpu-0", share_id=share_id)])
     answer = kubelet.prepare(claim).claims[claim[2]]
-    assert "shareID" in answer.error and "xxxxxxxxxx" in answer.error
+    assert "shareID" in answer.error and repr(share_id)[1:-1] in answer.error
 
 
 def test_nvidia_toolkit_spec_is_used(api, kubelet, dirs):
