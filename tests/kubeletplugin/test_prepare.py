@@ -91,7 +91,8 @@ def test_capacity_mode(api, kubelet, dirs):
     assert limits["GPUSHARE_LIMITS_VERSION"] == "1" and limits["GPUSHARE_GPU_COUNT"] == "1"
     claim_dir = os.path.join(dirs.state, "claims", uid)
     region = os.path.join(claim_dir, "region-0")
-    assert stat.S_IMODE(os.stat(claim_dir).st_mode) == 0o711
+    assert stat.S_IMODE(os.stat(claim_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.dirname(claim_dir)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(region).st_mode) == 0o666 and os.path.getsize(region) == 1 << 20
     assert stat.S_IMODE(os.stat(os.path.join(claim_dir, "limits")).st_mode) == 0o444
     with open(os.path.join(claim_dir, "ld.so.preload")) as f:
