@@ -15,9 +15,11 @@ import pytest
 
 from dra_driver.containers import PodmanRunner
 from dra_driver.discovery import sim_uuid
+from dra_driver.hookpath import native_paths
 
+from .cdiroot import duplicate_devices, podman_run
 from .kubelet import GiB, Kubelet, make_claim, result
-from .test_prepare import load_spec
+from .test_prepare import load_spec, spec_path
 
 pytestmark = pytest.mark.podman
 
@@ -100,3 +102,62 @@ def test_podman_runs_container_with_our_cdi_devices(api, start_plugin, dirs, pod
         assert kubelet.unprepare(claim).claims[uid].error == ""
         kubelet.close()
     assert not os.path.exists(os.path.join(CDI_ROOT, f"k8s.gpushare.dev-claim_{uid}.json"))
+
+
+def test_non_root_container_shares_its_region_through_the_mount(api, start_plugin, dirs):
+    """Claim folders are 0700, yet a container running as UID 1000 maps its region through
+    the bind mount: two processes of the claim share one 1Gi budget (real library, simulated
+    driver); limits stay read-only for it."""
+    native = native_paths()
+    start_plugin("--hook-dir", os.path.dirname(native["library"]))
+    kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    claim = make_claim(api, [result("gpu-0", share_id=str(uuid.uuid4()), consumed={"memory": "1Gi", "compute": "50"})])
+    answer = kubelet.prepare(claim).claims[claim[2]]
+    assert answer.error == ""
+    assert os.stat(os.path.join(dirs.state, "claims", claim[2])).st_mode & 0o777 == 0o700
+    runner = PodmanRunner(native["probe"], (native["library"], native["sim_cuda"], native["sim_nvml"]))
+    script = """
+grep ^Uid /proc/self/status
+P="/usr/local/bin/gpushare-probe alloc --chunk 256Mi"
+$P --max 768Mi --hold 5 | while read line; do
+  echo "first: $line"
+  case "$line" in allocated=*) $P --max 2Gi | while read l; do echo "second: $l"; done;; esac
+done
+echo x >> /var/run/gpushare/limits && echo limits-writable || echo limits-refused
+"""
+    try:
+        proc = podman_run(runner, dirs.cdi, list(answer.devices[0].cdi_device_ids), ["/bin/sh", "-c", script],
+                          options=("--user", "1000:1000"))
+    finally:
+        runner.close()
+        kubelet.unprepare(claim)
+        kubelet.close()
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "Uid:\t1000" in out, out
+    assert "first: allocated=805306368 chunks=3 result=max" in out, out
+    assert "second: allocated=268435456 chunks=1 result=oom" in out, out  # 1Gi - 768Mi held by the first
+    assert out.strip().endswith("limits-refused")
+
+
+def test_podman_refuses_a_device_defined_twice_and_ignores_our_temporaries(api, start_plugin, dirs, podman_env):
+    """Why temporaries must not end in .json: a complete one left by a kill defines the
+    claim's device a second time and podman refuses the container (the issue: exit 126)."""
+    start_plugin()
+    kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    claim = make_claim(api, [result("gpu-3-share-1")])
+    answer = kubelet.prepare(claim).claims[claim[2]]
+    devices = list(answer.devices[0].cdi_device_ids)
+    spec = spec_path(dirs, claim[2])
+    name = os.path.basename(spec)
+    try:
+        shutil.copy(spec, os.path.join(dirs.cdi, f".{name}.a1b2c3d4.tmp"))  # what a kill leaves now
+        assert duplicate_devices(dirs.cdi) == []
+        assert podman_run(podman_env, dirs.cdi, devices, ["/bin/sh", "-c", "true"]).returncode == 0
+        shutil.copy(spec, os.path.join(dirs.cdi, f".tmp-a1b2c3d4-{name}"))  # what it left before
+        assert duplicate_devices(dirs.cdi) == [f"k8s.gpushare.dev/claim={claim[2]}-gpu-3-share-1"]
+        proc = podman_run(podman_env, dirs.cdi, devices, ["/bin/sh", "-c", "true"])
+        assert proc.returncode != 0 and "unresolvable CDI devices" in proc.stderr, proc.stderr
+    finally:
+        kubelet.unprepare(claim)
+        kubelet.close()

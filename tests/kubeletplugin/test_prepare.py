@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -355,3 +356,18 @@ def test_real_library_path_is_resolved_through_the_install_symlink(api, start_pl
     k.close()
     mounts = {m["containerPath"]: m["hostPath"] for m in load_spec(dirs, claim[2])["containerEdits"]["mounts"]}
     assert mounts["/usr/local/gpushare/lib/libgpushare.so"] == versioned
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another host user needs root")
+def test_other_host_users_cannot_open_a_region(api, kubelet, dirs):
+    """The region file is 0666 (any container UID maps it through its mount), but its 0700
+    folder keeps every other host user from reaching it by path."""
+    claim = make_claim(api, [result("gpu-0-share-3")])
+    assert kubelet.prepare(claim).claims[claim[2]].error == ""
+    os.chmod(dirs.root, 0o755)  # the test's own temporary folder must not be what stops them
+    region = os.path.join(dirs.state, "claims", claim[2], "region-0")
+    proc = subprocess.run(["sh", "-c", f"echo forged 1<> {region}"], user=65534, group=65534, extra_groups=[],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc
+    with open(region, "rb") as f:
+        assert f.read(6) == bytes(6)
