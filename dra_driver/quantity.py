@@ -28,9 +28,18 @@ MAX_AMOUNT = 2**63 - 1  # Kubernetes keeps quantities as int64 (plus a scale); s
 _QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE]([+-]?[0-9]+)|[KMGTPE]i|[numkMGTPE])?")
 
 
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 200  # whole UIDs and quantities; never megabytes
+_SHOW.maxlevel = 3
+
+
+SHOW_CHARS = 300
+
+
 def show(value: object) -> str:
-    """repr() cut to a bounded length, for error messages about untrusted values."""
-    return reprlib.repr(value)
+    """repr() cut to a bounded length and depth, for error messages about untrusted values."""
+    text = _SHOW.repr(value)
+    return text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS - 3] + "..."
 
 
 class QuantityError(ValueError):
