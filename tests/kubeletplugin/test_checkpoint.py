@@ -11,6 +11,7 @@ import pytest
 
 from kubeletplugin import checkpoint as ckpt
 
+from .cdiroot import duplicate_devices
 from .kubelet import Kubelet, make_claim, result
 from .test_prepare import load_spec, spec_path
 
@@ -266,3 +267,14 @@ def test_temporary_names_are_never_loaded_as_cdi_specs(tmp_path, monkeypatch):
     (tmp,) = seen
     name = os.path.basename(tmp)
     assert name.startswith(".k8s.gpushare.dev-claim_x.json.") and os.path.splitext(name)[1] == ".tmp"
+
+
+def test_an_older_yaml_spec_of_a_claim_is_replaced_not_kept_beside(prepared, start_plugin, dirs):
+    """Two files defining one device make the runtime refuse it."""
+    plugin, kubelet, claim, answer = prepared
+    plugin.stop(grace=1)
+    json_spec = spec_path(dirs, claim[2])
+    shutil.copy(json_spec, json_spec[:-len(".json")] + ".yaml")
+    start_plugin()
+    assert os.listdir(dirs.cdi) == [os.path.basename(json_spec)]
+    assert duplicate_devices(dirs.cdi) == []
