@@ -37,12 +37,16 @@ log = get_logger("kubeletplugin.driver")
 NVIDIA_KIND = "nvidia.com/gpu"
 SYSTEM_CDI_DIR = "/etc/cdi"
 API_TIMEOUT_S = 20  # reading a claim; the kubelet gives a whole Prepare call 45 s
+CLAIM_LOCK_WAIT_S = 5.0  # a call waits this long for another call of the same claim (~10 ms normally)
 
 
 class KeyedLocks:
-    """One lock per key, dropped when nobody holds or waits for it."""
+    """One lock per key, dropped when nobody holds or waits for it. A wait is bounded: calls
+    queued behind a slow call of one claim give their gRPC worker back instead of piling up
+    until no worker is left for other claims (or the health check)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
         self._guard = threading.Lock()
         self._locks: dict[str, tuple[threading.Lock, int]] = {}
 
@@ -52,8 +56,13 @@ class KeyedLocks:
             lock, users = self._locks.get(key, (threading.Lock(), 0))
             self._locks[key] = (lock, users + 1)
         try:
-            with lock:
+            if not lock.acquire(timeout=self.wait_s):
+                raise ClaimError(f"claim {key}: another call for this claim is still running after {self.wait_s:g} s; "
+                                 "the kubelet retries", reason="busy")
+            try:
                 yield
+            finally:
+                lock.release()
         finally:
             with self._guard:
                 lock, users = self._locks[key]
@@ -86,7 +95,7 @@ class Driver:
         self.specs = SpecDir(cdi_root, KIND)
         self.cdi_dirs = [*system_cdi_dirs, cdi_root]
         self.checkpoint = ckpt.Checkpoint(os.path.join(state_dir, "checkpoint.json"), boot_id())
-        self._locks = KeyedLocks()
+        self._locks = KeyedLocks(CLAIM_LOCK_WAIT_S)
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()
         # told of every completed Prepare/Unprepare (the node agent: claim status); never fail a call

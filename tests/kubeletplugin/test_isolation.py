@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kubeletplugin.faults import DELAY_ENV
+from kubeletplugin.main import GRPC_WORKERS
 
 from .kubelet import gpushare_config, make_claim, opaque_config, result
 
@@ -57,3 +58,27 @@ def test_hostile_config_is_refused_at_once_and_others_carry_on(api, kubelet, dir
     assert response.claims[good[2]].error == ""
     assert took < PROMPT_S
 
+
+
+def test_calls_queued_behind_a_slow_claim_give_their_workers_back(api, plugin, kubelet, monkeypatch):
+    """More calls for one slow claim than there are gRPC workers (pods sharing the claim):
+    each waits a bounded time for the claim's lock, then answers "busy" (the kubelet retries),
+    so other claims and the health check still get a worker."""
+    plugin.driver._locks.wait_s = 1.0  # 5 s in production; shorter keeps the test short
+    slow = make_claim(api, [result("gpu-3-share-0")], name="slow-shared")
+    other = make_claim(api, [result("gpu-3-share-1")])
+    monkeypatch.setenv(DELAY_ENV, f"slow-shared={SLOW_S}")
+    with ThreadPoolExecutor(GRPC_WORKERS + 8) as pool:
+        first = pool.submit(kubelet.prepare, slow)
+        time.sleep(0.5)
+        waiters = [pool.submit(lambda: kubelet.prepare(slow).claims[slow[2]]) for _ in range(GRPC_WORKERS + 4)]
+        time.sleep(0.5)  # every worker is now taken: one by the slow call, the rest waiting for its lock
+        answer, took = timed(lambda: kubelet.prepare(other).claims[other[2]])
+        assert answer.error == "" and took < PROMPT_S + 1, took
+        health = health_pb2_grpc.HealthStub(kubelet.dra)
+        reply, took = timed(lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=PROMPT_S + 1))
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING and took < PROMPT_S + 1
+        errors = [f.result().error for f in waiters]
+        assert all("another call for this claim is still running after 1 s" in e for e in errors), errors
+        assert first.result().claims[slow[2]].error == ""
+    assert kubelet.prepare(slow).claims[slow[2]].error == ""  # the kubelet's retry: the recorded answer
