@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from dra_driver.agent.agent import Agent
 from dra_driver.containers import PodmanRunner
 from dra_driver.discovery import sim_uuid
 from dra_driver.hookpath import native_paths
@@ -104,12 +105,15 @@ def test_podman_runs_container_with_our_cdi_devices(api, start_plugin, dirs, pod
     assert not os.path.exists(spec_path(dirs, uid))
 
 
-def test_non_root_container_shares_its_region_through_the_mount(api, start_plugin, dirs, podman_env):
+def test_non_root_container_shares_its_region_through_the_mount(api, start_plugin, dirs, podman_env, monkeypatch):
     """Claim folders are 0700, yet a container running as UID 1000 maps its region through
     the bind mount: two processes of the claim share one 1Gi budget (real library, simulated
     driver); limits stay read-only for it. (`podman_env`: the same skip rules; this test needs a
     rootfs with the probe, so it builds its own runner.)"""
     native = native_paths()
+    # No sampling in this process: the simulated NVML, once loaded, stays bound to the first
+    # node's state file for the life of the process, and the agent's tests need their own.
+    monkeypatch.setattr(Agent, "_open_nvml", lambda self: None)
     start_plugin("--hook-dir", os.path.dirname(native["library"]))
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
     claim = make_claim(api, [result("gpu-0", share_id=str(uuid.uuid4()), consumed={"memory": "1Gi", "compute": "50"})])
