@@ -33,6 +33,8 @@ class SpecDir:
         os.makedirs(self.root, mode=0o755, exist_ok=True)
         path = self.path(name)
         write_atomic(path, json.dumps(spec.to_dict(), indent=2).encode() + b"\n", mode=0o644)
+        for ext in SPEC_EXTENSIONS[1:]:  # an older release's .yaml would define the devices twice
+            remove_durable(os.path.join(self.root, f"{self.prefix}{name}{ext}"))
         return path
 
     def exists(self, name: str) -> bool:

@@ -17,7 +17,7 @@ CAPACITY = "capacity"
 PARTITION = "partition"
 FULL_COMPUTE = 100  # compute capacity of a whole GPU, in percent
 
-_DEVICE_NAME = re.compile(r"^gpu-(0|[1-9][0-9]{0,5})(?:-share-(0|[1-9][0-9]{0,3}))?$")
+_DEVICE_NAME = re.compile(r"gpu-(0|[1-9][0-9]{0,5})(?:-share-(0|[1-9][0-9]{0,3}))?")  # fullmatch only
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def share_device(index: int, share: int) -> str:
 
 def parse_device_name(name: str) -> DeviceRef | None:
     """`gpu-3` -> (3, None); `gpu-3-share-1` -> (3, 1); anything else -> None."""
-    m = _DEVICE_NAME.match(name)
+    m = _DEVICE_NAME.fullmatch(name) if isinstance(name, str) else None
     if not m:
         return None
     return DeviceRef(int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None)

@@ -88,8 +88,9 @@ def _mock_gpu(index: int, memory_bytes: int, **overrides: object) -> GpuInfo:
     return replace(gpu, **overrides) if overrides else gpu
 
 
-_COUNT_X_MEMORY = re.compile(r"^\s*(\d+)\s*x\s*(\S+)\s*$")
+_COUNT_X_MEMORY = re.compile(r"\s*([0-9]+)\s*x\s*(\S+)\s*")  # fullmatch only
 MIN_MOCK_MEMORY = 1 << 30  # a smaller "GPU" is a missing unit ("2x80": 80 bytes), never meant
+MAX_MOCK_GPUS = 1024  # a bound, so a typo cannot build millions of devices
 SHORTHAND_ACCEPTED = "accepted: COUNTxMEMORY groups such as 2x80Gi or 1x80Gi,2x40Gi, or a YAML file"
 # Top-level keys of a mock GPU file: `discover` prints all three; only `gpus` is read.
 _MOCK_YAML_KEYS = ("gpus", "sharing", "devices")
@@ -123,7 +124,7 @@ class MockBackend:
         self.discover()  # fail at start-up, not at the first reconcile
 
     def discover(self) -> list[GpuInfo]:
-        if _COUNT_X_MEMORY.match(self.spec.split(",")[0]):
+        if _COUNT_X_MEMORY.fullmatch(self.spec.split(",")[0]):
             return self._from_shorthand(self.spec)
         return self._from_yaml(Path(self.spec))
 
@@ -131,9 +132,11 @@ class MockBackend:
     def _from_shorthand(spec: str) -> list[GpuInfo]:
         gpus: list[GpuInfo] = []
         for group in spec.split(","):
-            m = _COUNT_X_MEMORY.match(group)
+            m = _COUNT_X_MEMORY.fullmatch(group)
             if not m:
                 raise DiscoveryError(f"--mock-gpus: {group!r} is not COUNTxMEMORY ({SHORTHAND_ACCEPTED})")
+            if len(m.group(1)) > 4 or len(gpus) + int(m.group(1)) > MAX_MOCK_GPUS:  # length first: no huge int()
+                raise DiscoveryError(f"--mock-gpus: more than {MAX_MOCK_GPUS} GPUs in {spec!r}")
             if int(m.group(1)) < 1:
                 raise DiscoveryError(f"--mock-gpus: count in {group!r} is below 1 ({SHORTHAND_ACCEPTED})")
             memory = _mock_memory(m.group(2), "--mock-gpus memory", f" in {group!r}")
@@ -156,6 +159,8 @@ class MockBackend:
         unknown = set(doc) - set(_MOCK_YAML_KEYS)
         if unknown:
             raise DiscoveryError(f"{path}: unknown top-level key(s) {sorted(unknown)} (accepted: {', '.join(_MOCK_YAML_KEYS)})")
+        if len(entries) > MAX_MOCK_GPUS:
+            raise DiscoveryError(f"--mock-gpus: {path} lists {len(entries)} GPUs, more than {MAX_MOCK_GPUS}")
         gpus = []
         for i, entry in enumerate(entries):
             where = f"{path}: gpus[{i}]"

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from dra_driver import config as gpuconfig
 from dra_driver.devicemodel import FULL_COMPUTE, parse_device_name, share_compute, share_memory
 from dra_driver.discovery import GpuInfo
-from dra_driver.quantity import QuantityError, parse_bytes
+from dra_driver.quantity import QuantityError, parse_bytes, show
 
 from .claimref import UID, ClaimError
 
@@ -78,13 +78,13 @@ def plan_claim(claim: dict, driver: str, pool: str, gpus: dict[int, GpuInfo], pa
         name = result.get("device", "")
         ref = parse_device_name(name) if isinstance(name, str) else None
         if ref is None:
-            raise ClaimError(f"{where}.device: not a gpushare device name gpu-<i> or gpu-<i>-share-<j> (got {name!r})")
+            raise ClaimError(f"{where}.device: not a gpushare device name gpu-<i> or gpu-<i>-share-<j> (got {show(name)})")
         gpu = gpus.get(ref.gpu_index)
         if gpu is None:
-            raise ClaimError(f"{where}.device: no GPU with index {ref.gpu_index} on this node (got {name!r})")
+            raise ClaimError(f"{where}.device: no GPU with index {ref.gpu_index} on this node (got {show(name)})")
         share_id = result.get("shareID") or None
-        if share_id is not None and not (isinstance(share_id, str) and UID.match(share_id)):
-            raise ClaimError(f"{where}.shareID: not a UID (got {share_id!r})")
+        if share_id is not None and not (isinstance(share_id, str) and UID.fullmatch(share_id)):
+            raise ClaimError(f"{where}.shareID: not a UID (got {show(share_id)})")
         entry = per_gpu.setdefault(gpu.index, {"memory": 0, "compute": 0, "shares": 0, "requests": set()})
         request = result.get("request", "")
         entry["requests"].add(request)
@@ -138,7 +138,7 @@ def _configs(allocation: dict, driver: str) -> list[tuple[list[str], gpuconfig.G
         except gpuconfig.ConfigError as e:
             field_path = f".{e.field}" if e.field else ""
             raise ClaimError(f"status.allocation.devices.config[{n}].opaque.parameters{field_path}: "
-                             f"{e.problem} (got {e.value!r})") from None
+                             f"{e.problem} (got {show(e.value)})") from None
         decoded.append((_SOURCE_ORDER.get(entry.get("source"), 1), n, list(entry.get("requests") or []), cfg))
     decoded.sort(key=lambda d: (d[0], d[1]))
     return [(requests, cfg) for _, _, requests, cfg in decoded]

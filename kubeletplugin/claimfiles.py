@@ -1,11 +1,16 @@
 """A prepared claim's files under --state-dir (docs/interfaces.md is the contract):
 
-    claims/<uid>/                0711: containers cannot list it
+    claims/                      0700
+    claims/<uid>/                0700: no other host user reaches the files below
     claims/<uid>/limits          0444: the authoritative limits (limits file format v1)
     claims/<uid>/region-<i>      0666: usage region of the container's GPU i, 1 MiB of zeros
     claims/<uid>/control-<i>     0644: the node agent's control file of GPU i, 4 KiB of zeros
     claims/<uid>/ld.so.preload   0444: the library's container path, mounted at /etc/ld.so.preload
     claims/<uid>/prepared.json   0600: what Prepare answered (rebuilds a lost checkpoint)
+
+Containers reach their files through bind mounts of the files themselves, which do not
+traverse the folders: the region stays 0666 so a container of any UID (or user namespace)
+can map it, while the 0700 folders keep every other host user out.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import json
 import os
 import shutil
 
-from cdi import fsync_dir, write_atomic
+from cdi import fsync_dir, remove_durable, remove_temp_files, write_atomic
 
 from .claimref import UID
 
@@ -22,6 +27,8 @@ REGION_SIZE = 1 << 20  # bytes; hook/src/region.h
 CONTROL_SIZE = 4096  # bytes; hook/src/control.h
 LIMITS_VERSION = 1
 CONTAINER_LIBRARY = "/usr/local/gpushare/lib/libgpushare.so"
+FOLDER_MODE = 0o700
+PREPARED = "prepared.json"
 
 
 def limits_text(uid: str, gpus: list[dict]) -> str:
@@ -41,10 +48,10 @@ class ClaimFiles:
 
     def setup(self) -> None:
         _mkdir(os.path.dirname(self.root), 0o711)
-        _mkdir(self.root, 0o711)
+        _mkdir(self.root, FOLDER_MODE)
 
     def dir(self, uid: str) -> str:
-        assert UID.match(uid), uid  # callers validate; this keeps every path inside root
+        assert UID.fullmatch(uid), uid  # callers validate; this keeps every path inside root
         return os.path.join(self.root, uid)
 
     def limits_path(self, uid: str) -> str:
@@ -63,22 +70,38 @@ class ClaimFiles:
         """Create the claim's files. Existing regions and control files are kept as they are
         (never re-zeroed: running processes map them)."""
         folder = self.dir(uid)
-        _mkdir(folder, 0o711)
+        _mkdir(folder, FOLDER_MODE)
         gpus = prepared["gpus"]
         write_atomic(self.limits_path(uid), limits_text(uid, gpus).encode(), mode=0o444)
         write_atomic(self.preload_path(uid), (CONTAINER_LIBRARY + "\n").encode(), mode=0o444)
         for i in range(len(gpus)):
             _create_zeroed(self.region_path(uid, i), REGION_SIZE, 0o666)
             _create_zeroed(self.control_path(uid, i), CONTROL_SIZE, 0o644)
-        write_atomic(os.path.join(folder, "prepared.json"), json.dumps(prepared).encode(), mode=0o600)
+        write_atomic(os.path.join(folder, PREPARED), json.dumps(prepared).encode(), mode=0o600)
         fsync_dir(folder)
 
+    def repair(self, uid: str, prepared: dict) -> bool:
+        """Start-up: rewrite a prepared claim's missing files (regions kept), clear temporaries
+        of interrupted writes, tighten an older release's folder mode. True when files were missing."""
+        count = len(prepared["gpus"])
+        names = ["limits", "ld.so.preload", PREPARED, *(f"{kind}-{i}" for i in range(count) for kind in ("region", "control"))]
+        remove_temp_files(self.dir(uid))
+        if all(os.path.exists(os.path.join(self.dir(uid), n)) for n in names):
+            os.chmod(self.dir(uid), FOLDER_MODE)
+            return False
+        self.write(uid, prepared)
+        return True
+
     def read_prepared(self, uid: str) -> dict | None:
+        """The recorded answer, when whole and of this claim; None otherwise."""
         try:
-            with open(os.path.join(self.dir(uid), "prepared.json"), "rb") as f:
-                return json.load(f)
+            with open(os.path.join(self.dir(uid), PREPARED), "rb") as f:
+                prepared = json.load(f)
         except (OSError, ValueError):
             return None
+        ok = isinstance(prepared, dict) and prepared.get("uid") == uid and isinstance(prepared.get("gpus"), list) \
+            and isinstance(prepared.get("devices"), list)
+        return prepared if ok else None
 
     def exists(self, uid: str) -> bool:
         return os.path.isdir(self.dir(uid))
@@ -87,6 +110,8 @@ class ClaimFiles:
         folder = self.dir(uid)
         if not os.path.lexists(folder):
             return False
+        # The record first: a removal cut short never leaves a folder that start-up would adopt.
+        remove_durable(os.path.join(folder, PREPARED))
         shutil.rmtree(folder)
         fsync_dir(self.root)
         return True
@@ -94,7 +119,7 @@ class ClaimFiles:
     def uids(self) -> set[str]:
         """Claim folders on disk (anything not named like a UID is left alone)."""
         try:
-            return {e for e in os.listdir(self.root) if UID.match(e)}
+            return {e for e in os.listdir(self.root) if UID.fullmatch(e)}
         except FileNotFoundError:
             return set()
 

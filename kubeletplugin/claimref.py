@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # namespace, <= 63
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")  # name, <= 253
+# Whole-string patterns: use them only through fullmatch (`$` would let "...\n" through).
+UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # namespace, <= 63
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # name, <= 253
 
 
 class ClaimError(Exception):
@@ -36,15 +37,15 @@ class ClaimRef:
 
 
 def check_uid(uid: str, field: str = "uid") -> str:
-    if not isinstance(uid, str) or not UID.match(uid):
+    if not isinstance(uid, str) or not UID.fullmatch(uid):
         raise ClaimError(f"{field}: not a UID (36 lowercase hex digits and dashes) (got {uid[:80]!r})")
     return uid
 
 
 def check_ref(namespace: str, name: str, uid: str) -> ClaimRef:
     check_uid(uid, "claim uid")
-    if len(namespace) > 63 or not DNS_LABEL.match(namespace):
+    if len(namespace) > 63 or not DNS_LABEL.fullmatch(namespace):
         raise ClaimError(f"claim namespace: not a DNS label of at most 63 characters (got {namespace[:80]!r})")
-    if len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+    if len(name) > 253 or not DNS_SUBDOMAIN.fullmatch(name):
         raise ClaimError(f"claim name: not a DNS subdomain of at most 253 characters (got {name[:80]!r})")
     return ClaimRef(namespace, name, uid)

@@ -22,7 +22,7 @@ from typing import Iterator
 
 from kubernetes import client
 
-from cdi import SpecDir, find_devices_of_kind
+from cdi import SpecDir, find_devices_of_kind, remove_temp_files
 from dra_driver.discovery import DeviceBackend, GpuInfo
 from dra_driver.install import LIBRARY_NAME, prune_versions
 from dra_driver.log import get_logger
@@ -38,12 +38,17 @@ log = get_logger("kubeletplugin.driver")
 
 NVIDIA_KIND = "nvidia.com/gpu"
 SYSTEM_CDI_DIR = "/etc/cdi"
+API_TIMEOUT_S = 20  # reading a claim; the kubelet gives a whole Prepare call 45 s
+CLAIM_LOCK_WAIT_S = 5.0  # a call waits this long for another call of the same claim (~10 ms normally)
 
 
 class KeyedLocks:
-    """One lock per key, dropped when nobody holds or waits for it."""
+    """One lock per key, dropped when nobody holds or waits for it. A wait is bounded: calls
+    queued behind a slow call of one claim give their gRPC worker back instead of piling up
+    until no worker is left for other claims (or the health check)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
         self._guard = threading.Lock()
         self._locks: dict[str, tuple[threading.Lock, int]] = {}
 
@@ -53,8 +58,13 @@ class KeyedLocks:
             lock, users = self._locks.get(key, (threading.Lock(), 0))
             self._locks[key] = (lock, users + 1)
         try:
-            with lock:
+            if not lock.acquire(timeout=self.wait_s):
+                raise ClaimError(f"claim {key}: another call for this claim is still running after {self.wait_s:g} s; "
+                                 "the kubelet retries", reason="busy")
+            try:
                 yield
+            finally:
+                lock.release()
         finally:
             with self._guard:
                 lock, users = self._locks[key]
@@ -87,7 +97,7 @@ class Driver:
         self.specs = SpecDir(cdi_root, KIND)
         self.cdi_dirs = [*system_cdi_dirs, cdi_root]
         self.checkpoint = ckpt.Checkpoint(os.path.join(state_dir, "checkpoint.json"), boot_id())
-        self._locks = KeyedLocks()
+        self._locks = KeyedLocks(CLAIM_LOCK_WAIT_S)
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()
         # told of every completed Prepare/Unprepare (the node agent: claim status); never fail a call
@@ -174,9 +184,12 @@ class Driver:
         return prepared
 
     def _read_claim(self, ref: ClaimRef) -> dict:
+        faults.delay(ref.name)
         try:
             # Raw JSON: keeps every field (consumedCapacity, shareID) and skips slow model decoding.
-            resp = self.resource_api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False)
+            # Bounded: a hung API server must not hold a gRPC worker (and the claim's lock) forever.
+            resp = self.resource_api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False,
+                                                                    _request_timeout=API_TIMEOUT_S)
             claim = json.loads(resp.data)
         except client.ApiException as e:
             if e.status == 404:
@@ -268,20 +281,32 @@ class Driver:
     # ---- Start-up --------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Bring disk and checkpoint into agreement before the kubelet can call us."""
+        """Bring disk and checkpoint into agreement before the kubelet can call us.
+
+        The checkpoint is not the only record: each prepared claim's folder holds its answer
+        (prepared.json). A claim the checkpoint lacks (file deleted, corrupt, or an older
+        copy restored) is adopted from its folder, never removed because a file is gone.
+        """
         self.files.setup()
         os.makedirs(self.specs.root, mode=0o755, exist_ok=True)
+        state_dir = os.path.dirname(self.checkpoint.path)
+        for folder, prefix in ((self.specs.root, self.specs.prefix), (state_dir, "checkpoint.json")):
+            for name in remove_temp_files(folder, prefix):
+                log.info("removed the temporary file of an interrupted write", path=os.path.join(folder, name),
+                         step="recover")
         try:
             written_boot = self.checkpoint.load()
         except ckpt.CheckpointCorrupt as e:
             aside = self.checkpoint.move_aside()
             log.error("checkpoint corrupt; moved aside and rebuilt from the claim folders", path=self.checkpoint.path,
                       moved_to=aside, error=str(e), step="recover")
-            self.checkpoint.replace_all(self._rebuild_from_disk())
             written_boot = None
+        # A lost checkpoint cannot tell whether the node rebooted: regions are then kept as
+        # they are (zeroing a region that live processes use would hand out memory twice).
         rebooted = written_boot is not None and written_boot != self.checkpoint.boot_id
+        self._adopt_unrecorded_claims()
         for uid, entry in self.checkpoint.items():
-            if not UID.match(uid):
+            if not UID.fullmatch(uid):
                 log.error("checkpoint entry with a bad uid dropped", uid=uid[:80], step="recover")
                 self.checkpoint.delete(uid)
                 continue
@@ -292,9 +317,8 @@ class Driver:
                 self._remove(uid, f"recovery from {entry['state']}")
                 continue
             prepared = entry["prepared"]
-            if not os.path.exists(self.files.limits_path(uid)):
-                log.warning("claim files missing; rewriting", claim=claim, uid=uid, step="recover")
-                self.files.write(uid, prepared)
+            if self.files.repair(uid, prepared):
+                log.warning("claim files missing; rewritten (regions kept)", claim=claim, uid=uid, step="recover")
             elif rebooted:
                 self.files.reset_regions(uid, len(prepared["gpus"]))
             if not self.specs.exists(uid):
@@ -302,23 +326,32 @@ class Driver:
             # Always rewritten: a newer spec layout takes effect (the library stays the claim's).
             self._write_spec(uid, prepared)
         known = {uid for uid, _ in self.checkpoint.items()}
-        for uid in (self.files.uids() | self.specs.names()) - known:
-            if UID.match(uid):
-                log.warning("removing files of a claim the checkpoint does not know", uid=uid, step="recover")
+        for uid in self.files.uids() - known:
+            # No record anywhere (checkpoint and prepared.json both lost): its region may be
+            # in use, so it stays; the claim's next Prepare reuses it, its Unprepare removes it.
+            log.error("claim folder without a record kept; the claim's Prepare reuses it, its Unprepare removes it",
+                      uid=uid, path=self.files.dir(uid), step="recover")
+        for uid in self.specs.names() - known - self.files.uids():
+            if UID.fullmatch(uid):
+                log.warning("removing a CDI spec no claim owns", uid=uid, step="recover")
                 self.specs.remove(uid)
-                self.files.remove(uid)
         self.checkpoint.replace_all(dict(self.checkpoint.items()))  # records the current boot id
         log.info("state recovered", claims=len(known), rebooted=rebooted, step="recover")
         self.prune_libraries()
 
-    def _rebuild_from_disk(self) -> dict:
-        claims = {}
-        for uid in self.files.uids():
+    def _adopt_unrecorded_claims(self) -> None:
+        """Record as prepared every claim folder with a whole prepared.json the checkpoint lacks."""
+        recorded = {uid for uid, _ in self.checkpoint.items()}
+        adopted = {}
+        for uid in self.files.uids() - recorded:
             prepared = self.files.read_prepared(uid)
-            if prepared and prepared.get("uid") == uid:
-                claims[uid] = {"state": ckpt.PREPARE_COMPLETED, "namespace": prepared["namespace"],
-                               "name": prepared["name"], "prepared": prepared}
-        return claims
+            if prepared:
+                adopted[uid] = {"state": ckpt.PREPARE_COMPLETED, "namespace": prepared.get("namespace"),
+                                "name": prepared.get("name"), "prepared": prepared}
+        if adopted:
+            log.warning("claims missing from the checkpoint adopted from their folders", uids=sorted(adopted),
+                        step="recover")
+            self.checkpoint.replace_all({**dict(self.checkpoint.items()), **adopted})
 
     def prepared_uids(self) -> set[str]:
         return {uid for uid, e in self.checkpoint.items() if e["state"] == ckpt.PREPARE_COMPLETED}

@@ -1,11 +1,13 @@
 """The GpuShareConfig API: strict decoding, defaults, validation, and the JSON Schema."""
 
+import gc
 import json
+import time
 from pathlib import Path
 
 import jsonschema
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dra_driver.config import ConfigError, GpuShareConfig, decode
@@ -109,3 +111,63 @@ def test_burst_policy_is_accepted():
     """Burst (node agent: idle GPU time beyond the share) decodes and reaches the limits."""
     cfg = decode({**HEAD, "computeLimit": 30, "computePolicy": "Burst"})
     assert cfg.compute_policy == "Burst" and cfg.compute_limit == 30
+
+
+# Hostile memoryLimit values: a tenant writes them into a claim's opaque parameters.
+hostile_quantities = st.one_of(
+    st.text(max_size=200),
+    st.from_regex(r"\A[+-]?[0-9]{0,80}(\.[0-9]{0,80})?([eE][+-]?[0-9]{1,12}|[KMGTPE]i|[numkMGTPE])?\Z"),
+    st.builds("{}e{}".format, st.integers(0, 10**6), st.integers(-10**12, 10**12)),
+    st.builds(lambda n, suffix: "9" * n + suffix, st.integers(0, 200_000), st.sampled_from(["", "Ei", "e9", ".5"])),
+    st.integers(-2**300, 2**300),
+)
+DECODE_BUDGET_S = 0.010  # the issue's bound; a normal decode takes ~20 us of CPU
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(hostile_quantities.map(lambda v: {**HEAD, "memoryLimit": v}), plausible_configs, json_values))
+@example({**HEAD, "memoryLimit": "1e1000000"})  # froze the plugin for 23 s before quantities were bounded
+@example({**HEAD, "memoryLimit": "1e10000000"})
+@example({**HEAD, "memoryLimit": "1" * 100_000 + "Ei"})
+@example({**HEAD, "memoryLimit": 10**4000})
+@example({**HEAD, "extra": [["x" * 10**5] * 100] * 100})  # the error shows a cut repr, not 1 GB
+def test_any_config_decodes_or_is_refused_within_10ms(obj):
+    """CPU time of this thread, so a loaded machine does not make it flaky, without the
+    collector (a full collection of the test process's objects is not decode's cost);
+    margin: the bound is ~500x a decode."""
+    gc.disable()
+    try:
+        start = time.thread_time()
+        try:
+            decode(obj)
+        except ConfigError as e:
+            assert len(str(e)) < 1000
+        took = time.thread_time() - start
+    finally:
+        gc.enable()
+    assert took < DECODE_BUDGET_S
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("1e1000000", "exponent out of range (at most e30)"),
+    ("1e-31", "exponent out of range (at most e30)"),
+    ("9" * 65, "longer than 64 characters"),
+    ("8Ei", "out of range (at most 9223372036854775807)"),
+    (2**63, "out of range (at most 9223372036854775807)"),
+    ("1_000", "not a valid quantity"),
+    ("Infinity", "not a valid quantity"),
+    ("NaN", "not a valid quantity"),
+    ("\u0661\u0662Gi", "not a valid quantity"),  # Arabic-Indic digits: Decimal takes them, Kubernetes does not
+    ("1e3k", "not a valid quantity"),
+])
+def test_absurd_quantities_are_refused_naming_field_and_value(value, problem):
+    with pytest.raises(ConfigError) as err:
+        decode({**HEAD, "memoryLimit": value})
+    assert str(err.value).startswith(f"memoryLimit: {problem}")
+    assert err.value.field == "memoryLimit" and err.value.value == value
+
+
+def test_largest_quantities_still_decode():
+    assert decode({**HEAD, "memoryLimit": "7Ei"}).memory_limit == 7 << 60
+    assert decode({**HEAD, "memoryLimit": "1e18"}).memory_limit == 10**18
+    assert decode({**HEAD, "memoryLimit": 2**63 - 1}).memory_limit == 2**63 - 1

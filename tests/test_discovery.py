@@ -52,6 +52,12 @@ def test_mock_yaml_is_reread(tmp_path):
     ("1x80Gi,0x40Gi", "count in '0x40Gi' is below 1"),
     ("2x80Gi,lots", "'lots' is not COUNTxMEMORY"),
     ("/nonexistent.yaml", "neither COUNTxMEMORY"),
+    # bounded before any arithmetic: no huge integer, no millions of devices
+    ("2x1e1000000", r"--mock-gpus memory: exponent out of range \(at most e30\) \(got '1e1000000'\)"),
+    ("2x" + "9" * 100, "--mock-gpus memory: longer than 64 characters"),
+    ("2x9Ei", "--mock-gpus memory: out of range"),
+    ("99999999999999999x1Gi", "more than 1024 GPUs"),
+    ("1000x1Gi,25x1Gi", "more than 1024 GPUs"),
 ])
 def test_mock_bad_specs(spec, message):
     with pytest.raises(DiscoveryError, match=message):

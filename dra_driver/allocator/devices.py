@@ -10,11 +10,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
-from kubernetes.utils import parse_quantity
-
-from ..quantity import format_bytes
+from ..quantity import QuantityError, format_bytes, parse_decimal, show
 
 # Taint effects that keep a device from being allocated; others (e.g. "None") do not.
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
@@ -31,9 +29,9 @@ def qualify(name: str, driver: str) -> str:
 
 def to_quantity(value: object) -> Decimal:
     try:
-        return Decimal(value) if isinstance(value, int) else parse_quantity(str(value))
-    except (ValueError, InvalidOperation) as e:
-        raise Unfit(f"invalid quantity {value!r}") from e
+        return parse_decimal(value if isinstance(value, int) else str(value), "quantity")
+    except QuantityError as e:
+        raise Unfit(f"invalid quantity {show(value)}: {e.problem}") from None
 
 
 def format_quantity(amount: Decimal, like: object) -> str:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from ..quantity import show
+
 
 class ConfigError(ValueError):
     """A config that cannot be used. `field` is a dotted path, `value` what was found."""
@@ -9,4 +11,4 @@ class ConfigError(ValueError):
         self.value = value
         self.problem = problem
         where = field or "config"
-        super().__init__(f"{where}: {problem} (got {value!r})")
+        super().__init__(f"{where}: {problem} (got {show(value)})")

@@ -11,12 +11,10 @@ import hashlib
 import re
 from decimal import Decimal
 
-from kubernetes.utils import parse_quantity
-
 from .. import devicemodel
 from ..devicemodel import CAPACITY, FULL_COMPUTE, PARTITION
 from ..discovery import GpuInfo
-from ..quantity import format_bytes
+from ..quantity import QuantityError, format_bytes, parse_decimal
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128  # per slice (API validation)
@@ -187,8 +185,8 @@ def _canonical_quantities(value):
         return {k: _canonical_quantities(v) for k, v in value.items()}
     if isinstance(value, str):
         try:
-            return parse_quantity(value)
-        except ValueError:
+            return parse_decimal(value, "quantity")
+        except QuantityError:
             return value
     return value
 

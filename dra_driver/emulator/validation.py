@@ -16,8 +16,8 @@ from .errors import FieldError, bad_request
 
 SCHEMA_ROOT = pathlib.Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
 
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # fullmatch only
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # fullmatch only
 DNS_LABEL_HELP = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
                   "or '-', and must start and end with an alphanumeric character (e.g. 'my-name',"
                   "  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
@@ -113,7 +113,7 @@ def _check_dns(value, field, pattern, help_text, max_len, errors):
     if len(value) > max_len:
         errors.append(FieldError(field, "Invalid", f"must be no more than {max_len} characters",
                                  value, True))
-    elif not pattern.match(value):
+    elif not pattern.fullmatch(value):
         errors.append(FieldError(field, "Invalid", help_text, value, True))
 
 
@@ -133,7 +133,7 @@ def _check_pool_name(name, field, errors):
                                  name, True))
         return
     for part in name.split("/"):
-        if not DNS_SUBDOMAIN.match(part):
+        if not DNS_SUBDOMAIN.fullmatch(part):
             errors.append(FieldError(field, "Invalid", DNS_SUBDOMAIN_HELP, name, True))
             return
 

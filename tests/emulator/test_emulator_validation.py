@@ -63,6 +63,8 @@ def test_semantic_checks(dyn):
         "spec.devices[1].name"]
     assert refused_fields(dyn, slice_body(devices=[{"name": "GPU_0"}])) == [
         "spec.devices[0].name"]
+    assert refused_fields(dyn, slice_body(devices=[{"name": "gpu-0\n"}])) == [  # exact match, as Go's `$`
+        "spec.devices[0].name"]
     no_node = slice_body()
     del no_node["spec"]["nodeName"]
     assert refused_fields(dyn, no_node) == ["spec"]

@@ -12,6 +12,7 @@ import pytest
 
 from kubeletplugin import checkpoint as ckpt
 
+from .cdiroot import duplicate_devices
 from .kubelet import Kubelet, make_claim, result
 from .test_prepare import load_spec, spec_path
 
@@ -161,3 +162,125 @@ def test_checksum_mismatch_is_detected():
     with pytest.raises(ckpt.CheckpointCorrupt, match="version"):
         payload = {"version": 99, "claims": {}}
         ckpt.decode(json.dumps({**payload, "checksum": ckpt.checksum(payload)}).encode())
+
+
+def write_usage(dirs, uid, data=b"usage of running pods"):
+    with open(region(dirs, uid), "r+b") as f:
+        f.write(data)
+
+
+def read_usage(dirs, uid, size=21):
+    with open(region(dirs, uid), "rb") as f:
+        return f.read(size)
+
+
+def test_missing_checkpoint_is_rebuilt_from_the_claim_folders(prepared, start_plugin, dirs):
+    """The issue's attack: with checkpoint.json deleted, a restart wiped every prepared claim."""
+    plugin, kubelet, claim, answer = prepared
+    before = load_spec(dirs, claim[2])
+    write_usage(dirs, claim[2])
+    plugin.stop(grace=1)
+    os.unlink(os.path.join(dirs.state, "checkpoint.json"))
+    plugin = start_plugin()
+    assert plugin.driver.prepared_uids() == {claim[2]}
+    assert load_spec(dirs, claim[2]) == before
+    # The next Prepare (a new pod of the claim) gets the same answer and the same region:
+    # pods before and after the restart share one budget.
+    assert kubelet.prepare(claim) == answer
+    assert read_usage(dirs, claim[2]) == b"usage of running pods"
+    with open(os.path.join(dirs.state, "checkpoint.json"), "rb") as f:
+        assert set(ckpt.decode(f.read())[0]) == {claim[2]}
+    assert kubelet.unprepare(claim).claims[claim[2]].error == ""
+    assert os.listdir(dirs.cdi) == [] and os.listdir(os.path.join(dirs.state, "claims")) == []
+
+
+def test_claim_missing_from_an_older_checkpoint_is_adopted(api, prepared, start_plugin, dirs):
+    plugin, kubelet, claim, answer = prepared
+    path = os.path.join(dirs.state, "checkpoint.json")
+    with open(path, "rb") as f:
+        older = f.read()  # a backup taken before the second claim
+    second = make_claim(api, [result("gpu-2-share-3")])
+    second_answer = kubelet.prepare(second)
+    write_usage(dirs, second[2])
+    plugin.stop(grace=1)
+    with open(path, "wb") as f:
+        f.write(older)
+    plugin = start_plugin()
+    assert plugin.driver.prepared_uids() == {claim[2], second[2]}
+    assert kubelet.prepare(second) == second_answer and kubelet.prepare(claim) == answer
+    assert read_usage(dirs, second[2]) == b"usage of running pods"
+
+
+def test_lost_files_are_rewritten_and_the_region_kept(prepared, start_plugin, dirs):
+    plugin, kubelet, claim, answer = prepared
+    folder = os.path.join(dirs.state, "claims", claim[2])
+    write_usage(dirs, claim[2])
+    plugin.stop(grace=1)
+    for name in ("limits", "prepared.json", "control-0"):
+        os.unlink(os.path.join(folder, name))
+    os.chmod(folder, 0o711)  # as an older release made it
+    start_plugin()
+    assert sorted(os.listdir(folder)) == ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    assert read_usage(dirs, claim[2]) == b"usage of running pods"
+    assert kubelet.prepare(claim) == answer
+
+
+def test_folder_without_any_record_is_kept_and_reused_by_the_next_prepare(prepared, start_plugin, dirs):
+    """Checkpoint and prepared.json both gone: nothing says what was prepared, but the region
+    may be in use, so the folder stays; the claim's next Prepare reuses it."""
+    plugin, kubelet, claim, answer = prepared
+    write_usage(dirs, claim[2])
+    plugin.stop(grace=1)
+    os.unlink(os.path.join(dirs.state, "checkpoint.json"))
+    os.unlink(os.path.join(dirs.state, "claims", claim[2], "prepared.json"))
+    plugin = start_plugin()
+    assert plugin.driver.prepared_uids() == set()
+    assert os.path.exists(region(dirs, claim[2])) and os.path.exists(spec_path(dirs, claim[2]))
+    assert kubelet.prepare(claim) == answer
+    assert read_usage(dirs, claim[2]) == b"usage of running pods"
+    assert kubelet.unprepare(claim).claims[claim[2]].error == ""
+    assert os.listdir(dirs.cdi) == [] and os.listdir(os.path.join(dirs.state, "claims")) == []
+
+
+def test_temporary_files_of_interrupted_writes_are_removed_at_start(prepared, start_plugin, dirs):
+    plugin, kubelet, claim, answer = prepared
+    plugin.stop(grace=1)
+    spec_name = os.path.basename(spec_path(dirs, claim[2]))
+    ours = [os.path.join(dirs.cdi, f".{spec_name}.a1b2c3d4.tmp"),
+            os.path.join(dirs.cdi, f".tmp-a1b2c3d4-{spec_name}"),  # an older release's name, ends in .json
+            os.path.join(dirs.state, ".checkpoint.json.a1b2c3d4.tmp"),
+            os.path.join(dirs.state, "claims", claim[2], ".limits.a1b2c3d4.tmp")]
+    theirs = os.path.join(dirs.cdi, ".nvidia.yaml.a1b2c3d4.tmp")  # another vendor's: not ours to remove
+    for path in [*ours, theirs]:
+        with open(path, "wb") as f:
+            f.write(b"{}")
+    start_plugin()
+    assert [p for p in ours if os.path.exists(p)] == []
+    assert os.path.exists(theirs)
+    assert kubelet.prepare(claim) == answer
+
+
+def test_temporary_names_are_never_loaded_as_cdi_specs(tmp_path, monkeypatch):
+    """A write cut short leaves `.<target>.<random>.tmp`: no .json/.yaml suffix, which CDI
+    loaders (container-device-interface scanSpecDirs: podman, containerd) require."""
+    from cdi import atomic
+
+    seen = []
+    real_rename = os.rename
+    monkeypatch.setattr(atomic.os, "rename", lambda src, dst: (seen.append(src), real_rename(src, dst)))
+    atomic.write_atomic(str(tmp_path / "k8s.gpushare.dev-claim_x.json"), b"{}")
+    (tmp,) = seen
+    name = os.path.basename(tmp)
+    assert name.startswith(".k8s.gpushare.dev-claim_x.json.") and os.path.splitext(name)[1] == ".tmp"
+
+
+def test_an_older_yaml_spec_of_a_claim_is_replaced_not_kept_beside(prepared, start_plugin, dirs):
+    """Two files defining one device make the runtime refuse it."""
+    plugin, kubelet, claim, answer = prepared
+    plugin.stop(grace=1)
+    json_spec = spec_path(dirs, claim[2])
+    shutil.copy(json_spec, json_spec[:-len(".json")] + ".yaml")
+    start_plugin()
+    assert os.listdir(dirs.cdi) == [os.path.basename(json_spec)]
+    assert duplicate_devices(dirs.cdi) == []

@@ -4,19 +4,25 @@ exactly once or cleanly absent: no orphan spec, claim folder or checkpoint entry
 
 from __future__ import annotations
 
+import glob
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from dra_driver.containers import PodmanRunner
 from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.faults import PREPARE_STEPS, UNPREPARE_STEPS
 
+from .cdiroot import duplicate_devices, podman_run
 from .kubelet import Kubelet, make_claim, result
 
 GPUSHARE_DRA = os.path.join(os.path.dirname(sys.executable), "gpushare-dra")
@@ -156,3 +162,88 @@ def test_missing_hook_library_fails_clearly(dirs, kubeconfig, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--hook-dir" in proc.stderr
+
+
+ROUNDS = 8
+CLAIMS = 12
+
+
+def leftovers(dirs) -> list[str]:
+    """Temporary files a kill left behind (removed by the next start)."""
+    folders = [dirs.cdi, dirs.state, *glob.glob(os.path.join(dirs.state, "claims", "*"))]
+    return [os.path.join(f, e) for f in folders if os.path.isdir(f) for e in os.listdir(f) if e.endswith(".tmp")]
+
+
+def assert_exactly(dirs, prepared: set[str]) -> None:
+    """One spec and one folder per prepared claim, nothing else, and the checkpoint agrees."""
+    assert sorted(os.listdir(dirs.cdi)) == sorted(f"k8s.gpushare.dev-claim_{uid}.json" for uid in prepared)
+    assert sorted(os.listdir(os.path.join(dirs.state, "claims"))) == sorted(prepared)
+    assert set(os.listdir(dirs.state)) <= {"checkpoint.json", "claims", "sim.state"}, os.listdir(dirs.state)
+    with open(os.path.join(dirs.state, "checkpoint.json"), "rb") as f:
+        claims, _ = ckpt.decode(f.read())
+    assert {uid: e["state"] for uid, e in claims.items()} == {uid: ckpt.PREPARE_COMPLETED for uid in prepared}
+    for uid in prepared:
+        assert sorted(os.listdir(os.path.join(dirs.state, "claims", uid))) == \
+            ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]
+    assert duplicate_devices(dirs.cdi) == []
+
+
+def call(kubelet, claim, prepare: bool) -> str:
+    if prepare:
+        return kubelet.prepare(claim, timeout=60).claims[claim[2]].error
+    return kubelet.unprepare(claim, timeout=60).claims[claim[2]].error
+
+
+def test_random_sigkill_during_many_calls(api, dirs, plugin_process, hook_dir):
+    """The issue's attack: SIGKILL at random points while many claims are prepared and
+    unprepared, the kubelet retrying each (or, its pod gone, unpreparing instead). After every
+    round: exactly one spec per prepared claim, no temporary or orphan file, no device defined
+    twice; at the end podman itself accepts every spec."""
+    seed = int(os.environ.get("GPUSHARE_CRASH_SEED") or int.from_bytes(os.urandom(4), "big"))  # to replay a failure
+    rng = random.Random(seed)
+    devices = [f"gpu-{n % 4}-share-{n // 4}" for n in range(CLAIMS)]
+    claims = [make_claim(api, [result(d)]) for d in devices]
+    device_of = {c[2]: d for c, d in zip(claims, devices)}
+    prepared: set[str] = set()
+    killed_mid_write = interrupted = 0
+    for round_ in range(ROUNDS):
+        plugin_process.start()
+        kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+        wanted = {c: rng.random() < 0.6 for c in claims}
+        with ThreadPoolExecutor(CLAIMS) as pool:
+            calls = [pool.submit(call, kubelet, c, wanted[c]) for c in claims]
+            time.sleep(rng.uniform(0.0, 0.25))
+            plugin_process.kill()  # SIGKILL
+            for f in calls:
+                try:
+                    assert f.result() == ""
+                except grpc.RpcError:
+                    interrupted += 1
+        kubelet.close()
+        killed_mid_write += len(leftovers(dirs))
+        plugin_process.start()
+        assert leftovers(dirs) == [], f"seed {seed}"
+        kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+        for c in claims:  # the kubelet's retries; a pod deleted meanwhile turns a Prepare into an Unprepare
+            if rng.random() < 0.2:
+                wanted[c] = not wanted[c]
+            assert call(kubelet, c, wanted[c]) == "", f"seed {seed}"
+        kubelet.close()
+        prepared = {c[2] for c in claims if wanted[c]}
+        try:
+            assert_exactly(dirs, prepared)
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed} (GPUSHARE_CRASH_SEED), round {round_}: {e}") from None
+        assert plugin_process.terminate() == 0
+    print(f"seed {seed}: {interrupted} calls cut by kills, {killed_mid_write} temporary files left behind "
+          f"over {ROUNDS} rounds, all removed at start")
+    why_not = PodmanRunner.available()
+    if why_not or shutil.which("busybox") is None or shutil.which("unshare") is None:
+        pytest.skip(f"podman check: {why_not or 'busybox or unshare missing'}")
+    runner = PodmanRunner()
+    try:
+        for uid in sorted(prepared):
+            proc = podman_run(runner, dirs.cdi, [f"k8s.gpushare.dev/claim={uid}-{device_of[uid]}"], ["/bin/sh", "-c", "true"])
+            assert proc.returncode == 0, f"seed {seed}, claim {uid}: {proc.stderr}"
+    finally:
+        runner.close()

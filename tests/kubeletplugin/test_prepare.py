@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -91,7 +92,8 @@ def test_capacity_mode(api, kubelet, dirs):
     assert limits["GPUSHARE_LIMITS_VERSION"] == "1" and limits["GPUSHARE_GPU_COUNT"] == "1"
     claim_dir = os.path.join(dirs.state, "claims", uid)
     region = os.path.join(claim_dir, "region-0")
-    assert stat.S_IMODE(os.stat(claim_dir).st_mode) == 0o711
+    assert stat.S_IMODE(os.stat(claim_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.dirname(claim_dir)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(region).st_mode) == 0o666 and os.path.getsize(region) == 1 << 20
     assert stat.S_IMODE(os.stat(os.path.join(claim_dir, "limits")).st_mode) == 0o444
     with open(os.path.join(claim_dir, "ld.so.preload")) as f:
@@ -257,6 +259,10 @@ def test_same_claim_concurrently_prepares_once(api, kubelet, dirs):
     (NAMESPACE, "../x", "0f0f0f0f-0000-4000-8000-000000000000", "name"),
     (NAMESPACE, "a/b", "0f0f0f0f-0000-4000-8000-000000000000", "name"),
     (NAMESPACE, "a" * 254, "0f0f0f0f-0000-4000-8000-000000000000", "name"),
+    # exact match: `$` in a regex also matches before a trailing newline
+    (NAMESPACE, "c", "0f0f0f0f-0000-4000-8000-000000000000\n", "uid"),
+    (NAMESPACE + "\n", "c", "0f0f0f0f-0000-4000-8000-000000000000", "namespace"),
+    (NAMESPACE, "c\n", "0f0f0f0f-0000-4000-8000-000000000000", "name"),
 ])
 def test_path_safety(kubelet, dirs, namespace, name, uid, field):
     answer = kubelet.prepare((namespace, name, uid)).claims[uid]
@@ -267,10 +273,11 @@ def test_path_safety(kubelet, dirs, namespace, name, uid, field):
     assert sorted(os.listdir(dirs.root)) == ["cdi", "plugin", "registry", "state"]
 
 
-def test_bad_share_id_is_rejected(api, kubelet, dirs):
-    claim = make_claim(api, [result("gpu-0", share_id="x" * 10)])
+@pytest.mark.parametrize("share_id", ["x" * 10, "0f0f0f0f-0000-4000-8000-000000000000\n"])
+def test_bad_share_id_is_rejected(api, kubelet, dirs, share_id):
+    claim = make_claim(api, [result("gpu-0", share_id=share_id)])
     answer = kubelet.prepare(claim).claims[claim[2]]
-    assert "shareID" in answer.error and "xxxxxxxxxx" in answer.error
+    assert "shareID" in answer.error and repr(share_id)[1:-1] in answer.error
 
 
 def test_nvidia_toolkit_spec_is_used(api, kubelet, dirs):
@@ -349,3 +356,18 @@ def test_real_library_path_is_resolved_through_the_install_symlink(api, start_pl
     k.close()
     mounts = {m["containerPath"]: m["hostPath"] for m in load_spec(dirs, claim[2])["containerEdits"]["mounts"]}
     assert mounts["/usr/local/gpushare/lib/libgpushare.so"] == versioned
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another host user needs root")
+def test_other_host_users_cannot_open_a_region(api, kubelet, dirs):
+    """The region file is 0666 (any container UID maps it through its mount), but its 0700
+    folder keeps every other host user from reaching it by path."""
+    claim = make_claim(api, [result("gpu-0-share-3")])
+    assert kubelet.prepare(claim).claims[claim[2]].error == ""
+    os.chmod(dirs.root, 0o755)  # the test's own temporary folder must not be what stops them
+    region = os.path.join(dirs.state, "claims", claim[2], "region-0")
+    proc = subprocess.run(["sh", "-c", f"echo forged 1<> {region}"], user=65534, group=65534, extra_groups=[],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc
+    with open(region, "rb") as f:
+        assert f.read(6) == bytes(6)

@@ -1,0 +1,40 @@
+"""Run podman against a test's own CDI folder, as if it were /var/run/cdi.
+
+podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi. Instead of writing into the
+host's /var/run/cdi (shared with every other test and plugin on the machine), the command
+runs in a private mount namespace where the test's folder is bind-mounted over it: podman's
+own CDI loader then reads exactly that folder, leftovers of a crash included.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from collections import Counter
+
+HOST_CDI_ROOT = os.path.realpath("/var/run/cdi")
+CDI_EXTENSIONS = (".json", ".yaml")  # what container-device-interface's scanSpecDirs loads
+
+
+def podman_run(runner, cdi_root: str, device_ids: list[str], argv: list[str],
+               options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`podman run [options] --device ... argv` seeing `cdi_root` as /var/run/cdi."""
+    os.makedirs(HOST_CDI_ROOT, exist_ok=True)  # the mount point
+    script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    podman = runner.command(device_ids, argv)
+    podman[2:2] = options  # after `podman run`
+    cmd = ["unshare", "--mount", "--", "sh", "-c", script, "sh", cdi_root, HOST_CDI_ROOT, *podman]
+    return subprocess.run(cmd, env=runner.env, capture_output=True, text=True, timeout=180)
+
+
+def duplicate_devices(cdi_root: str) -> list[str]:
+    """Qualified device names (`kind=name`) defined by more than one file a CDI loader reads."""
+    names = Counter()
+    for path in glob.glob(os.path.join(cdi_root, ".*")) + glob.glob(os.path.join(cdi_root, "*")):
+        if path.endswith(CDI_EXTENSIONS):
+            with open(path) as f:
+                spec = json.load(f)
+            names.update(f"{spec['kind']}={d['name']}" for d in spec["devices"])
+    return [name for name, n in names.items() if n > 1]
