@@ -22,7 +22,7 @@
 
 void sim_sched_init(struct sim_sched *s)
 {
-    sim_robust_init(&s->lock.m);
+    gs_robust_mutex_init(&s->lock.m);
     s->resident = s->running = -1;
 }
 

@@ -67,16 +67,6 @@ void sim_robust_lock(pthread_mutex_t *m)
     if (pthread_mutex_lock(m) == EOWNERDEAD) pthread_mutex_consistent(m);
 }
 
-void sim_robust_init(pthread_mutex_t *m)
-{
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(m, &a);
-    pthread_mutexattr_destroy(&a);
-}
-
 static void lock_state(void) { sim_robust_lock(&sim->lock.m); }
 
 static void after_fork_child(void)
@@ -104,7 +94,7 @@ static void init_state(void *p, int empty)
         s->dev[d].total = mem;
         sim_sched_init(&s->dev[d].sched);
     }
-    sim_robust_init(&s->lock.m);
+    gs_robust_mutex_init(&s->lock.m);
     __atomic_store_n(&s->magic, SIM_MAGIC, __ATOMIC_RELEASE);
 }
 

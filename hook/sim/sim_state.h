@@ -7,6 +7,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "../src/robust_mutex.h"
+
 #define SIM_MAX_DEV 8
 #define SIM_MAX_PROC 256
 #define SIM_MAGIC 0x334d495350475347ULL /* "GSGPSIM3" */
@@ -84,7 +86,6 @@ int sim_mem_reserve(int dev, uint64_t size);  /* 0 ok, -1 out of memory */
 void sim_mem_unreserve(int dev, uint64_t size);
 uint64_t sim_busy_done(int dev, uint64_t now); /* GPU ns of kernels finished by now */
 void sim_robust_lock(pthread_mutex_t *m);
-void sim_robust_init(pthread_mutex_t *m);
 
 /* time-sliced scheduler (sim_sched.c): one queue per process and device */
 void sim_sched_init(struct sim_sched *s);

@@ -15,6 +15,7 @@
  * Anything else is logged. */
 #define _GNU_SOURCE
 #include "region.h"
+#include "robust_mutex.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -45,17 +46,6 @@ static long slot_offset(int i) { return (long)GS_HEADER_SIZE + (long)i * GS_SLOT
 #define HOLDER_BYTE 32               /* OFD lock of a process breaking the mutex (no slot's byte) */
 #define LOG_EVERY_NS 10000000000ull  /* a tenant rewriting the region in a loop: one line per 10 s */
 
-static void init_mutex(pthread_mutex_t *m)
-{
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    /* robust: a process killed while holding the lock must not block the others */
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(m, &a);
-    pthread_mutexattr_destroy(&a);
-}
-
 static void init_region(void *base)
 {
     struct gs_region_header *h = base;
@@ -65,7 +55,7 @@ static void init_region(void *base)
     h->slot_size = GS_SLOT_SIZE;
     h->slot_count = GS_SLOT_COUNT;
     h->region_size = GS_REGION_SIZE;
-    init_mutex(&h->lock.m);
+    gs_robust_mutex_init(&h->lock.m);
     /* magic last: a region is usable only once everything above is in place */
     __atomic_store_n(&h->magic, GS_REGION_MAGIC, __ATOMIC_RELEASE);
 }
@@ -443,7 +433,7 @@ static int break_lock(struct gs_region *r, struct gs_lock_view v, int unusable)
             log_repair(r, GS_LOG_LOCK, "lock word %#x, holder %u: %s; reinitialised", v.word, v.holder,
                        unusable ? "glibc cannot use the mutex (forged)"
                                 : "no live process inside (forged, or its holder died unnoticed)");
-        init_mutex(&r->hdr->lock.m);
+        gs_robust_mutex_init(&r->hdr->lock.m);
         rc = pthread_mutex_trylock(&r->hdr->lock.m);
     }
     struct flock fl = gs_byte_lock(HOLDER_BYTE);
