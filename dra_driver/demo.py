@@ -419,11 +419,10 @@ class Demo:
         def gpu_used(metrics):
             return metrics.get("gpushare_gpu_memory_used_bytes", {}).get((uuid, "0"))
 
-        per_claim_nvml = self.runtime == "process"  # why not under podman: the note shown below
         both = CLAIM_MEMORY + SECOND_CLAIM_MEMORY
 
         def settled(metrics):  # the agent has sampled NVML since other-team's container allocated
-            return gpu_used(metrics) == both and (not per_claim_nvml or held(metrics, "nvml") == both)
+            return gpu_used(metrics) == both and held(metrics, "nvml") == both
 
         metrics = top.scrape(url)
         deadline = time.monotonic() + 15
@@ -441,13 +440,9 @@ class Demo:
         s.check(held(metrics, "used") == gpu_used(metrics) == both,
                 "the tables agree: the GPU's used memory (NVML) = what the claims hold (6Gi)",
                 f"GPU {top.human_bytes(gpu_used(metrics) or 0)}, claims {top.human_bytes(held(metrics, 'used'))}")
-        if per_claim_nvml:
-            s.check(all(claim_metric(metrics, "gpushare_claim_memory_nvml_bytes", c) ==
-                        claim_metric(metrics, "gpushare_claim_memory_used_bytes", c) for c in ("shared-gpu", "other-team")),
-                    "NVML MEM per claim = its MEM USED", f"NVML {top.human_bytes(held(metrics, 'nvml'))} in all")
-        else:
-            s.show("NVML MEM is 0B under podman here: the simulated NVML reports container pids, which the agent "
-                   "cannot map to claims (a real driver reports host pids)")
+        s.check(all(claim_metric(metrics, "gpushare_claim_memory_nvml_bytes", c) ==
+                    claim_metric(metrics, "gpushare_claim_memory_used_bytes", c) for c in ("shared-gpu", "other-team")),
+                "NVML MEM per claim = its MEM USED", f"NVML {top.human_bytes(held(metrics, 'nvml'))} in all")
         refusals = claim_metric(metrics, "gpushare_claim_oom_refusals_total", "shared-gpu")
         s.check(refusals >= 2, "the refused allocations are counted", f"{refusals:.0f} refusals")
         paced = claim_metric(metrics, "gpushare_claim_paced_seconds_total", "shared-gpu")
