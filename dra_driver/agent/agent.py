@@ -185,12 +185,11 @@ class Agent:
         for g in samples:
             for pid in set(g.process_memory) | set(g.process_util):
                 hit = self._claim_gpu(claims, self.procs.claim_of(pid), g.uuid)
-                util = g.process_util.get(pid, 0.0) / 100.0
                 if hit is None:
                     continue
                 c, i = hit
                 c.process_memory[i][pid] = g.process_memory.get(pid, 0)
-                c.shares[i].measured += util
+                c.shares[i].measured += g.process_util.get(pid, 0.0) / 100.0
         for uid in sorted(claims):  # the same order every period: slots stay put
             c = claims[uid]
             for i, gpu in enumerate(c.gpus):
