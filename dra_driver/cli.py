@@ -15,8 +15,6 @@ from typing import Callable, NoReturn
 from . import flags
 
 DEFAULT_DRIVER_NAME = "gpushare.dev"
-# Imported only by the emulator, demo and allocation stand-in: the `demo` extra.
-_DEMO_EXTRA_MODULES = {"jsonschema", "kubernetes_validate", "referencing", "celpy"}
 SHARING_MODES = ("auto", "capacity", "partition")
 
 DESCRIPTION = """\
@@ -202,21 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging(p)
     p.set_defaults(run=_run_discover)
 
-    p = sub.add_parser("demo", formatter_class=_Formatter,
-                       help="run the whole path on simulated GPUs with no cluster",
-                       description="Start an in-process Kubernetes API emulator and simulated GPUs, "
-                                   "then walk through publishing, allocating, preparing and enforcing a "
-                                   "shared claim, saying what each step shows. Exits non-zero if a step "
-                                   "does not behave.")
-    p.add_argument("--mock-gpus", default="2x80Gi", help="simulated GPUs (see kubelet-plugin --help)")
-    p.add_argument("--workdir", default=None, help="folder for the demo's files (default: a temporary one)")
-    p.add_argument("--runtime", default="auto", choices=("auto", "podman", "process"),
-                   help="how containers run: podman (real CDI consumer, needs root, podman and runc), "
-                        "process (the CDI spec applied to host processes), auto: podman when it can run")
-    _add_logging(p)
-    # The story is the output; component logs only when something goes wrong.
-    p.set_defaults(run=_lazy("dra_driver.demo", "run"), log_level="warning", needs_demo_extra=True)
-
     p = sub.add_parser("top", formatter_class=_Formatter,
                        help="a node's claims in the terminal: limits, memory, utilization, paced time",
                        description="Read a kubelet plugin's metrics endpoint and show each claim's memory "
@@ -257,24 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging(p)
     p.set_defaults(run=_lazy("dra_driver.agent.standalone", "run"))
 
-    p = sub.add_parser("emulator", formatter_class=_Formatter,
-                       help="serve the Kubernetes API emulator (tests, demos, hack scripts)",
-                       description="Serve an in-memory Kubernetes API (Nodes, Pods, Events, "
-                                   "resource.k8s.io/v1) for local runs without a cluster.")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=flags.port, default=8001, help="TCP port (0: any free port)")
-    p.add_argument("--consumable-capacity", default=True, action=argparse.BooleanOptionalAction,
-                   help="keep DRAConsumableCapacity fields, as a server with that feature gate does")
-    p.add_argument("--device-taints", default=True, action=argparse.BooleanOptionalAction,
-                   help="keep device taints in ResourceSlices, as a server with DRADeviceTaints does")
-    p.add_argument("--validate", default=True, action=argparse.BooleanOptionalAction,
-                   help="refuse resource.k8s.io objects the upstream OpenAPI schemas refuse")
-    p.add_argument("--kube-version", default=None,
-                   help="Kubernetes version (MAJOR.MINOR) whose schemas to use; one of those kubernetes-validate "
-                        "ships (default: the newest)")
-    p.add_argument("--kubeconfig-out", default=None, help="write a kubeconfig for the emulator here")
-    _add_logging(p)
-    p.set_defaults(run=_lazy("dra_driver.emulator.__main__", "run"), needs_demo_extra=True)
+    # The playground (demo, API emulator): stand-ins for a cluster, kept out of the product.
+    from .playground.commands import add_commands
+
+    add_commands(sub, _Formatter, _add_logging)
     return parser
 
 
@@ -320,18 +289,6 @@ def _run_hook_path(args: argparse.Namespace) -> int:
     return 0
 
 
-def _missing_demo_extra() -> str | None:
-    """The first module of the `demo` extra that cannot be imported, else None."""
-    import importlib
-
-    for name in sorted(_DEMO_EXTRA_MODULES):
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError:
-            return name
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     from .discovery import DiscoveryError
     from .hookpath import NativeFilesMissing
@@ -345,22 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpushare-dra {args.command}: error: {message}", file=sys.stderr)
         return 2
 
-    def demo_extra_error(module: str) -> int:
-        return usage_error(f"needs the optional 'demo' dependencies ({module} is missing); "
-                           "install them with: pip install 'gpushare-dra[demo]'")
-
-    if getattr(args, "needs_demo_extra", False):
-        missing = _missing_demo_extra()
-        if missing:
-            return demo_extra_error(missing)
     if hasattr(args, "log_level"):
         configure(args.log_level, args.log_format)
     try:
         return int(args.run(args) or 0)
-    except ModuleNotFoundError as e:
-        if e.name not in _DEMO_EXTRA_MODULES:
-            raise
-        return demo_extra_error(e.name)
     except (flags.FlagError, DiscoveryError, KubeConfigError, NativeFilesMissing) as e:
         return usage_error(str(e))
     except KeyboardInterrupt:

@@ -15,7 +15,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.cli import build_parser
-from dra_driver.containers import ProcessRunner
+from dra_driver.playground.containers import ProcessRunner
 from kubeletplugin.main import Plugin
 from tests.kubeletplugin.conftest import Dirs, api, emulator  # noqa: F401  (fixtures)
 from tests.kubeletplugin.kubelet import Kubelet, make_claim, result

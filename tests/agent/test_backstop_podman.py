@@ -22,7 +22,7 @@ import uuid
 import pytest
 from kubernetes import client
 
-from dra_driver.containers import PodmanRunner
+from dra_driver.playground.containers import PodmanRunner
 
 from tests.kubeletplugin.kubelet import make_claim, result
 

@@ -129,7 +129,7 @@ def pod(name="pod-a"):
 
 def allocate_on(a_claim, slices, classes=None, allocated=(), pod=None, node=NODE):
     """allocate() with this module's defaults: the shipped class, nothing else allocated."""
-    from dra_driver.allocator import allocate
+    from dra_driver.playground.allocator import allocate
     return allocate(a_claim, node_name=node, slices=slices, device_classes=classes or [device_class()],
                     allocated_claims=list(allocated), pod=pod)
 

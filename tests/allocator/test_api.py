@@ -3,12 +3,12 @@
 import pytest
 from kubernetes import client
 
-from dra_driver.allocator import AllocationError, allocate_and_reserve
+from dra_driver.playground.allocator import AllocationError, allocate_and_reserve
 
 from .shapes import NODE, capacity_slice, claim, device_class, exactly, opaque, partition_slice, pod
 
 try:
-    from dra_driver.emulator import ApiEmulator
+    from dra_driver.playground.emulator import ApiEmulator
 except ImportError:  # built in parallel; the pure tests do not need it
     ApiEmulator = None
 

@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from dra_driver.allocator import AllocationError
+from dra_driver.playground.allocator import AllocationError
 
 from .shapes import NODE, allocate_on, capacity_slice, claim, exactly, pod, results, with_status
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dra_driver.allocator import AllocationError
+from dra_driver.playground.allocator import AllocationError
 
 from .shapes import allocate_on, claim, exactly, partition_devices, partition_slice, resource_slice, results, \
     with_status

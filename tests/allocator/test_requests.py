@@ -2,7 +2,7 @@
 
 import pytest
 
-from dra_driver.allocator import AllocationError
+from dra_driver.playground.allocator import AllocationError
 
 from .shapes import allocate_on, capacity_device, capacity_slice, claim, device_class, exactly, \
     first_available, opaque, partition_slice, resource_slice, results, subrequest

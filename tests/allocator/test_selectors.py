@@ -2,7 +2,7 @@
 
 import pytest
 
-from dra_driver.allocator import AllocationError
+from dra_driver.playground.allocator import AllocationError
 
 from .shapes import DRIVER, allocate_on, capacity_device, claim, device_class, exactly, resource_slice, results
 

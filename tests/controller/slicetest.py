@@ -15,7 +15,7 @@ from kubernetes import client
 
 from dra_driver.controller import Backoff, SliceController
 from dra_driver.discovery import MockBackend
-from dra_driver.emulator import ApiEmulator
+from dra_driver.playground.emulator import ApiEmulator
 
 DRIVER = "gpushare.dev"
 NODE = "node-a"

@@ -5,7 +5,7 @@ import urllib.request
 import pytest
 from kubernetes import client, dynamic
 
-from dra_driver.emulator import ApiEmulator
+from dra_driver.playground.emulator import ApiEmulator
 
 
 @pytest.fixture

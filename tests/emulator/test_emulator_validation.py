@@ -4,7 +4,7 @@ import pytest
 from kubernetes import client
 
 from .emutest import claim_body, http, slice_body
-from dra_driver.emulator import ApiEmulator
+from dra_driver.playground.emulator import ApiEmulator
 
 
 def create_slice(dyn, body):

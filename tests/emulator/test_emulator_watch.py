@@ -5,7 +5,7 @@ import pytest
 from kubernetes import client, watch
 
 from .emutest import pod_body
-from dra_driver.emulator import ApiEmulator
+from dra_driver.playground.emulator import ApiEmulator
 
 MERGE = "application/merge-patch+json"
 

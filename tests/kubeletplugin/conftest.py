@@ -7,7 +7,7 @@ import tempfile
 import pytest
 
 from dra_driver.cli import build_parser
-from dra_driver.emulator import ApiEmulator
+from dra_driver.playground.emulator import ApiEmulator
 from kubeletplugin.main import Plugin
 
 from .kubelet import DRIVER, NODE, Kubelet

@@ -7,7 +7,7 @@ import uuid
 
 from kubernetes import client
 
-from kubeletplugin.kubeletclient import Kubelet  # noqa: F401  (re-exported for the tests)
+from dra_driver.playground.kubelet import Kubelet  # noqa: F401  (re-exported for the tests)
 
 DRIVER = "gpushare.dev"
 NODE = "node-a"

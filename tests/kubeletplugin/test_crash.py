@@ -18,7 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dra_driver.containers import PodmanRunner
+from dra_driver.playground.containers import PodmanRunner
 from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.faults import PREPARE_STEPS, UNPREPARE_STEPS
 

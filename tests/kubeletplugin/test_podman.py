@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from dra_driver.agent.agent import Agent
-from dra_driver.containers import PodmanRunner
+from dra_driver.playground.containers import PodmanRunner
 from dra_driver.discovery import sim_uuid
 from dra_driver.hookpath import native_paths
 
@@ -35,7 +35,7 @@ if PODMAN is None:
 
 @pytest.fixture(scope="module")
 def podman_env():
-    """podman + runc set up as dra_driver.containers does it, on a busybox root filesystem."""
+    """podman + runc set up as dra_driver.playground.containers does it, on a busybox root filesystem."""
     why_not = PodmanRunner.available()
     if why_not:
         pytest.skip(f"podman runner unavailable: {why_not}")

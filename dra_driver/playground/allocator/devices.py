@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from ..quantity import QuantityError, format_bytes, parse_decimal, show
+from ...quantity import QuantityError, format_bytes, parse_decimal, show
 
 # Taint effects that keep a device from being allocated; others (e.g. "None") do not.
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")

@@ -20,7 +20,7 @@ from .requestlog import RequestRecord
 from .selectors import Selection
 from .store import CLOSE
 
-log = logging.getLogger("dra_driver.emulator")
+log = logging.getLogger("dra_driver.playground.emulator")
 
 # How often an idle watch checks whether its client went away or its timeout passed.
 WATCH_POLL_SECONDS = 0.5

@@ -32,7 +32,7 @@ from pathlib import Path
 from kubernetes import client
 
 from .containers import parse_kv
-from .quantity import format_bytes
+from ..quantity import format_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -91,7 +91,7 @@ def _pod_body(name: str, claim: str, containers: list[str]) -> dict:
 
 class Demo:
     def __init__(self, mock_gpus: str, workdir: str, runtime: str):
-        from .hookpath import native_paths
+        from ..hookpath import native_paths
 
         self.native = native_paths()
         self.mock_gpus = mock_gpus
@@ -136,10 +136,10 @@ class Demo:
         return hook
 
     def _start_plugin(self):
-        from kubeletplugin.kubeletclient import Kubelet
+        from .kubelet import Kubelet
         from kubeletplugin.main import Plugin
 
-        from .cli import build_parser
+        from ..cli import build_parser
 
         w = self.workdir
         args = build_parser().parse_args([
@@ -213,7 +213,7 @@ class Demo:
         s.show(f"API server {self.emu.url}; node {NODE}; DeviceClass {DRIVER} (device.driver == \"{DRIVER}\")")
 
     def gpus(self):
-        from .discovery import make_backend
+        from ..discovery import make_backend
 
         s = self.story
         s.step("The node's GPUs", "Simulated GPUs (--device-backend mock) with the identities the simulated "
@@ -400,7 +400,7 @@ class Demo:
                 f"{share:.1%}")
 
     def telemetry(self):
-        from . import top
+        from .. import top
 
         s = self.story
         s.step("The node agent reports each claim's use", "The plugin's /metrics (what `gpushare-dra top` "
@@ -467,7 +467,7 @@ class Demo:
 
 def region_used(path: Path) -> int:
     """Bytes in use by every process of the claim, read as the node agent reads it."""
-    from .agent.regions import Region
+    from ..agent.regions import Region
 
     region = Region(str(path))
     try:
@@ -477,7 +477,7 @@ def region_used(path: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .discovery import MockBackend
+    from ..discovery import MockBackend
 
     MockBackend(args.mock_gpus)  # a bad --mock-gpus is the CLI's one-line error, before anything starts
     workdir = args.workdir or tempfile.mkdtemp(prefix="gpushare-demo-")

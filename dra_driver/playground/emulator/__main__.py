@@ -1,4 +1,4 @@
-"""Run the API emulator standalone: `gpushare-dra emulator` or `python -m dra_driver.emulator`.
+"""Run the API emulator standalone: `gpushare-dra emulator` or `python -m dra_driver.playground.emulator`.
 
 Flags are defined once, in dra_driver/cli.py.
 """
@@ -7,8 +7,8 @@ import signal
 import sys
 import threading
 
-from ..flags import FlagError, check_port_free
-from ..log import get_logger
+from ...flags import FlagError, check_port_free
+from ...log import get_logger
 
 
 def kube_version(text):
@@ -46,6 +46,6 @@ def run(args) -> int:
 
 
 if __name__ == "__main__":
-    from ..cli import main
+    from ...cli import main
 
     sys.exit(main(["emulator", *sys.argv[1:]]))

@@ -1,0 +1,86 @@
+"""The playground's subcommands (`gpushare-dra demo`, `gpushare-dra emulator`).
+
+This is the one module of the playground that the product's CLI imports: it only declares
+the flags, so `--help` works without the `demo` extra; each command's code is imported when
+it runs, and a missing `demo` dependency is reported here, in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Callable
+
+from .. import flags
+
+# The modules the `demo` extra installs (the emulator's schemas, the allocation stand-in's CEL).
+DEMO_EXTRA_MODULES = frozenset({"jsonschema", "kubernetes_validate", "referencing", "celpy"})
+
+Runner = Callable[[argparse.Namespace], int]
+
+
+def missing_demo_extra() -> str | None:
+    """The first module of the `demo` extra that cannot be imported, else None."""
+    for name in sorted(DEMO_EXTRA_MODULES):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            return name
+    return None
+
+
+def _needs_demo_extra(module: str, func: str) -> Runner:
+    def run(args: argparse.Namespace) -> int:
+        missing = missing_demo_extra()
+        try:
+            if missing is None:
+                return int(getattr(importlib.import_module(module), func)(args) or 0)
+        except ModuleNotFoundError as e:
+            if e.name not in DEMO_EXTRA_MODULES:
+                raise
+            missing = e.name
+        print(f"gpushare-dra {args.command}: error: needs the optional 'demo' dependencies "
+              f"({missing} is missing); install them with: pip install 'gpushare-dra[demo]'",
+              file=sys.stderr)
+        return 2
+
+    return run
+
+
+def add_commands(sub: Any, formatter_class: type[argparse.HelpFormatter],
+                 add_logging: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add `demo` and `emulator` to the CLI's subparsers."""
+    p = sub.add_parser("demo", formatter_class=formatter_class,
+                       help="run the whole path on simulated GPUs with no cluster",
+                       description="Start an in-process Kubernetes API emulator and simulated GPUs, "
+                                   "then walk through publishing, allocating, preparing and enforcing a "
+                                   "shared claim, saying what each step shows. Exits non-zero if a step "
+                                   "does not behave.")
+    p.add_argument("--mock-gpus", default="2x80Gi", help="simulated GPUs (see kubelet-plugin --help)")
+    p.add_argument("--workdir", default=None, help="folder for the demo's files (default: a temporary one)")
+    p.add_argument("--runtime", default="auto", choices=("auto", "podman", "process"),
+                   help="how containers run: podman (real CDI consumer, needs root, podman and runc), "
+                        "process (the CDI spec applied to host processes), auto: podman when it can run")
+    add_logging(p)
+    # The story is the output; component logs only when something goes wrong.
+    p.set_defaults(run=_needs_demo_extra("dra_driver.playground.demo", "run"), log_level="warning")
+
+    p = sub.add_parser("emulator", formatter_class=formatter_class,
+                       help="serve the Kubernetes API emulator (tests, demos, hack scripts)",
+                       description="Serve an in-memory Kubernetes API (Nodes, Pods, Events, "
+                                   "resource.k8s.io/v1) for local runs without a cluster.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=flags.port, default=8001, help="TCP port (0: any free port)")
+    p.add_argument("--consumable-capacity", default=True, action=argparse.BooleanOptionalAction,
+                   help="keep DRAConsumableCapacity fields, as a server with that feature gate does")
+    p.add_argument("--device-taints", default=True, action=argparse.BooleanOptionalAction,
+                   help="keep device taints in ResourceSlices, as a server with DRADeviceTaints does")
+    p.add_argument("--validate", default=True, action=argparse.BooleanOptionalAction,
+                   help="refuse resource.k8s.io objects the upstream OpenAPI schemas refuse")
+    p.add_argument("--kube-version", default=None,
+                   help="Kubernetes version (MAJOR.MINOR) whose schemas to use; one of those kubernetes-validate "
+                        "ships (default: the newest)")
+    p.add_argument("--kubeconfig-out", default=None, help="write a kubeconfig for the emulator here")
+    add_logging(p)
+    p.set_defaults(run=_needs_demo_extra("dra_driver.playground.emulator.__main__", "run"))
