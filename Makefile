@@ -4,13 +4,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-deps hook codegen bench clean
+.PHONY: demo test test-deps lint hook codegen bench clean
 
 demo: $(STAMP) hook          ## run the whole path on simulated GPUs, no cluster
 	$(BIN)/gpushare-dra demo
 
-test: test-deps $(STAMP) hook   ## every test suite, as CI runs it (as root: podman and the rest installed)
+test: test-deps lint hook     ## the checks and every test suite, as CI runs it (as root: podman and the rest installed)
 	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)               ## import contracts between the parts (pyproject.toml)
+	$(BIN)/lint-imports --no-cache
 
 test-deps:                   ## as root: apt-install what the container tests need; else say what skips
 	@hack/test-deps
