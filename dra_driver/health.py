@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from .discovery import GpuInfo
 from .log import get_logger

@@ -125,7 +125,7 @@ class Plugin:
         # The sim gives every device one size; mock GPUs of mixed sizes get the largest.
         return SimDriver(sim_dir, state, len(gpus), max((g.memory_bytes for g in gpus), default=0))
 
-    def start(self) -> "Plugin":
+    def start(self) -> Plugin:
         self.driver.recover()
         self.agent.start()  # first: on mock nodes it loads the simulated NVML the health monitor uses
         if self.args.health_events:

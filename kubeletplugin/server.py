@@ -15,8 +15,14 @@ from dra_driver.log import get_logger
 
 from .claimref import ClaimError
 from .driver import Driver
-from .grpcapi import (dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, pluginregistration_pb2,
-                      pluginregistration_pb2_grpc)
+from .grpcapi import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
 from .metrics import Metrics
 
 log = get_logger("kubeletplugin.server")

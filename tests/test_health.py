@@ -8,8 +8,14 @@ import time
 import pytest
 
 from dra_driver.discovery import make_backend
-from dra_driver.health import (EVENT_DOUBLE_BIT_ECC, EVENT_SINGLE_BIT_ECC, EVENT_XID, HealthAwareBackend,
-                               HealthMonitor, classify)
+from dra_driver.health import (
+    EVENT_DOUBLE_BIT_ECC,
+    EVENT_SINGLE_BIT_ECC,
+    EVENT_XID,
+    HealthAwareBackend,
+    HealthMonitor,
+    classify,
+)
 
 from .test_discovery import fake_pynvml
 

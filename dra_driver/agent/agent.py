@@ -114,7 +114,7 @@ class Agent:
         self.status.unprepared(prepared)
 
     # ---- life -----------------------------------------------------------------------------------
-    def start(self) -> "Agent":
+    def start(self) -> Agent:
         self._sampler = self._open_nvml()
         for uid in self.driver.prepared_uids():  # statuses lost to a crash are written again
             entry = self.driver.checkpoint.get(uid)

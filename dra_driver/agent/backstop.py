@@ -244,7 +244,7 @@ class Backstop:
                                         "namespace": claim.namespace, "uid": pod}, message)
 
     def _event(self, claim, involved: dict, message: str) -> None:
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:16]}", "namespace": claim.namespace},
                 "involvedObject": involved,

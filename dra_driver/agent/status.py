@@ -44,7 +44,7 @@ class StatusWriter:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="agent-status", daemon=True)
 
-    def start(self) -> "StatusWriter":
+    def start(self) -> StatusWriter:
         self._thread.start()
         return self
 

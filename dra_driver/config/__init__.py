@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
 from . import v1alpha1
+from .errors import ConfigError
 
 GROUP = "gpushare.dev"
 KIND = "GpuShareConfig"

@@ -20,7 +20,7 @@ import json
 import random
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from kubernetes import client, watch
 
@@ -91,7 +91,7 @@ class SliceWatch:
         with self._lock:
             self._listeners.pop(pool, None)
 
-    def start(self) -> "SliceWatch":
+    def start(self) -> SliceWatch:
         self._thread = threading.Thread(target=self._run, name=f"slice-watch[{self._selector}]", daemon=True)
         self._thread.start()
         return self
@@ -204,7 +204,7 @@ class SliceController:
             return "auto"
         return devicemodel.CAPACITY if self._capacity_kept else devicemodel.PARTITION
 
-    def start(self) -> "SliceController":
+    def start(self) -> SliceController:
         self._watch.subscribe(self.node, self._wake.set)
         if self._own_watch:
             self._watch.start()
@@ -409,7 +409,7 @@ class SliceController:
 
     def _node_event(self, reason: str, message: str) -> None:
         """A Warning Event on the Node, where `kubectl describe node` shows it; best effort."""
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         involved = {"apiVersion": "v1", "kind": "Node", "name": self.node}
         if self._node_uid:
             involved["uid"] = self._node_uid

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from .containers import parse_kv
 from ..quantity import format_bytes
+from .containers import parse_kv
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -136,10 +136,10 @@ class Demo:
         return hook
 
     def _start_plugin(self):
-        from .kubelet import Kubelet
         from kubeletplugin.main import Plugin
 
         from ..cli import build_parser
+        from .kubelet import Kubelet
 
         w = self.workdir
         args = build_parser().parse_args([

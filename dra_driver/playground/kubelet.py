@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import grpc
 
-from kubeletplugin.grpcapi import (dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc,
-                      pluginregistration_pb2, pluginregistration_pb2_grpc)
+from kubeletplugin.grpcapi import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
 
 _PB = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
 

@@ -23,7 +23,6 @@ import pytest
 from kubernetes import client
 
 from dra_driver.playground.containers import PodmanRunner
-
 from tests.kubeletplugin.kubelet import make_claim, result
 
 from .conftest import BUILD, wait_for

@@ -4,8 +4,16 @@ import pytest
 
 from dra_driver.playground.allocator import AllocationError
 
-from .shapes import allocate_on, claim, exactly, partition_devices, partition_slice, resource_slice, results, \
-    with_status
+from .shapes import (
+    allocate_on,
+    claim,
+    exactly,
+    partition_devices,
+    partition_slice,
+    resource_slice,
+    results,
+    with_status,
+)
 
 SAME_GPU = [{"matchAttribute": "gpushare.dev/uuid"}]
 

@@ -4,8 +4,20 @@ import pytest
 
 from dra_driver.playground.allocator import AllocationError
 
-from .shapes import allocate_on, capacity_device, capacity_slice, claim, device_class, exactly, \
-    first_available, opaque, partition_slice, resource_slice, results, subrequest
+from .shapes import (
+    allocate_on,
+    capacity_device,
+    capacity_slice,
+    claim,
+    device_class,
+    exactly,
+    first_available,
+    opaque,
+    partition_slice,
+    resource_slice,
+    results,
+    subrequest,
+)
 
 
 def test_first_available_falls_back_to_the_second_subrequest():

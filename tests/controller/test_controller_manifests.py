@@ -6,6 +6,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes import client
+
 from .slicetest import emulator  # noqa: F401 (fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

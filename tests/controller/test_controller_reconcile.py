@@ -8,8 +8,19 @@ from kubernetes import client
 from dra_driver.controller import SliceController
 from dra_driver.discovery import MockBackend
 
-from .slicetest import (DRIVER, NODE, controllers, create_node, devices_of, emulator, generations,  # noqa: F401
-                       gpus, make_emulator, slices_of, wait_until)
+from .slicetest import (  # noqa: F401
+    DRIVER,
+    NODE,
+    controllers,
+    create_node,
+    devices_of,
+    emulator,
+    generations,
+    gpus,
+    make_emulator,
+    slices_of,
+    wait_until,
+)
 
 
 def _api(emu):

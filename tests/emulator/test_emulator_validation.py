@@ -3,8 +3,9 @@ import json
 import pytest
 from kubernetes import client
 
-from .emutest import claim_body, http, slice_body
 from dra_driver.playground.emulator import ApiEmulator
+
+from .emutest import claim_body, http, slice_body
 
 
 def create_slice(dyn, body):

@@ -4,8 +4,9 @@ import time
 import pytest
 from kubernetes import client, watch
 
-from .emutest import pod_body
 from dra_driver.playground.emulator import ApiEmulator
+
+from .emutest import pod_body
 
 MERGE = "application/merge-patch+json"
 

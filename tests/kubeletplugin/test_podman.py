@@ -15,9 +15,9 @@ import uuid
 import pytest
 
 from dra_driver.agent.agent import Agent
-from dra_driver.playground.containers import PodmanRunner
 from dra_driver.discovery import sim_uuid
 from dra_driver.hookpath import native_paths
+from dra_driver.playground.containers import PodmanRunner
 
 from .cdiroot import duplicate_devices, podman_run
 from .kubelet import GiB, Kubelet, make_claim, result

@@ -15,7 +15,7 @@ from kubernetes import client
 from dra_driver.discovery import sim_uuid
 from kubeletplugin.cdispec import KIND
 
-from .kubelet import DRIVER, GiB, NAMESPACE, NODE, Kubelet, gpushare_config, make_claim, opaque_config, result
+from .kubelet import DRIVER, NAMESPACE, NODE, GiB, Kubelet, gpushare_config, make_claim, opaque_config, result
 from .schema import assert_valid_cdi
 
 

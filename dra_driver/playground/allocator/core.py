@@ -15,8 +15,16 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from .cel import SelectorError, matches
-from .devices import Device, Unfit, consumed_amount, format_quantity, node_devices, qualify, to_quantity, \
-    untolerated_taint
+from .devices import (
+    Device,
+    Unfit,
+    consumed_amount,
+    format_quantity,
+    node_devices,
+    qualify,
+    to_quantity,
+    untolerated_taint,
+)
 
 MAX_STEPS = 200_000  # devices tried before giving up; the real scheduler has a time limit instead
 _SHOWN_REASONS = 4  # per-device reasons quoted in an error message

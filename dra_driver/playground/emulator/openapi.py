@@ -127,7 +127,7 @@ def _info(kube_version):
     return {"title": "Kubernetes", "version": f"v{kube_version}.0"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _v2_bytes(kube_version):
     definitions = upstream_definitions(kube_version)
     paths, used = _paths(resources.RESOURCE_TYPES, kube_version, "#/definitions/", v3=False)
@@ -141,7 +141,7 @@ def _group_version_path(group, version):
     return f"api/{version}" if not group else f"apis/{group}/{version}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _v3_bytes(kube_version, gv_path):
     definitions = upstream_definitions(kube_version)
     rts = [rt for rt in resources.RESOURCE_TYPES

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from . import features
-from .errors import ApiError, bad_request, conflict, invalid, FieldError
+from .errors import ApiError, FieldError, bad_request, conflict, invalid
 from .patch import APPLY_PATCH, apply_patch, strategic_merge_patch
 from .resources import RESOURCE_TYPES
 from .selectors import Selection
@@ -70,7 +70,7 @@ def _paths(fields, prefix=()):
 
 
 def now_rfc3339():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Registry:

@@ -156,8 +156,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         discovery = self._discovery(parts)
         if discovery is not None:
             if method != "GET":
-                raise ApiError(405, f"the server does not allow this method on the requested "
-                                    f"resource", "MethodNotAllowed")
+                raise ApiError(405, "the server does not allow this method on the requested "
+                                    "resource", "MethodNotAllowed")
             self._send_json(200, discovery)
             return 200
         if len(parts) >= 3 and parts[0] == "api":

@@ -26,8 +26,8 @@ def age(timestamp, now=None):
     if not timestamp:
         return "<unknown>"
     created = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=datetime.timezone.utc)
-    seconds = int(((now or datetime.datetime.now(datetime.timezone.utc)) - created)
+        tzinfo=datetime.UTC)
+    seconds = int(((now or datetime.datetime.now(datetime.UTC)) - created)
                   .total_seconds())
     if seconds < 0:
         return "0s"

@@ -66,7 +66,7 @@ def kube_versions_with_schemas(resource_types):
             if all(_schema_file(schema_dir(v), rt.kind, rt.group, rt.version).is_file() for rt in resource_types)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(kube_version, kind, group, version):
     folder = schema_dir(kube_version)
     schema = json.loads(_schema_file(folder, kind, group, version).read_text())
@@ -311,14 +311,14 @@ def decode_problems(obj, rt, kube_version):
     return unknown
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def upstream_definitions(kube_version):
     """{name: schema} of every upstream type (the non-strict schemas)."""
     return json.loads((schema_dir(kube_version, strict=False) / "_definitions.json")
                       .read_text())["$defs"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def definition_name(kube_version, rt):
     """The upstream type name of rt's kind ('io.k8s.api.core.v1.Pod'), or None."""
     definitions = upstream_definitions(kube_version)
