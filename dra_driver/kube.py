@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kubernetes import client, config
+
+JsonObject = dict[str, Any]  # a JSON object as the API server sends or takes it (any shape: check what you read)
 
 
 class KubeConfigError(RuntimeError):
@@ -13,12 +17,14 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     """A client from `--kubeconfig`, or the in-cluster service account when unset."""
     try:
         if kubeconfig:
-            return config.new_client_from_config(config_file=kubeconfig)
+            api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)
+            return api
         cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)
         return client.ApiClient(cfg)
     except (config.ConfigException, OSError) as e:
-        source = f"--kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account (set --kubeconfig outside a pod)"
+        source = (f"--kubeconfig {kubeconfig}" if kubeconfig
+                  else "the in-cluster service account (set --kubeconfig outside a pod)")
         raise KubeConfigError(f"cannot load the Kubernetes configuration from {source}: {e}") from None
 
 
