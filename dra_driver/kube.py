@@ -6,7 +6,7 @@ from typing import Any
 
 from kubernetes import client, config
 
-JsonObject = dict[str, Any]  # a JSON object as the API server sends or takes it (any shape: check what you read)
+JSON = dict[str, Any]  # an object as the API server's JSON, not the client's model
 
 
 class KubeConfigError(RuntimeError):
@@ -17,10 +17,11 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     """A client from `--kubeconfig`, or the in-cluster service account when unset."""
     try:
         if kubeconfig:
-            api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)
-            return api
+            from_file: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig)
+            return from_file
         cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         return client.ApiClient(cfg)
     except (config.ConfigException, OSError) as e:
         source = (f"--kubeconfig {kubeconfig}" if kubeconfig

@@ -112,5 +112,8 @@ class DraServicer:
 
 
 def add_dra_services(server: grpc.Server, driver: Driver, metrics: Metrics) -> None:
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(driver, dra_v1_pb2, metrics), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(driver, dra_v1beta1_pb2, metrics), server)
+    # The generated *_pb2_grpc modules carry no annotations (protoc writes .pyi stubs only for messages).
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
+        DraServicer(driver, dra_v1_pb2, metrics), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
+        DraServicer(driver, dra_v1beta1_pb2, metrics), server)
