@@ -100,6 +100,13 @@ def _pod_body(name: str, claim: str, containers: list[str]) -> Any:  # a body: s
 
 
 class Demo:
+    # Each set by its step; None until then (mypy: strict_optional is off for this module).
+    emu: ApiEmulator
+    plugin: Plugin
+    kubelet: Kubelet
+    runner: PodmanRunner | ProcessRunner
+    workloads: list[Workload]
+
     def __init__(self, mock_gpus: str, workdir: str, runtime: str):
         from ..hookpath import native_paths
 
@@ -112,11 +119,11 @@ class Demo:
             runtime = "podman" if PodmanRunner.available() is None else "process"
         self.runtime = runtime
         self.story = Story(14)
-        self.emu: ApiEmulator = None  # each set by its step (mypy: strict_optional is off here)
-        self.plugin: Plugin = None
-        self.kubelet: Kubelet = None
-        self.runner: PodmanRunner | ProcessRunner = None
-        self.workloads: list[Workload] = []
+        self.emu = None
+        self.plugin = None
+        self.kubelet = None
+        self.runner = None
+        self.workloads = []
         self.claims: dict[str, tuple[str, str, str]] = {}  # prepared or to prepare: name -> (ns, name, uid)
         self.uids: set[str] = set()  # every claim the demo made, for the leftovers check
         self.answers: dict[str, list] = {}
