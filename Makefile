@@ -12,7 +12,9 @@ demo: $(STAMP) hook          ## run the whole path on simulated GPUs, no cluster
 test: test-deps lint hook     ## the checks and every test suite, as CI runs it (as root: podman and the rest installed)
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)               ## import contracts between the parts (pyproject.toml)
+lint: $(STAMP)               ## ruff, mypy and the import contracts between the parts (all configured in pyproject.toml)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
 test-deps:                   ## as root: apt-install what the container tests need; else say what skips

@@ -7,6 +7,39 @@ features the spec uses, so older runtimes (podman 4.3 reads up to 0.5.0) accept 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NotRequired, TypedDict
+
+
+# The JSON documents, as the CDI schema names their fields.
+class MountDoc(TypedDict):
+    hostPath: str
+    containerPath: str
+    options: NotRequired[list[str]]
+    type: NotRequired[str]
+
+
+class DeviceNodeDoc(TypedDict):
+    path: str
+    hostPath: NotRequired[str]
+    permissions: NotRequired[str]
+
+
+class ContainerEditsDoc(TypedDict, total=False):
+    env: list[str]
+    deviceNodes: list[DeviceNodeDoc]
+    mounts: list[MountDoc]
+
+
+class DeviceDoc(TypedDict):
+    name: str
+    containerEdits: ContainerEditsDoc
+
+
+class SpecDoc(TypedDict):
+    cdiVersion: str
+    kind: str
+    devices: list[DeviceDoc]
+    containerEdits: NotRequired[ContainerEditsDoc]
 
 
 @dataclass
@@ -16,8 +49,8 @@ class Mount:
     options: list[str] = field(default_factory=list)
     type: str = ""  # needs cdiVersion 0.4.0
 
-    def to_dict(self) -> dict:
-        d: dict = {"hostPath": self.host_path, "containerPath": self.container_path}
+    def to_dict(self) -> MountDoc:
+        d: MountDoc = {"hostPath": self.host_path, "containerPath": self.container_path}
         if self.options:
             d["options"] = list(self.options)
         if self.type:
@@ -31,8 +64,8 @@ class DeviceNode:
     host_path: str = ""  # needs cdiVersion 0.5.0
     permissions: str = ""
 
-    def to_dict(self) -> dict:
-        d: dict = {"path": self.path}
+    def to_dict(self) -> DeviceNodeDoc:
+        d: DeviceNodeDoc = {"path": self.path}
         if self.host_path:
             d["hostPath"] = self.host_path
         if self.permissions:
@@ -49,8 +82,8 @@ class ContainerEdits:
     def is_empty(self) -> bool:
         return not (self.env or self.mounts or self.device_nodes)
 
-    def to_dict(self) -> dict:
-        d: dict = {}
+    def to_dict(self) -> ContainerEditsDoc:
+        d: ContainerEditsDoc = {}
         if self.env:
             d["env"] = list(self.env)
         if self.device_nodes:
@@ -89,8 +122,8 @@ class Spec:
             return "0.4.0"
         return "0.3.0"
 
-    def to_dict(self) -> dict:
-        d: dict = {
+    def to_dict(self) -> SpecDoc:
+        d: SpecDoc = {
             "cdiVersion": self.required_version(),
             "kind": self.kind,
             "devices": [{"name": dev.name, "containerEdits": dev.edits.to_dict()} for dev in self.devices],

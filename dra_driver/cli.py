@@ -232,10 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_lazy("dra_driver.install", "run"))
 
     p = sub.add_parser("share-agent", formatter_class=_Formatter,
-                       help="the node agent's compute slots for claims laid out with GPUSHARE_RUN_DIR (benchmarks, GPU validation)",
+                       help="the node agent's compute slots for claims laid out with GPUSHARE_RUN_DIR "
+                            "(benchmarks, GPU validation)",
                        description="Lay out the time slots of the claims in the given run dirs (each with limits, "
                                    "region/<i> and control/<i>, as GPUSHARE_RUN_DIR) and write them into their "
-                                   "control files every --interval, as the kubelet plugin's agent does (docs/compute.md).")
+                                   "control files every --interval, as the kubelet plugin's agent does "
+                                   "(docs/compute.md).")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a claim's run dir")
     p.add_argument("--interval", type=float, default=0.25, help="seconds between periods")
     _add_logging(p)
@@ -252,7 +254,8 @@ def _lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         import importlib
 
-        return importlib.import_module(module).__dict__[func](args)
+        command: Callable[[argparse.Namespace], int] = importlib.import_module(module).__dict__[func]
+        return command(args)
 
     return run
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import yaml
 
@@ -73,7 +73,7 @@ def sim_uuid(index: int) -> str:
     return f"{SIM_UUID_PREFIX}{index:012x}"
 
 
-def _mock_gpu(index: int, memory_bytes: int, **overrides: object) -> GpuInfo:
+def _mock_gpu(index: int, memory_bytes: int, **overrides: Any) -> GpuInfo:  # Any: _from_yaml checks each type
     gpu = GpuInfo(
         index=index,
         uuid=sim_uuid(index),
@@ -158,7 +158,8 @@ class MockBackend:
                                  "(what `gpushare-dra discover` prints)")
         unknown = set(doc) - set(_MOCK_YAML_KEYS)
         if unknown:
-            raise DiscoveryError(f"{path}: unknown top-level key(s) {sorted(unknown)} (accepted: {', '.join(_MOCK_YAML_KEYS)})")
+            raise DiscoveryError(f"{path}: unknown top-level key(s) {sorted(unknown)} "
+                                 f"(accepted: {', '.join(_MOCK_YAML_KEYS)})")
         if len(entries) > MAX_MOCK_GPUS:
             raise DiscoveryError(f"--mock-gpus: {path} lists {len(entries)} GPUs, more than {MAX_MOCK_GPUS}")
         gpus = []
@@ -199,9 +200,9 @@ def _mock_memory(value: object, field: str, where: str = "", lost: bool = False)
     return memory
 
 
-def mock_entry(gpu: GpuInfo) -> dict:
+def mock_entry(gpu: GpuInfo) -> dict[str, object]:
     """A GPU as one entry of a mock GPU file: what `discover` prints, read back by --mock-gpus FILE."""
-    entry = {"index": gpu.index, "memory": format_bytes(gpu.memory_bytes)}
+    entry: dict[str, object] = {"index": gpu.index, "memory": format_bytes(gpu.memory_bytes)}
     entry.update({key: getattr(gpu, attr) for key, attr in _MOCK_YAML_FIELDS.items()})
     if not entry["healthReason"]:
         del entry["healthReason"]

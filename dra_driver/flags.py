@@ -43,7 +43,7 @@ def split_host_port(text: str) -> tuple[str, int]:
     """':9400' -> ('', 9400); '[::1]:9400' -> ('::1', 9400); ValueError when malformed."""
     m = _HOST_PORT.match(text.strip())
     value = _port_number(m.group("port")) if m else None
-    if value is None:
+    if m is None or value is None:
         raise ValueError(text)
     return m.group("host").strip("[]"), value
 

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from .discovery import GpuInfo
+from .discovery import DeviceBackend, GpuInfo
 from .log import get_logger
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 log = get_logger("health")
 
@@ -58,8 +62,8 @@ class HealthMonitor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._nvml = None
-        self._set = None
+        self._nvml: Any = None  # the pynvml module once started (it has no types)
+        self._set: Any = None  # its event set handle
 
     def start(self) -> bool:
         """Register for events on every GPU; False (logged) when NVML cannot deliver them."""
@@ -193,7 +197,7 @@ class HealthCollector:
     def __init__(self, monitor: HealthMonitor):
         self.monitor = monitor
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         marked = GaugeMetricFamily("gpushare_gpu_unhealthy", "1 while an NVML event keeps the GPU marked unhealthy",
@@ -211,7 +215,7 @@ class HealthCollector:
 class HealthAwareBackend:
     """A device backend whose GPUs carry the event health as well as discovery's."""
 
-    def __init__(self, backend, monitor: HealthMonitor):
+    def __init__(self, backend: DeviceBackend, monitor: HealthMonitor):
         self.backend = backend
         self.monitor = monitor
         self.name = backend.name

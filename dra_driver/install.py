@@ -55,7 +55,7 @@ def install_versioned(source: Path, dest_dir: Path, stable_name: str) -> Path:
     return versioned
 
 
-def _versioned_pattern(stable_name: str) -> re.Pattern:
+def _versioned_pattern(stable_name: str) -> re.Pattern[str]:
     stem, dot, suffix = stable_name.partition(".")
     return re.compile(rf"^{re.escape(stem)}-[0-9a-f]{{12}}{re.escape(dot + suffix)}$")
 
@@ -69,7 +69,7 @@ def prune_versions(dest_dir: Path, stable_name: str, keep: set[str]) -> list[Pat
     if link.is_symlink():
         keep.add(os.path.realpath(link))
     pattern = _versioned_pattern(stable_name)
-    removed = []
+    removed: list[Path] = []
     try:
         names = sorted(os.listdir(dest_dir))
     except FileNotFoundError:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kubernetes import client, config
+
+JSON = dict[str, Any]  # an object as the API server's JSON, not the client's model
 
 
 class KubeConfigError(RuntimeError):
@@ -13,12 +17,15 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     """A client from `--kubeconfig`, or the in-cluster service account when unset."""
     try:
         if kubeconfig:
-            return config.new_client_from_config(config_file=kubeconfig)
+            from_file: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig)
+            return from_file
         cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         return client.ApiClient(cfg)
     except (config.ConfigException, OSError) as e:
-        source = f"--kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account (set --kubeconfig outside a pod)"
+        source = (f"--kubeconfig {kubeconfig}" if kubeconfig
+                  else "the in-cluster service account (set --kubeconfig outside a pod)")
         raise KubeConfigError(f"cannot load the Kubernetes configuration from {source}: {e}") from None
 
 

@@ -22,7 +22,7 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     if fmt not in FORMATS:
         raise ValueError(f"--log-format: {fmt!r} is not one of {', '.join(FORMATS)}")
     json_output = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    shared = [
+    shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,

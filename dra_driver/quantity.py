@@ -67,7 +67,7 @@ def parse_decimal(value: object, field: str) -> Decimal:
     if m.group(2) is not None and abs(int(m.group(2))) > MAX_EXPONENT:
         raise QuantityError(field, value, f"exponent out of range (at most e{MAX_EXPONENT})")
     try:
-        amount = parse_quantity(text)
+        amount: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
     except (ValueError, InvalidOperation, TypeError):
         raise QuantityError(field, value, "not a valid quantity (examples: 4Gi, 512Mi, 1500000000)") from None
     if abs(amount) > MAX_AMOUNT:

@@ -9,6 +9,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+Samples = dict[str, dict[tuple[str, ...], float]]  # see scrape()
+
 COLUMNS = ("NAMESPACE/CLAIM", "GPU", "MEM LIMIT", "MEM USED", "NVML MEM", "COMPUTE", "UTIL", "RATE", "PACED", "OOM")
 
 
@@ -22,11 +24,11 @@ def human_bytes(n: float) -> str:
     return str(n)
 
 
-def scrape(url: str, timeout: float = 5.0) -> dict[str, dict[tuple, float]]:
+def scrape(url: str, timeout: float = 5.0) -> Samples:
     """metric sample name -> {(namespace, claim, gpu) or (gpu, index) or (): value}"""
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         text = resp.read().decode()
-    out: dict[str, dict[tuple, float]] = {}
+    out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             key = tuple(s.labels.get(k, "") for k in ("namespace", "claim", "gpu")) if "claim" in s.labels else \
@@ -35,9 +37,9 @@ def scrape(url: str, timeout: float = 5.0) -> dict[str, dict[tuple, float]]:
     return out
 
 
-def frame(m: dict[str, dict[tuple, float]]) -> str:
-    def get(name, key, default=0.0):
-        return m.get(name, {}).get(key, default)
+def frame(m: Samples) -> str:
+    def get(name: str, key: tuple[str, ...]) -> float:
+        return m.get(name, {}).get(key, 0.0)
 
     rows = []
     for key in sorted(m.get("gpushare_claim_memory_limit_bytes", {})):
@@ -52,11 +54,11 @@ def frame(m: dict[str, dict[tuple, float]]) -> str:
                      f"{get('gpushare_claim_paced_seconds_total', key):.1f}s",
                      f"{get('gpushare_claim_oom_refusals_total', key):.0f}"))
     widths = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
-    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in [COLUMNS, *rows]]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [COLUMNS, *rows]]
     gpus = []
     for key, used in sorted(m.get("gpushare_gpu_memory_used_bytes", {}).items()):
         total = get("gpushare_gpu_memory_total_bytes", key)
-        util = get("gpushare_gpu_utilization_ratio", key, None)
+        util = m.get("gpushare_gpu_utilization_ratio", {}).get(key)
         gpus.append(f"GPU {key[1]} {key[0]}: memory {human_bytes(used)} / {human_bytes(total)}"
                     + (f", utilization {util:.0%}" if util is not None else ""))
     claims = int(m.get("gpushare_prepared_claims", {}).get((), len(rows)))

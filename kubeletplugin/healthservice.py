@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import grpc
 
 from dra_driver.log import get_logger
 
@@ -50,8 +52,9 @@ class DeviceHealthServicer(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthService
                             health_check_timeout_seconds=TIMEOUT_S, message="" if healthy else message)
             for name, healthy, message in self.devices()])
 
-    def NodeWatchResources(self, request, context):
-        seen = None
+    def NodeWatchResources(self, request: pb.NodeWatchResourcesRequest,
+                           context: grpc.ServicerContext) -> Iterator[pb.NodeWatchResourcesResponse]:
+        seen: int | None = None
         while context.is_active():
             with self._changed:
                 if seen == self._version and not self._closed:

@@ -12,9 +12,12 @@ import platform
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from importlib import metadata
 from socketserver import ThreadingMixIn
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, make_wsgi_app
 
@@ -59,7 +62,7 @@ class Metrics:
         self.calls.labels(operation, "success" if ok else "error").inc()
         self.latency.labels(operation).observe(seconds)
 
-    def instrument(self, api_client) -> None:
+    def instrument(self, api_client: object) -> None:
         """Count every request a kubernetes.client.ApiClient sends (all API classes share its rest client).
         A client shared by several plugins (tests) counts into the newest one's registry."""
         rest = getattr(api_client, "rest_client", None)
@@ -71,7 +74,7 @@ class Metrics:
             return
         send = rest.request
 
-        def request(method, url, *args, **kwargs):
+        def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
             started = time.monotonic()
             code = "error"
             try:
@@ -110,9 +113,9 @@ class Metrics:
             self._server = None
 
 
-def _only_metrics(app):
+def _only_metrics(app: WSGIApplication) -> WSGIApplication:
     """Metrics at /metrics and nowhere else: a probe or a crawler on `/` gets a 404, not a scrape."""
-    def only(environ, start_response):
+    def only(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == METRICS_PATH:
             return app(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
@@ -125,5 +128,5 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # one access line per scrape is noise
+    def log_message(self, format: str, *args: Any) -> None:  # one access line per scrape is noise
         pass

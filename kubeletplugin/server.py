@@ -7,7 +7,9 @@ Each claim of a request gets its own entry in the answer; a claim that fails car
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import ModuleType
+from typing import TypeVar
 
 import grpc
 
@@ -29,6 +31,16 @@ log = get_logger("kubeletplugin.server")
 
 SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 
+# The same messages in both DRA API versions (DraServicer serves either).
+PrepareRequest = dra_v1_pb2.NodePrepareResourcesRequest | dra_v1beta1_pb2.NodePrepareResourcesRequest
+PrepareResponse = dra_v1_pb2.NodePrepareResourcesResponse | dra_v1beta1_pb2.NodePrepareResourcesResponse
+UnprepareRequest = dra_v1_pb2.NodeUnprepareResourcesRequest | dra_v1beta1_pb2.NodeUnprepareResourcesRequest
+UnprepareResponse = dra_v1_pb2.NodeUnprepareResourcesResponse | dra_v1beta1_pb2.NodeUnprepareResourcesResponse
+Claim = dra_v1_pb2.Claim | dra_v1beta1_pb2.Claim
+ClaimAnswer = (dra_v1_pb2.NodePrepareResourceResponse | dra_v1beta1_pb2.NodePrepareResourceResponse
+               | dra_v1_pb2.NodeUnprepareResourceResponse | dra_v1beta1_pb2.NodeUnprepareResourceResponse)
+_Result = TypeVar("_Result")
+
 
 class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
     def __init__(self, driver_name: str, endpoint: str):
@@ -36,11 +48,13 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
         self.endpoint = endpoint
         self.registered: bool | None = None
 
-    def GetInfo(self, request, context):
+    def GetInfo(self, request: pluginregistration_pb2.InfoRequest,
+                context: grpc.ServicerContext) -> pluginregistration_pb2.PluginInfo:
         return pluginregistration_pb2.PluginInfo(type="DRAPlugin", name=self.driver_name, endpoint=self.endpoint,
                                                  supported_versions=SUPPORTED_VERSIONS)
 
-    def NotifyRegistrationStatus(self, request, context):
+    def NotifyRegistrationStatus(self, request: pluginregistration_pb2.RegistrationStatus,
+                                 context: grpc.ServicerContext) -> pluginregistration_pb2.RegistrationStatusResponse:
         self.registered = request.plugin_registered
         if request.plugin_registered:
             log.info("registered with the kubelet", driver=self.driver_name, endpoint=self.endpoint)
@@ -58,8 +72,8 @@ class DraServicer:
         self.metrics = metrics
         self.has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name  # v1 only
 
-    def NodePrepareResources(self, request, context):
-        response = self.pb.NodePrepareResourcesResponse()
+    def NodePrepareResources(self, request: PrepareRequest, context: grpc.ServicerContext) -> PrepareResponse:
+        response: PrepareResponse = self.pb.NodePrepareResourcesResponse()
         for claim in request.claims:
             answer = response.claims[claim.uid]
             devices = self._call("prepare", self.driver.prepare, claim, answer)
@@ -67,16 +81,17 @@ class DraServicer:
                 device = answer.devices.add(request_names=d["requestNames"], pool_name=d["poolName"],
                                             device_name=d["deviceName"], cdi_device_ids=d["cdiDeviceIDs"])
                 if self.has_share_id and d.get("shareID"):
-                    device.share_id = d["shareID"]
+                    device.share_id = d["shareID"]  # type: ignore[union-attr]  # has_share_id: v1 only
         return response
 
-    def NodeUnprepareResources(self, request, context):
-        response = self.pb.NodeUnprepareResourcesResponse()
+    def NodeUnprepareResources(self, request: UnprepareRequest, context: grpc.ServicerContext) -> UnprepareResponse:
+        response: UnprepareResponse = self.pb.NodeUnprepareResourcesResponse()
         for claim in request.claims:
             self._call("unprepare", self.driver.unprepare, claim, response.claims[claim.uid])
         return response
 
-    def _call(self, operation: str, func, claim, answer):
+    def _call(self, operation: str, func: Callable[[str, str, str], _Result], claim: Claim,
+              answer: ClaimAnswer) -> _Result | None:
         start = time.monotonic()
         ok = False
         try:
@@ -97,5 +112,8 @@ class DraServicer:
 
 
 def add_dra_services(server: grpc.Server, driver: Driver, metrics: Metrics) -> None:
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(driver, dra_v1_pb2, metrics), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraServicer(driver, dra_v1beta1_pb2, metrics), server)
+    # The generated *_pb2_grpc modules carry no annotations (protoc writes .pyi stubs only for messages).
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
+        DraServicer(driver, dra_v1_pb2, metrics), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
+        DraServicer(driver, dra_v1beta1_pb2, metrics), server)

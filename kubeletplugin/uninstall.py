@@ -43,7 +43,8 @@ def prepared_claims(state_dir: str) -> list[str]:
         return sorted(os.listdir(claims)) if os.path.isdir(claims) else []
 
 
-def remove_node_state(state_dir: str, cdi_root: str, hook_dir: str | None = None, force: bool = False) -> dict:
+def remove_node_state(state_dir: str, cdi_root: str, hook_dir: str | None = None,
+                      force: bool = False) -> dict[str, int]:
     """Remove our files; returns counts by kind. NodeStateInUse unless `force` when claims are prepared."""
     in_use = prepared_claims(state_dir)
     if in_use and not force:

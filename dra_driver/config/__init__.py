@@ -9,7 +9,7 @@ version-independent `GpuShareConfig` that the rest of the driver uses. A new ver
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from . import v1alpha1
 from .errors import ConfigError
@@ -17,7 +17,22 @@ from .errors import ConfigError
 GROUP = "gpushare.dev"
 KIND = "GpuShareConfig"
 
-_VERSIONS = {v1alpha1.API_VERSION: v1alpha1}
+
+class _Versioned(Protocol):
+    """A decoded object of one version (e.g. v1alpha1.GpuShareConfigV1alpha1)."""
+
+    def normalize(self) -> None: ...
+    def validate(self) -> None: ...
+    def to_internal(self, hub: type[GpuShareConfig]) -> GpuShareConfig: ...
+
+
+class _Version(Protocol):
+    """What a version module (e.g. v1alpha1) provides."""
+
+    def decode(self, obj: dict[str, Any]) -> _Versioned: ...
+
+
+_VERSIONS: dict[str, _Version] = {v1alpha1.API_VERSION: v1alpha1}
 
 COMPUTE_POLICIES = ("Hard", "Burst")
 

@@ -6,13 +6,16 @@ keeps the two in agreement.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..quantity import QuantityError, parse_bytes
 from .errors import ConfigError
 
 API_VERSION = "gpushare.dev/v1alpha1"
+
+_Hub = TypeVar("_Hub")  # the version-independent config (passed in: the package imports this module)
 
 # field name -> accepted JSON types, for strict decoding (bool is not an int here).
 _FIELDS: dict[str, tuple[type, ...]] = {
@@ -43,12 +46,12 @@ class GpuShareConfigV1alpha1:
         if self.computePolicy not in ("Hard", "Burst"):
             raise ConfigError("computePolicy", self.computePolicy, "must be Hard or Burst")
 
-    def to_internal(self, hub: type) -> Any:
+    def to_internal(self, hub: Callable[..., _Hub]) -> _Hub:
         return hub(memory_limit=self.memoryLimit, compute_limit=self.computeLimit,
                    compute_policy=self.computePolicy)
 
 
-def decode(obj: dict) -> GpuShareConfigV1alpha1:
+def decode(obj: dict[str, Any]) -> GpuShareConfigV1alpha1:
     """Strict decoding: unknown fields and wrong types are errors naming the field."""
     for key, value in obj.items():
         if key not in _FIELDS:

@@ -14,6 +14,7 @@ from decimal import Decimal
 from .. import devicemodel
 from ..devicemodel import CAPACITY, FULL_COMPUTE, PARTITION
 from ..discovery import GpuInfo
+from ..kube import JSON
 from ..quantity import QuantityError, format_bytes, parse_decimal
 
 API_VERSION = "resource.k8s.io/v1"
@@ -52,7 +53,7 @@ def quantity(value: Decimal | int) -> str:
     return f"{int(value * 1000)}m"
 
 
-def _attributes(gpu: GpuInfo, mode: str) -> dict:
+def _attributes(gpu: GpuInfo, mode: str) -> JSON:
     return {
         "uuid": {"string": gpu.uuid[:64]},
         "index": {"int": gpu.index},
@@ -64,7 +65,7 @@ def _attributes(gpu: GpuInfo, mode: str) -> dict:
     }
 
 
-def _capacity_device(gpu: GpuInfo) -> dict:
+def _capacity_device(gpu: GpuInfo) -> JSON:
     max_memory = gpu.memory_bytes // MEMORY_STEP * MEMORY_STEP  # max must be a multiple of step
     return {
         "name": devicemodel.whole_gpu_device(gpu.index),
@@ -90,7 +91,7 @@ def _capacity_device(gpu: GpuInfo) -> dict:
     }
 
 
-def _share_devices(gpu: GpuInfo, partitions: int) -> list[dict]:
+def _share_devices(gpu: GpuInfo, partitions: int) -> list[JSON]:
     memory = format_bytes(devicemodel.share_memory(gpu, partitions))
     compute = quantity(Decimal(FULL_COMPUTE) / partitions)
     return [{"name": devicemodel.share_device(gpu.index, j), "attributes": _attributes(gpu, PARTITION),
@@ -104,7 +105,7 @@ def publishable(gpu: GpuInfo) -> bool:
 
 
 def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: bool,
-                    effect: str = TAINT_EFFECT) -> list[dict]:
+                    effect: str = TAINT_EFFECT) -> list[JSON]:
     """The devices of a node, ordered by GPU index then share.
 
     An unhealthy GPU is published with a taint when the server keeps device taints (NoSchedule:
@@ -123,7 +124,7 @@ def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: boo
     return devices
 
 
-def chunk_devices(devices: list[dict]) -> list[list[dict]]:
+def chunk_devices(devices: list[JSON]) -> list[list[JSON]]:
     """Devices split into slices of at most 128 (64 when any device has taints).
 
     One limit for the whole pool keeps the split stable and simple; a pool always has at
@@ -146,16 +147,16 @@ def slice_name(node: str, driver: str, suffix: int | str) -> str:
     return f"{node[:200].rstrip('.-')}-{digest}-{suffix}"
 
 
-def owner_reference(node: str, node_uid: str) -> dict:
+def owner_reference(node: str, node_uid: str) -> JSON:
     return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
 
 
-def desired_slices(node: str, driver: str, devices: list[dict], node_uid: str | None) -> list[dict]:
+def desired_slices(node: str, driver: str, devices: list[JSON], node_uid: str | None) -> list[JSON]:
     """The slices of the pool, generation 0: the reconciler sets the real generation."""
     chunks = chunk_devices(devices)
     slices = []
     for i, chunk in enumerate(chunks):
-        metadata: dict = {"name": slice_name(node, driver, i)}
+        metadata: JSON = {"name": slice_name(node, driver, i)}
         if node_uid:
             metadata["ownerReferences"] = [owner_reference(node, node_uid)]
         slices.append({
@@ -172,14 +173,14 @@ def desired_slices(node: str, driver: str, devices: list[dict], node_uid: str | 
     return slices
 
 
-def with_generation(slice_obj: dict, generation: int) -> dict:
+def with_generation(slice_obj: JSON, generation: int) -> JSON:
     spec = slice_obj["spec"]
     return {**slice_obj, "spec": {**spec, "pool": {**spec["pool"], "generation": generation}}}
 
 
 # --- comparing what we want with what the server has ------------------------------------
 
-def _canonical_quantities(value):
+def _canonical_quantities(value: object) -> object:
     """Quantity strings parsed, so "12.5" equals "12500m" and "16Gi" equals "17179869184"."""
     if isinstance(value, dict):
         return {k: _canonical_quantities(v) for k, v in value.items()}
@@ -191,7 +192,7 @@ def _canonical_quantities(value):
     return value
 
 
-def _canonical_device(device: dict) -> dict:
+def _canonical_device(device: JSON) -> JSON:
     device = dict(device)
     if "capacity" in device:
         device["capacity"] = _canonical_quantities(device["capacity"])
@@ -205,7 +206,7 @@ def _canonical_device(device: dict) -> dict:
     return device
 
 
-def content(slice_obj: dict) -> dict:
+def content(slice_obj: JSON) -> JSON:
     """What we manage in a slice, without server-set fields, the generation and list order."""
     spec = slice_obj.get("spec") or {}
     pool = spec.get("pool") or {}
@@ -220,11 +221,11 @@ def content(slice_obj: dict) -> dict:
     }
 
 
-def generation(slice_obj: dict) -> int:
+def generation(slice_obj: JSON) -> int:
     return int(((slice_obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
 
 
-def in_sync(desired: list[dict], actual: list[dict]) -> bool:
+def in_sync(desired: list[JSON], actual: list[JSON]) -> bool:
     """True when the server's slices are exactly the desired ones at one common generation."""
     by_name = {s["metadata"]["name"]: s for s in actual}
     if set(by_name) != {s["metadata"]["name"] for s in desired}:
@@ -236,7 +237,7 @@ def in_sync(desired: list[dict], actual: list[dict]) -> bool:
 
 # --- what the server keeps -----------------------------------------------------------------
 
-def probe_slice(node: str, driver: str) -> dict:
+def probe_slice(node: str, driver: str) -> JSON:
     """A one-device slice using every gated field, for a dryRun create that shows what the server keeps."""
     gpu = GpuInfo(index=0, uuid="probe", minor=0, product_name="probe", memory_bytes=2 * MIN_PUBLISHABLE_MEMORY,
                   architecture="probe", cuda_compute_capability="0.0", driver_version="0.0.0",
@@ -246,7 +247,7 @@ def probe_slice(node: str, driver: str) -> dict:
     return with_generation(obj, 1)
 
 
-def kept_features(sent: dict, returned: dict) -> tuple[bool | None, bool | None]:
+def kept_features(sent: JSON, returned: JSON) -> tuple[bool | None, bool | None]:
     """(consumable capacity kept, device taints kept) judged from a write and the server's answer.
 
     None where the sent object did not use that feature, so nothing can be concluded.

@@ -55,7 +55,7 @@ CONTAINER_PROBE = "/usr/local/bin/gpushare-probe"
 class Workload:
     """A running container's main process. A thread collects its stdout lines as they come."""
 
-    def __init__(self, name: str, proc: subprocess.Popen, kill=None):
+    def __init__(self, name: str, proc: subprocess.Popen[str], kill=None):
         self.name = name
         self.proc = proc
         self._kill = kill  # kills it from outside: a container's PID 1 ignores SIGTERM
@@ -64,6 +64,7 @@ class Workload:
         threading.Thread(target=self._pump, name=f"workload-{name}", daemon=True).start()
 
     def _pump(self) -> None:
+        assert self.proc.stdout is not None  # started with stdout=PIPE
         for line in self.proc.stdout:
             self._queue.put(line.rstrip("\n"))
         self._queue.put(None)  # end of output
@@ -159,10 +160,10 @@ class ProcessRunner:
                 os.makedirs(os.path.dirname(link), exist_ok=True)
                 os.symlink(host_path, link)
         host = {**os.environ, **env, "GPUSHARE_RUN_DIR": run_dir}
-        for var, container_path in (("LD_PRELOAD", env.get("LD_PRELOAD")),
-                                    ("GPUSHARE_SIM_STATE", env.get("GPUSHARE_SIM_STATE"))):
-            if container_path in mounts:
-                host[var] = mounts[container_path]
+        for var, preloaded in (("LD_PRELOAD", env.get("LD_PRELOAD")),
+                               ("GPUSHARE_SIM_STATE", env.get("GPUSHARE_SIM_STATE"))):
+            if preloaded in mounts:
+                host[var] = mounts[preloaded]
         if "LD_LIBRARY_PATH" in env:
             sim_lib = mounts.get(env["LD_LIBRARY_PATH"] + "/libcuda.so.1")
             if sim_lib:

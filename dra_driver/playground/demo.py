@@ -28,18 +28,27 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 
 from ..quantity import format_bytes
-from .containers import parse_kv
+from .containers import Workload, parse_kv
+
+if TYPE_CHECKING:  # imported where used: `demo --help` stays quick
+    from kubeletplugin.main import Plugin
+
+    from .containers import PodmanRunner, ProcessRunner
+    from .emulator import ApiEmulator
+    from .kubelet import Kubelet
 
 GiB = 1 << 30
 MiB = 1 << 20
 DRIVER = "gpushare.dev"
 NODE = "demo-node"
 NAMESPACE = "default"
-DEVICE_CLASS = {
+# Bodies are the API's JSON; the client sends a dict as it is (its methods are typed for its models).
+DEVICE_CLASS: Any = {
     "apiVersion": "resource.k8s.io/v1",
     "kind": "DeviceClass",
     "metadata": {"name": DRIVER},
@@ -57,7 +66,8 @@ class Story:
     """Prints each step and what it shows; remembers whether every check held."""
 
     def __init__(self, steps: int):
-        self.steps, self.n, self.failures = steps, 0, []
+        self.steps, self.n = steps, 0
+        self.failures: list[str] = []
 
     def step(self, title: str, why: str) -> None:
         self.n += 1
@@ -75,14 +85,14 @@ class Story:
         return ok
 
 
-def _claim_body(name: str, memory: int, compute: int) -> dict:
+def _claim_body(name: str, memory: int, compute: int) -> Any:  # a body: see DEVICE_CLASS
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": DRIVER,
                 "capacity": {"requests": {"memory": format_bytes(memory), "compute": str(compute)}}}}]}}}
 
 
-def _pod_body(name: str, claim: str, containers: list[str]) -> dict:
+def _pod_body(name: str, claim: str, containers: list[str]) -> Any:  # a body: see DEVICE_CLASS
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"nodeName": NODE, "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
                      "containers": [{"name": c, "image": "gpushare-probe", "resources": {"claims": [{"name": "gpu"}]}}
@@ -90,6 +100,13 @@ def _pod_body(name: str, claim: str, containers: list[str]) -> dict:
 
 
 class Demo:
+    # Each set by its step; None until then (mypy: strict_optional is off for this module).
+    emu: ApiEmulator
+    plugin: Plugin
+    kubelet: Kubelet
+    runner: PodmanRunner | ProcessRunner
+    workloads: list[Workload]
+
     def __init__(self, mock_gpus: str, workdir: str, runtime: str):
         from ..hookpath import native_paths
 
@@ -208,7 +225,7 @@ class Demo:
                "DRAConsumableCapacity is on, as on a cluster with that feature gate.")
         self.emu = ApiEmulator(consumable_capacity=True).start()
         core = client.CoreV1Api(self.emu.api_client())
-        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})  # type: ignore[arg-type]
         client.ResourceV1Api(self.emu.api_client()).create_device_class(DEVICE_CLASS)
         s.show(f"API server {self.emu.url}; node {NODE}; DeviceClass {DRIVER} (device.driver == \"{DRIVER}\")")
 
@@ -385,7 +402,8 @@ class Demo:
         s.check(answer.error == "", "prepared", answer.error)
         self.answers["other-team"] = [list(d.cdi_device_ids) for d in answer.devices]
         _, got, result = self._alloc("c1", "other-team", 4 * GiB)  # keeps holding, as trainer-a's do
-        s.check(got == SECOND_CLAIM_MEMORY and result == "oom", f"other-team got its {format_bytes(got)}, then {result}")
+        s.check(got == SECOND_CLAIM_MEMORY and result == "oom",
+                f"other-team got its {format_bytes(got)}, then {result}")
 
     def pacing(self):
         s = self.story

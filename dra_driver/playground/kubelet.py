@@ -31,7 +31,8 @@ class Kubelet:
         self.reg.close()
 
     def get_info(self):
-        return pluginregistration_pb2_grpc.RegistrationStub(self.reg).GetInfo(pluginregistration_pb2.InfoRequest(), timeout=5)
+        return pluginregistration_pb2_grpc.RegistrationStub(self.reg).GetInfo(
+            pluginregistration_pb2.InfoRequest(), timeout=5)
 
     def notify(self, registered: bool, error: str = "") -> None:
         pluginregistration_pb2_grpc.RegistrationStub(self.reg).NotifyRegistrationStatus(

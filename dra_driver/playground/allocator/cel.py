@@ -15,7 +15,7 @@ import re
 
 import celpy
 from celpy import celtypes
-from celpy.evaluation import CELEvalError
+from celpy.evaluation import CELEvalError, CELFunction
 
 from .devices import Device, to_quantity
 
@@ -55,7 +55,7 @@ def _compare(a, b) -> celtypes.IntType:
     return celtypes.IntType((a > b) - (a < b))
 
 
-_FUNCTIONS = {
+_FUNCTIONS: dict[str, CELFunction] = {
     "quantity": lambda text: _number(to_quantity(str(text))),
     "semver": lambda text: Semver(text),
     "compareTo": _compare,
@@ -99,11 +99,14 @@ def _device_input(device: Device) -> celtypes.MapType:
     attributes, capacity = _Domains(), _Domains()
     for qualified, (kind, value) in device.attributes.items():
         domain, name = _split(qualified)
-        attributes.setdefault(celtypes.StringType(domain), celtypes.MapType())[celtypes.StringType(name)] = \
+        # setdefault's result is the MapType just put there (celpy types it as any CEL value)
+        attributes.setdefault(celtypes.StringType(domain), celtypes.MapType())[  # type: ignore[index,call-overload]
+            celtypes.StringType(name)] = \
             _ATTRIBUTE_TYPES[kind](value)
     for qualified, cap in device.capacity.items():
         domain, name = _split(qualified)
-        capacity.setdefault(celtypes.StringType(domain), celtypes.MapType())[celtypes.StringType(name)] = \
+        capacity.setdefault(celtypes.StringType(domain), celtypes.MapType())[  # type: ignore[index,call-overload]
+            celtypes.StringType(name)] = \
             _number(cap.value)
     return celtypes.MapType({
         celtypes.StringType("driver"): celtypes.StringType(device.driver),

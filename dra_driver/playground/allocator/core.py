@@ -126,7 +126,7 @@ class _Search:
         for name, cap in device.capacity.items():
             amount = consumed_amount(cap, requested.get(name))
             taken = self.usage.consumed[device.key][name] + sum(
-                p.consumed[name] for p in self.picks if p.device.key == device.key)
+                p.consumed[name] for p in self.picks if p.device.key == device.key)  # type: ignore[index,misc]  # picks on a shared device carry consumed
             if taken + amount > cap.value:
                 raise Unfit(f"{cap.key}: needs {format_quantity(amount, cap.text)}, "
                             f"{format_quantity(cap.value - taken, cap.text)} of "
@@ -159,6 +159,7 @@ class _Search:
         return False
 
     def _fill(self, choice: _Choice, index: int, filled: int, start: int) -> bool:
+        assert choice.count is not None  # allocationMode All goes to _fill_all
         if filled == choice.count:
             return self._solve(index + 1)
         # Devices are picked in candidate order, so no set of devices is tried twice.
@@ -257,7 +258,8 @@ class _Allocator:
     @staticmethod
     def _result(pick: _Pick) -> dict:
         device = pick.device
-        result = {"request": pick.choice.name, "driver": device.driver, "pool": device.pool, "device": device.name}
+        result: dict[str, object] = {"request": pick.choice.name, "driver": device.driver, "pool": device.pool,
+                                     "device": device.name}
         if pick.consumed is not None:
             # Each allocation on a shared device gets its own ID (the plugin names CDI devices by it).
             result["shareID"] = str(uuid.uuid4())
@@ -290,7 +292,7 @@ class _Allocator:
                 if len(choices) == 1:
                     return f"request {choices[0].name!r}: {reasons[0]}"
                 return f"request {choices[0].request!r}: no subrequest can be satisfied: " + "; ".join(
-                    f"{c.name}: {r}" for c, r in zip(choices, reasons))
+                    f"{c.name}: {r}" for c, r in zip(choices, reasons, strict=True))
         names = [choices[0].request for choices in self.requests]
         if self.constraints:
             return (f"requests {names}: each fits alone but not together under the constraints "

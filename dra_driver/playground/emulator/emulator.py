@@ -25,8 +25,8 @@ class ApiEmulator:
         self.bookmark_interval = bookmark_interval
         self.stopping = False
         self._address = (host, port)
-        self._server = None
-        self._thread = None
+        self._server: EmulatorHTTPServer | None = None
+        self._thread: threading.Thread | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -45,7 +45,8 @@ class ApiEmulator:
         self.store.close_watches()
         self._server.shutdown()
         self._server.server_close()
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         self._server = None
 
     def __enter__(self):
@@ -58,8 +59,9 @@ class ApiEmulator:
 
     @property
     def url(self):
+        assert self._server is not None, "the emulator is not started"
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host}:{port}"  # type: ignore[str-bytes-safe]  # an IP address: str
 
     def client_configuration(self):
         configuration = kubernetes.client.Configuration()

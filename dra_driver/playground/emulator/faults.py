@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 @dataclass
 class _Match:
-    method: str = None  # None matches every method
-    path_contains: str = None  # None matches every path
+    method: str | None = None  # None matches every method
+    path_contains: str | None = None  # None matches every path
 
     def matches(self, method, path):
         return ((self.method is None or self.method.upper() == method)

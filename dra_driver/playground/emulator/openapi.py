@@ -35,10 +35,10 @@ def _openapi_schema(node, ref_prefix):
             types = [t for t in value if t != "null"]
             out[key] = types[0] if len(types) == 1 else types
         elif key == "oneOf" and all(set(o) == {"type"} for o in value):
-            types = {t for o in value for t in (o["type"] if isinstance(o["type"], list)
-                                                else [o["type"]])}
+            one_of = {t for o in value for t in (o["type"] if isinstance(o["type"], list)
+                                                 else [o["type"]])}
             out["type"] = "string"
-            if "integer" in types:
+            if "integer" in one_of:
                 out["format"] = "int-or-string"
         elif key == "enum" and node.get("type") and None in value:
             out[key] = [v for v in value if v is not None]

@@ -85,9 +85,9 @@ class Registry:
     def _check_type_meta(self, rt, body):
         if not isinstance(body, dict):
             raise bad_request("the body of the request must be a JSON object")
-        for field, expected in (("kind", rt.kind), ("apiVersion", rt.api_version)):
-            if body.get(field) not in (None, "", expected):
-                raise bad_request(f"{field} {body[field]!r} does not match the expected "
+        for key, expected in (("kind", rt.kind), ("apiVersion", rt.api_version)):
+            if body.get(key) not in (None, "", expected):
+                raise bad_request(f"{key} {body[key]!r} does not match the expected "
                                   f"{expected!r}")
         body = {**body, "apiVersion": rt.api_version, "kind": rt.kind}
         metadata = body.get("metadata")
@@ -150,12 +150,13 @@ class Registry:
                              for _ in range(GENERATE_NAME_SUFFIX_LENGTH))
             metadata["name"] = metadata["generateName"] + suffix
         metadata.update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(), generation=1)
-        for field in ("deletionTimestamp", "deletionGracePeriodSeconds"):
-            metadata.pop(field, None)
+        for key in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            metadata.pop(key, None)
         if rt.kind in STATUS_ON_CREATE:
             obj.pop("status", None)
-            if STATUS_ON_CREATE[rt.kind] is not None:
-                obj["status"] = dict(STATUS_ON_CREATE[rt.kind])
+            status = STATUS_ON_CREATE[rt.kind]
+            if status is not None:
+                obj["status"] = dict(status)
         obj = self._finish(rt, obj, write)
         return self.store.create(rt, obj, dry_run=write.dry_run)
 
@@ -276,13 +277,13 @@ class Registry:
         preconditions = (options or {}).get("preconditions") or {}
 
         def check(old):
-            for field in ("uid", "resourceVersion"):
-                wanted = preconditions.get(field)
-                if wanted and wanted != old["metadata"].get(field):
+            for key in ("uid", "resourceVersion"):
+                wanted = preconditions.get(key)
+                if wanted and wanted != old["metadata"].get(key):
                     raise ApiError(409, f'Operation cannot be fulfilled on {rt.qualified_name} '
-                                        f'"{name}": Precondition failed: {field} in precondition: '
-                                        f'{wanted}, {field} in object meta: '
-                                        f'{old["metadata"].get(field)}', "Conflict",
+                                        f'"{name}": Precondition failed: {key} in precondition: '
+                                        f'{wanted}, {key} in object meta: '
+                                        f'{old["metadata"].get(key)}', "Conflict",
                                    {"name": name, **({"group": rt.group} if rt.group else {}),
                                     "kind": rt.plural})
 

@@ -87,7 +87,7 @@ BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCE_TYPES}
 
 def group_versions():
     """{group: [version, ...]} for the named (non-core) groups, in declaration order."""
-    groups = {}
+    groups: dict[str, list[str]] = {}
     for rt in RESOURCE_TYPES:
         if rt.group and rt.version not in groups.setdefault(rt.group, []):
             groups[rt.group].append(rt.version)

@@ -52,10 +52,12 @@ def _decode_continue(token):
     try:
         return tuple(base64.urlsafe_b64decode(token.encode()).decode().split("/", 1))
     except (ValueError, UnicodeDecodeError):
-        raise bad_request("continue key is not valid")
+        raise bad_request("continue key is not valid") from None
 
 
 class ApiRequestHandler(BaseHTTPRequestHandler):
+    server: EmulatorHTTPServer
+    _record: RequestRecord | None
     protocol_version = "HTTP/1.1"  # keep-alive, and chunked encoding for watches
     # Headers and body go out in separate writes; with Nagle on, each response waits ~40 ms
     # for the client's delayed ACK.
@@ -106,13 +108,14 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         except Exception:  # a bug in the emulator: answer like the server would, and say so
             log.exception("emulator failed on %s %s", method, self.path)
-            error = ApiError(500, "internal error in the API emulator")
-            self._send_json(500, error.status())
+            internal = ApiError(500, "internal error in the API emulator")
+            self._send_json(500, internal.status())
         if self._record:
             self._log_request(status)
 
     def _log_request(self, status):
         """Record the request once: watches are recorded when their stream starts."""
+        assert self._record is not None  # callers check
         self.server.emulator.requests_log.add(self._record._replace(status=status))
         log.debug("%s %s %s", self._record.method, self.path, status)
         self._record = None
@@ -127,7 +130,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
                 return yaml.safe_load(raw)  # server-side apply sends YAML (or JSON, a subset)
             return json.loads(raw)
         except (ValueError, yaml.YAMLError) as error:
-            raise bad_request(f"couldn't get version/kind; json parse error: {error}")
+            raise bad_request(f"couldn't get version/kind; json parse error: {error}") from None
 
     def _send_json(self, code, payload):
         self._send(code, json.dumps(payload).encode())
@@ -203,7 +206,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
     def _discovery(self, parts):
         """The discovery document for parts, or None when parts is not a discovery path."""
         kube_version = self.server.emulator.validator.kube_version
-        host = f"{self.server.server_address[0]}:{self.server.server_address[1]}"
+        host = f"{self.server.server_address[0]}:{self.server.server_address[1]}"  # type: ignore[str-bytes-safe]  # an IP address: str
         if parts == []:
             return {"paths": ["/api", "/api/v1", "/apis", "/version"] + [
                 f"/apis/{g}/{v}" for g, vs in resources.group_versions().items() for v in vs]}
@@ -274,7 +277,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             after = _decode_continue(query["continue"])
             items = [o for o in items
                      if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > after]
-        metadata = {"resourceVersion": str(rv)}
+        metadata: dict[str, object] = {"resourceVersion": str(rv)}
         limit = int(query.get("limit") or 0)
         if 0 < limit < len(items):
             metadata["continue"] = _encode_continue(items[limit - 1])
@@ -293,7 +296,7 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         try:
             since_rv = int(rv_text) if rv_text else 0
         except ValueError:
-            raise bad_request(f"invalid resource version: {rv_text}")
+            raise bad_request(f"invalid resource version: {rv_text}") from None
         send_initial = _query_flag(query, "sendInitialEvents") if "sendInitialEvents" in query \
             else None
         timeout = float(query.get("timeoutSeconds") or 0)

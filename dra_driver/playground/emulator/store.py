@@ -9,7 +9,7 @@ import queue
 import threading
 
 from .errors import already_exists, expired, not_found
-from .resources import RESOURCE_TYPES
+from .resources import RESOURCE_TYPES, ResourceType
 
 ADDED, MODIFIED, DELETED, BOOKMARK = "ADDED", "MODIFIED", "DELETED", "BOOKMARK"
 # Put on a subscription's queue to end the watch stream.
@@ -29,7 +29,7 @@ class Subscription:
         self.resource_type = resource_type
         self.namespace = namespace
         self.selection = selection
-        self.events = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[tuple[str, dict]] = queue.SimpleQueue()
 
     def translate(self, event_type, obj, old):
         """The event this watcher sees, if any; an object entering or leaving the selection
@@ -56,8 +56,9 @@ class Store:
     def __init__(self, history=1000):
         self._lock = threading.RLock()
         self._rv = 0
-        self._objects = {rt: {} for rt in RESOURCE_TYPES}  # type -> {(namespace, name): object}
-        self._history = collections.deque()
+        self._objects: dict[ResourceType, dict[tuple[str, str], dict]] = {
+            rt: {} for rt in RESOURCE_TYPES}  # type -> {(namespace, name): object}
+        self._history: collections.deque[HistoryEntry] = collections.deque()
         self._history_limit = history
         self._oldest_resumable_rv = 0  # watches from an older RV get 410 Gone
         self._subscriptions = set()

@@ -84,7 +84,7 @@ def _slice_cells(slice_obj):
 def _node_cells(node):
     conditions = {c.get("type"): c.get("status") for c in
                   (node.get("status") or {}).get("conditions") or []}
-    status = {"True": "Ready", "False": "NotReady"}.get(conditions.get("Ready"), "Unknown")
+    status = {"True": "Ready", "False": "NotReady"}.get(conditions.get("Ready") or "", "Unknown")
     if (node.get("spec") or {}).get("unschedulable"):
         status += ",SchedulingDisabled"
     prefix = "node-role.kubernetes.io/"

@@ -101,7 +101,7 @@ def _schema_error_to_field_errors(error):
 
 def schema_errors(obj, rt, kube_version):
     validator = _validator(kube_version, rt.kind, rt.group, rt.version)
-    errors = []
+    errors: list[FieldError] = []
     for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.path))):
         errors.extend(_schema_error_to_field_errors(error))
     return errors
@@ -118,7 +118,7 @@ def _check_dns(value, field, pattern, help_text, max_len, errors):
 
 
 def metadata_errors(obj):
-    errors = []
+    errors: list[FieldError] = []
     _check_dns(obj["metadata"].get("name"), "metadata.name", DNS_SUBDOMAIN, DNS_SUBDOMAIN_HELP,
                253, errors)
     return errors
@@ -139,7 +139,7 @@ def _check_pool_name(name, field, errors):
 
 
 def resource_slice_errors(slice_obj):
-    errors = []
+    errors: list[FieldError] = []
     spec = slice_obj.get("spec") or {}
     _check_dns(spec.get("driver"), "spec.driver", DNS_SUBDOMAIN, DNS_SUBDOMAIN_HELP, 63, errors)
     _check_pool_name((spec.get("pool") or {}).get("name"), "spec.pool.name", errors)
@@ -206,7 +206,7 @@ def _device_request_errors(request, base, errors):
 
 
 def _claim_spec_errors(claim_spec, base):
-    errors = []
+    errors: list[FieldError] = []
     requests = ((claim_spec or {}).get("devices") or {}).get("requests") or []
     _check_unique_names(requests, f"{base}.devices.requests", errors)
     for i, request in enumerate(requests):
@@ -221,7 +221,7 @@ def pod_claim_errors(pod):
     """Containers may only name claims the pod lists in spec.resourceClaims."""
     spec = pod.get("spec") or {}
     listed = [c.get("name") for c in spec.get("resourceClaims") or [] if isinstance(c, dict)]
-    errors = []
+    errors: list[FieldError] = []
     for group in ("initContainers", "containers"):
         for i, container in enumerate(spec.get(group) or []):
             claims = ((container or {}).get("resources") or {}).get("claims") or []
@@ -229,7 +229,7 @@ def pod_claim_errors(pod):
                 name = (claim or {}).get("name")
                 if name not in listed:
                     detail = "must be one of the names in pod.spec.resourceClaims"
-                    detail += f": {', '.join(listed)}" if listed else " which is empty"
+                    detail += f": {', '.join(map(str, listed))}" if listed else " which is empty"
                     errors.append(FieldError(f"spec.{group}[{i}].resources.claims[{j}].name",
                                              "Invalid", detail, name, True))
     return errors
@@ -243,7 +243,7 @@ def semantic_errors(obj, rt):
     if rt.kind == "ResourceClaimTemplate":
         return _claim_spec_errors((obj.get("spec") or {}).get("spec"), "spec.spec")
     if rt.kind == "DeviceClass":
-        errors = []
+        errors: list[FieldError] = []
         _selector_errors((obj.get("spec") or {}).get("selectors"), "spec.selectors", errors)
         return errors
     if rt.kind == "Pod":
