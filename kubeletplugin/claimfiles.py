@@ -20,11 +20,10 @@ import os
 import shutil
 
 from cdi import fsync_dir, remove_durable, remove_temp_files, write_atomic
+from dra_driver.hooklayout import CONTROL_SIZE, REGION_SIZE
 
 from .claimref import UID
 
-REGION_SIZE = 1 << 20  # bytes; hook/src/region.h
-CONTROL_SIZE = 4096  # bytes; hook/src/control.h
 LIMITS_VERSION = 1
 CONTAINER_LIBRARY = "/usr/local/gpushare/lib/libgpushare.so"
 FOLDER_MODE = 0o700

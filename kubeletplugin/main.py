@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import threading
 from concurrent import futures
 
 import grpc
@@ -27,6 +25,7 @@ from dra_driver.health import HealthAwareBackend, HealthCollector, HealthMonitor
 from dra_driver.install import LIBRARY_NAME
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.log import get_logger
+from dra_driver.runloop import serve
 
 from .cdispec import SimDriver
 from .driver import Driver
@@ -238,11 +237,5 @@ def _unlink(path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    plugin = Plugin(args).start()  # a bad flag raises PluginConfigError: the CLI's one-line error
-    stop.wait()
-    log.info("signal received, shutting down")
-    plugin.stop()
-    return 0
+    # a bad flag raises PluginConfigError from start(): the CLI's one-line error
+    return serve(lambda: Plugin(args).start(), log, "signal received, shutting down")

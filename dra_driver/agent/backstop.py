@@ -13,7 +13,6 @@ on the pod per episode, counters, a log line. docs/security.md states the promis
 
 from __future__ import annotations
 
-import datetime
 import os
 import queue
 import signal
@@ -23,6 +22,7 @@ import uuid
 
 from kubernetes import client
 
+from dra_driver.kube import plain, warning_event
 from dra_driver.log import get_logger
 
 from .procmap import Owner
@@ -243,17 +243,12 @@ class Backstop:
                     self._event(claim, {"apiVersion": "v1", "kind": "Pod", "name": name,
                                         "namespace": claim.namespace, "uid": pod}, message)
 
-    def _event(self, claim, involved: dict, message: str) -> None:
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:16]}", "namespace": claim.namespace},
-                "involvedObject": involved,
-                "reason": REASON, "message": message, "type": "Warning", "count": 1,
-                "firstTimestamp": now, "lastTimestamp": now,
-                "source": {"component": "gpushare-dra-agent", "host": self.node},
-                "reportingComponent": "gpushare.dev/agent", "reportingInstance": self.node}
+    def _event(self, claim, involved: dict[str, str], message: str) -> None:
+        body = warning_event(involved, REASON, message, namespace=claim.namespace, component="gpushare-dra-agent",
+                             reporting_component="gpushare.dev/agent", host=self.node,
+                             name=f"{involved['name']}.{uuid.uuid4().hex[:16]}")
         try:
-            self.core.create_namespaced_event(claim.namespace, body)
+            self.core.create_namespaced_event(claim.namespace, plain(body))
         except Exception as e:  # the metric and the log line still tell
             log.error("cannot create the Event", object=f"{involved['kind']} {claim.namespace}/{involved['name']}",
                       error=str(e))

@@ -1,10 +1,10 @@
-"""The trusted control file of a (claim, GPU) (hook/src/control.h, docs/interfaces.md).
+"""The trusted control file of a (claim, GPU) (layout: dra_driver/hooklayout.py, from hook/src/control.h).
 
 Created zero-filled by the kubelet plugin (root, 0644) and mounted read-only into containers,
 so unlike the usage region no tenant can write it: the library trusts its rate, even above the
 claim's limit. Only the agent writes it: magic and version once, then the rate with one aligned
-32-bit store and the time slot with one 64-bit store, through native-int views (struct.pack_into writes byte by byte: a reader could see
-half of it); the library reads it with one atomic load.
+32-bit store and the time slot with one 64-bit store, through native-int views (struct.pack_into
+writes byte by byte: a reader could see half of it); the library reads it with one atomic load.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import mmap
 import os
 import struct
 
-CONTROL_SIZE = 4096
-MAGIC = 0x31304C5254435347  # "GSCTRL01" little endian
-VERSION = 1
-_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US = 0, 8, 12, 16, 24
+from dra_driver.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTROL_VERSION
+
+_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US = (
+    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us"))
 
 
 class Control:
@@ -32,10 +32,10 @@ class Control:
             os.close(fd)  # the mapping keeps the file
         self._words = memoryview(self._map).cast("I")  # x86-64: native = little endian
         self._quads = memoryview(self._map).cast("Q")
-        if struct.unpack_from("<Q", self._map, _MAGIC)[0] != MAGIC:
+        if struct.unpack_from("<Q", self._map, _MAGIC)[0] != CONTROL_MAGIC:
             # header before any rate: the library reads a rate only under a valid header
-            struct.pack_into("<I", self._map, _VERSION, VERSION)
-            struct.pack_into("<Q", self._map, _MAGIC, MAGIC)
+            struct.pack_into("<I", self._map, _VERSION, CONTROL_VERSION)
+            struct.pack_into("<Q", self._map, _MAGIC, CONTROL_MAGIC)
 
     def close(self) -> None:
         self._quads.release()

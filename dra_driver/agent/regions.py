@@ -1,4 +1,4 @@
-"""The usage regions (hook/src/region.h, documented in hook/README.md), seen by the node agent.
+"""The usage regions (layout: dra_driver/hooklayout.py, from hook/src/region.h), seen by the node agent.
 
 The agent only reads the region, except for `pace_rate_ppm`, which the layout reserves for it
 (a 32-bit aligned store: the library reads it with one atomic load); it writes there only for
@@ -13,18 +13,19 @@ import os
 import struct
 from dataclasses import dataclass
 
-REGION_SIZE = 1 << 20
-MAGIC = 0x0031474552534750
-VERSION = 1
-HEADER_SIZE = 4096
-SLOT_SIZE = 64
-SLOT_COUNT = (REGION_SIZE - HEADER_SIZE) // SLOT_SIZE
+from dra_driver.hooklayout import (
+    REGION_HEADER,
+    REGION_MAGIC,
+    REGION_SIZE,
+    REGION_VERSION,
+    SLOT_COUNT,
+    SLOT_STRUCT,
+    slot_offset,
+)
 
-# header offsets
-_MAGIC, _VERSION, _USED, _SLOTS_HW = 0, 8, 96, 104
-_PACE_RATE_PPM, _PACE_GPU_NS, _PACED_NS, _OOM_REFUSALS = 128, 136, 144, 152
-# slot: in_use u32, pid i32, start_time u64, pidns u64, used u64
-_SLOT = struct.Struct("<IiQQQ")
+_MAGIC, _VERSION, _USED, _SLOTS_HW = (REGION_HEADER[f].offset for f in ("magic", "version", "used", "slots_hw"))
+_PACE_RATE_PPM, _PACE_GPU_NS, _PACED_NS, _OOM_REFUSALS = (
+    REGION_HEADER[f].offset for f in ("pace_rate_ppm", "pace_gpu_ns", "paced_ns", "oom_refusals"))
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,12 @@ class Region:
         self._map.close()
 
     def _u64(self, offset: int) -> int:
-        return struct.unpack_from("<Q", self._map, offset)[0]
+        value: int = struct.unpack_from("<Q", self._map, offset)[0]
+        return value
 
     @property
     def initialised(self) -> bool:
-        return self._u64(_MAGIC) == MAGIC and struct.unpack_from("<I", self._map, _VERSION)[0] == VERSION
+        return self._u64(_MAGIC) == REGION_MAGIC and struct.unpack_from("<I", self._map, _VERSION)[0] == REGION_VERSION
 
     @property
     def used(self) -> int:
@@ -97,7 +99,7 @@ class Region:
         hw = min(struct.unpack_from("<I", self._map, _SLOTS_HW)[0], SLOT_COUNT)
         out = []
         for i in range(hw):
-            in_use, pid, start, pidns, used = _SLOT.unpack_from(self._map, HEADER_SIZE + i * SLOT_SIZE)
+            in_use, pid, start, pidns, used = SLOT_STRUCT.unpack_from(self._map, slot_offset(i))
             if in_use:
                 out.append(Slot(pid, start, pidns, used))
         return out

@@ -6,12 +6,14 @@ cluster does, without one. Control files missing from a run dir are created, as 
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
+from dra_driver.hooklayout import CONTROL_SIZE
 from dra_driver.log import get_logger
 
-from .control import CONTROL_SIZE, Control
+from .control import Control
 from .regions import Region
 from .shares import PERIOD_US, Share, plan_gpu, to_ppm
 
@@ -61,7 +63,7 @@ def tick(claims: list[RunDirClaim], seconds: float) -> None:
             control.set_slot(PERIOD_US, share.start_us, share.length_us)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     claims = [RunDirClaim(d) for d in args.run_dirs]  # in the order given: the slots' order
     log.info("share agent running", claims=len(claims), interval=args.interval)
     last = time.monotonic()

@@ -15,8 +15,6 @@ slices (compared semantically, see slices.content).
 
 from __future__ import annotations
 
-import datetime
-import json
 import random
 import threading
 import time
@@ -26,7 +24,7 @@ from kubernetes import client, watch
 
 from .. import devicemodel
 from ..discovery import DeviceBackend, DiscoveryError, GpuInfo
-from ..kube import status_reason
+from ..kube import JSON, json_body, plain, status_reason, warning_event
 from ..log import get_logger
 from . import slices
 
@@ -57,39 +55,18 @@ class Backoff:
         self._next = self.initial
 
 
-def _json(response) -> dict:
-    """The body of a `_preload_content=False` response as plain JSON.
-
-    We work on plain dicts (the API's own JSON) rather than the client's models, so what
-    we compare and send is exactly what the server stores.
-    """
-    return json.loads(response.data)
-
-
 class SliceWatch:
-    """One watch on the driver's ResourceSlices, dispatching events to pools by node name.
+    """One watch on the ResourceSlices a field selector picks: `changed(pool name)` for every
+    event, `changed(None)` after each (re-)list, when anything may have changed."""
 
-    A controller makes its own (field selector on driver and node). A process running many
-    controllers (the benchmark) can share one driver-wide watch among them instead.
-    """
-
-    def __init__(self, api_client: client.ApiClient, driver_name: str, node_name: str | None = None):
+    def __init__(self, api_client: client.ApiClient, selector: str, changed: Callable[[str | None], None]):
         self._api = client.ResourceV1Api(api_client)
-        self._selector = f"spec.driver={driver_name}" + (f",spec.nodeName={node_name}" if node_name else "")
-        self._listeners: dict[str, Callable[[], None]] = {}
-        self._lock = threading.Lock()
+        self._selector = selector
+        self._changed = changed
         self._stopped = threading.Event()
         self._watch: watch.Watch | None = None
         self._thread: threading.Thread | None = None
         self.backoff = Backoff()
-
-    def subscribe(self, pool: str, wake: Callable[[], None]) -> None:
-        with self._lock:
-            self._listeners[pool] = wake
-
-    def unsubscribe(self, pool: str) -> None:
-        with self._lock:
-            self._listeners.pop(pool, None)
 
     def start(self) -> SliceWatch:
         self._thread = threading.Thread(target=self._run, name=f"slice-watch[{self._selector}]", daemon=True)
@@ -99,17 +76,9 @@ class SliceWatch:
     def stop(self) -> None:
         self._stopped.set()
         if self._watch:
-            self._watch.stop()
+            self._watch.stop()  # type: ignore[no-untyped-call]
         if self._thread:
             self._thread.join(timeout=5)
-
-    def _wake(self, pool: str | None) -> None:
-        """Wake the pool's controller; every controller when pool is None (after a re-list)."""
-        with self._lock:
-            targets = list(self._listeners.values()) if pool is None else [self._listeners.get(pool)]
-        for wake in targets:
-            if wake:
-                wake()
 
     def _run(self) -> None:
         resource_version = None
@@ -117,23 +86,23 @@ class SliceWatch:
             try:
                 if resource_version is None:
                     # (Re-)list for a resourceVersion to watch from; anything may have changed
-                    # while we were not watching, so every controller takes a fresh look.
-                    listed = _json(self._api.list_resource_slice(field_selector=self._selector, limit=1,
-                                                                 _preload_content=False,
-                                                                 _request_timeout=REQUEST_TIMEOUT))
+                    # while we were not watching, so the pool takes a fresh look.
+                    listed = json_body(self._api.list_resource_slice(field_selector=self._selector, limit=1,
+                                                                     _preload_content=False,
+                                                                     _request_timeout=REQUEST_TIMEOUT))
                     resource_version = listed["metadata"]["resourceVersion"]
-                    self._wake(None)
-                self._watch = watch.Watch(return_type="object")  # plain dicts, no model decoding
+                    self._changed(None)
+                self._watch = watch.Watch(return_type="object")  # type: ignore[no-untyped-call] # plain dicts
                 timeout = random.randint(*WATCH_SECONDS)
                 opened = time.monotonic()
-                for event in self._watch.stream(self._api.list_resource_slice, field_selector=self._selector,
-                                                resource_version=resource_version, allow_watch_bookmarks=True,
-                                                timeout_seconds=timeout,
-                                                _request_timeout=(REQUEST_TIMEOUT[0], timeout + 30)):
+                for event in self._watch.stream(  # type: ignore[no-untyped-call]
+                        self._api.list_resource_slice, field_selector=self._selector,
+                        resource_version=resource_version, allow_watch_bookmarks=True, timeout_seconds=timeout,
+                        _request_timeout=(REQUEST_TIMEOUT[0], timeout + 30)):
                     resource_version = self._watch.resource_version or resource_version
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                         pool = ((event["raw_object"].get("spec") or {}).get("pool") or {}).get("name")
-                        self._wake(pool)
+                        self._changed(pool)
                     if self._stopped.is_set():
                         return
                 if self._stopped.is_set():
@@ -164,7 +133,7 @@ class SliceController:
 
     def __init__(self, api_client: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  sharing_mode: str = "auto", partitions: int = 8, gpu_poll_interval: float = 5.0,
-                 *, shared_watch: SliceWatch | None = None, taint_effect: str = slices.TAINT_EFFECT):
+                 *, taint_effect: str = slices.TAINT_EFFECT):
         if sharing_mode not in MODES:
             raise ValueError(f"sharing_mode: {sharing_mode!r} is not one of {', '.join(MODES)}")
         if not 1 <= partitions <= slices.MAX_DEVICES:
@@ -174,9 +143,9 @@ class SliceController:
         self.taint_effect = taint_effect  # of an unhealthy GPU's devices: NoSchedule or NoExecute
         self._api = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
-        self._own_watch = shared_watch is None
-        self._watch = SliceWatch(api_client, driver_name, node_name) if self._own_watch else shared_watch
         self._wake = threading.Event()
+        self._watch = SliceWatch(api_client, f"spec.driver={driver_name},spec.nodeName={node_name}",
+                                 self._slices_changed)
         self._rediscover_asked = threading.Event()
         self._stopped = threading.Event()
         self._synced = threading.Event()
@@ -205,9 +174,7 @@ class SliceController:
         return devicemodel.CAPACITY if self._capacity_kept else devicemodel.PARTITION
 
     def start(self) -> SliceController:
-        self._watch.subscribe(self.node, self._wake.set)
-        if self._own_watch:
-            self._watch.start()
+        self._watch.start()
         self._thread = threading.Thread(target=self._run, name=f"slices[{self.node}]", daemon=True)
         self._thread.start()
         return self
@@ -225,13 +192,16 @@ class SliceController:
         """Stop the threads. The slices stay: a restarting plugin must not make pods unschedulable."""
         self._stopped.set()
         self._wake.set()
-        self._watch.unsubscribe(self.node)
-        if self._own_watch:
-            self._watch.stop()
+        self._watch.stop()
         if self._thread:
             self._thread.join(timeout=10)
 
     # --- the loop -----------------------------------------------------------------------------
+
+    def _slices_changed(self, pool: str | None) -> None:
+        """The watch saw our pool change (None: it re-listed, anything may have): take a look."""
+        if pool is None or pool == self.node:
+            self._wake.set()
 
     def _run(self) -> None:
         next_poll = 0.0
@@ -276,7 +246,7 @@ class SliceController:
         self._gpus = gpus
         return True
 
-    def desired(self) -> list[dict]:
+    def desired(self) -> list[JSON]:
         """The slices this node should have now (generation 0; the pass sets the real one)."""
         mode = self.mode
         devices = slices.desired_devices(self._gpus or [], mode, self.partitions, bool(self._taints_kept),
@@ -305,7 +275,7 @@ class SliceController:
         self._publish(desired, actual)
         self._synced.set()
 
-    def _publish(self, desired: list[dict], actual: list[dict]) -> None:
+    def _publish(self, desired: list[JSON], actual: list[JSON]) -> None:
         generation = self._generation + 1
         by_name = {s["metadata"]["name"]: s for s in actual}
         wanted = {s["metadata"]["name"] for s in desired}
@@ -316,28 +286,28 @@ class SliceController:
             name = body["metadata"]["name"]
             if name in by_name:
                 body["metadata"]["resourceVersion"] = by_name[name]["metadata"]["resourceVersion"]
-                returned = self._api.replace_resource_slice(name, body, _preload_content=False,
+                returned = self._api.replace_resource_slice(name, plain(body), _preload_content=False,
                                                             _request_timeout=REQUEST_TIMEOUT)
             else:
-                returned = self._api.create_resource_slice(body, _preload_content=False,
+                returned = self._api.create_resource_slice(plain(body), _preload_content=False,
                                                            _request_timeout=REQUEST_TIMEOUT)
             self._generation = generation  # written once: never hand this number out again
-            self._learn(body, _json(returned))
+            self._learn(body, json_body(returned))
         for name, old in by_name.items():
             if name not in wanted:
                 try:
                     self._api.delete_resource_slice(
-                        name, body={"preconditions": {"uid": old["metadata"]["uid"]}},
+                        name, body=plain({"preconditions": {"uid": old["metadata"]["uid"]}}),
                         _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
                 except client.ApiException as e:
                     if e.status != 404:  # already gone is what we wanted
                         raise
 
-    def _list_pool(self) -> list[dict]:
+    def _list_pool(self) -> list[JSON]:
         """This node's slices of our driver, as the server has them now."""
         selector = f"spec.driver={self.driver},spec.nodeName={self.node}"
-        listed = _json(self._api.list_resource_slice(field_selector=selector, _preload_content=False,
-                                                     _request_timeout=REQUEST_TIMEOUT))
+        listed = json_body(self._api.list_resource_slice(field_selector=selector, _preload_content=False,
+                                                         _request_timeout=REQUEST_TIMEOUT))
         return [s for s in listed.get("items") or [] if (s["spec"].get("pool") or {}).get("name") == self.node]
 
     # --- what the server keeps ------------------------------------------------------------
@@ -346,8 +316,8 @@ class SliceController:
         """Ask (dryRun=All) whether the server keeps consumable-capacity fields and device taints."""
         probe = slices.probe_slice(self.node, self.driver)
         try:
-            returned = _json(self._api.create_resource_slice(probe, dry_run="All", _preload_content=False,
-                                                             _request_timeout=REQUEST_TIMEOUT))
+            returned = json_body(self._api.create_resource_slice(plain(probe), dry_run="All", _preload_content=False,
+                                                                 _request_timeout=REQUEST_TIMEOUT))
         except client.ApiException as e:
             if e.status in (409, 429) or e.status >= 500 or e.status == 0:
                 raise  # transient: retry with backoff
@@ -358,11 +328,13 @@ class SliceController:
         capacity, taints = slices.kept_features(probe, returned)
         self._set_features(bool(capacity), bool(taints))
 
-    def _learn(self, sent: dict, returned: dict) -> None:
+    def _learn(self, sent: JSON, returned: JSON) -> None:
         """Notice a server that dropped gated fields from a real write (its gates changed since the probe)."""
         capacity, taints = slices.kept_features(sent, returned)
         if capacity is False or taints is False:
-            self._set_features(self._capacity_kept and capacity is not False, self._taints_kept and taints is not False)
+            # (after the probe: neither is None)
+            self._set_features(bool(self._capacity_kept) and capacity is not False,
+                               bool(self._taints_kept) and taints is not False)
             self._wake.set()  # republish in the form the server keeps
 
     def _set_features(self, capacity: bool, taints: bool) -> None:
@@ -398,7 +370,7 @@ class SliceController:
     def _look_up_node(self) -> None:
         self._node_checked_at = time.monotonic()
         try:
-            node = _json(self._core.read_node(self.node, _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
+            node = json_body(self._core.read_node(self.node, _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
             self._node_uid = node["metadata"]["uid"]
         except client.ApiException as e:
             if e.status != 404:
@@ -409,20 +381,13 @@ class SliceController:
 
     def _node_event(self, reason: str, message: str) -> None:
         """A Warning Event on the Node, where `kubectl describe node` shows it; best effort."""
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         involved = {"apiVersion": "v1", "kind": "Node", "name": self.node}
         if self._node_uid:
             involved["uid"] = self._node_uid
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{self.node}.", "namespace": EVENT_NAMESPACE},
-            "involvedObject": involved, "reason": reason, "message": message, "type": "Warning",
-            "source": {"component": COMPONENT, "host": self.node},
-            "reportingComponent": self.driver, "reportingInstance": self.node,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
+        event = warning_event(involved, reason, message, namespace=EVENT_NAMESPACE, component=COMPONENT,
+                              reporting_component=self.driver, host=self.node)
         try:
-            self._core.create_namespaced_event(EVENT_NAMESPACE, event, _preload_content=False,
+            self._core.create_namespaced_event(EVENT_NAMESPACE, plain(event), _preload_content=False,
                                                _request_timeout=REQUEST_TIMEOUT)
         except Exception as e:
             self.log.warning("could not record a Node event", reason=reason, error=_describe(e))

@@ -34,9 +34,8 @@ def test_idle_burst_claim_keeps_its_own_slot_and_burst_claims_go_last():
 def test_share_agent_writes_slots_into_run_dirs(tmp_path):
     """`gpushare-dra share-agent`'s period over claims laid out with GPUSHARE_RUN_DIR: control
     files created and given consecutive slots, in the order given."""
-    import struct
-
     from dra_driver.agent.standalone import RunDirClaim, tick
+    from dra_driver.hooklayout import CONTROL, REGION_SIZE
 
     dirs = []
     for i, (limit, policy) in enumerate([(30, "Hard"), (50, "Burst"), (100, "Hard")]):
@@ -46,12 +45,12 @@ def test_share_agent_writes_slots_into_run_dirs(tmp_path):
                                   f"GPUSHARE_MEMORY_LIMIT_0=1024\nGPUSHARE_COMPUTE_LIMIT_0={limit}\n"
                                   f"GPUSHARE_COMPUTE_POLICY_0={policy}\n")
         with open(d / "region" / "0", "wb") as f:
-            f.truncate(1 << 20)
+            f.truncate(REGION_SIZE)
         dirs.append(d)
     claims = [RunDirClaim(str(d)) for d in dirs]
     tick(claims, 0.25)
-    got = [struct.unpack_from("<QIIQI", (d / "control" / "0").read_bytes()) for d in dirs[:2]]
-    # (magic, version, rate_ppm, slot = start | length << 32, period_us)
-    assert [(g[2], g[3] & 0xFFFFFFFF, g[3] >> 32, g[4]) for g in got] == [
+    got = [{f: CONTROL[f].read((d / "control" / "0").read_bytes()) for f in CONTROL} for d in dirs[:2]]
+    # slot = start | length << 32
+    assert [(g["rate_ppm"], g["slot"] & 0xFFFFFFFF, g["slot"] >> 32, g["period_us"]) for g in got] == [
         (300_000, 0, 6000, PERIOD_US), (500_000, 6000, 10000, PERIOD_US)]
     assert not (dirs[2] / "control").exists()  # limit 100: never paced

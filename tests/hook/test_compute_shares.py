@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from dra_driver.hooklayout import HEADER_SIZE, REGION_HEADER
+
 from .hooktest import kv
 
 SECONDS = 6
@@ -72,9 +74,10 @@ def test_forged_region_cannot_raise_the_share(make_claim):
     stop = threading.Event()
 
     def forge():
-        with open(c.region(0), "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
+        with open(c.region(0), "r+b") as f, mmap.mmap(f.fileno(), HEADER_SIZE) as m:
             while not stop.is_set():
-                struct.pack_into("<QI", m, 120, 0, 1_000_000)  # pace_tat_ns = 0, pace_rate_ppm = all
+                struct.pack_into("<Q", m, REGION_HEADER["pace_tat_ns"].offset, 0)
+                struct.pack_into("<I", m, REGION_HEADER["pace_rate_ppm"].offset, 1_000_000)  # all of the GPU
                 time.sleep(0.0005)
 
     t = threading.Thread(target=forge)

@@ -6,10 +6,10 @@ import glob
 import json
 import os
 import shutil
-import struct
 
 import pytest
 
+from dra_driver.hooklayout import CONTROL, CONTROL_SIZE, REGION_SIZE
 from kubeletplugin import checkpoint as ckpt
 
 from .cdiroot import duplicate_devices
@@ -141,15 +141,15 @@ def test_reboot_zeroes_regions_but_keeps_claims(prepared, start_plugin, dirs):
     edit_checkpoint(dirs, lambda claims, boot: "an-earlier-boot")
     start_plugin()
     with open(region(dirs, claim[2]), "rb") as f:
-        assert f.read() == bytes(1 << 20)
+        assert f.read() == bytes(REGION_SIZE)
     with open(control, "rb") as f:  # nothing stale; the agent may have written header, rate and slot again
         data = f.read()
-    assert data[28:] == bytes(4096 - 28) and data[:8] in (bytes(8), b"GSCTRL01"), data[:32]
+    rate, end = CONTROL["rate_ppm"].offset, CONTROL["period_us"].offset + CONTROL["period_us"].size
+    assert data[end:] == bytes(CONTROL_SIZE - end) and data[:8] in (bytes(8), b"GSCTRL01"), data[:32]
     if data[:8] == bytes(8):
-        assert data[12:28] == bytes(16), data[:32]
+        assert data[rate:end] == bytes(end - rate), data[:32]
     else:  # written again by the agent: a rate and a slot of its 20 ms period
-        rate, _, period = struct.unpack_from("<IQI", data, 12)
-        assert rate > 0 and period == 20000, data[:32]
+        assert CONTROL["rate_ppm"].read(data) > 0 and CONTROL["period_us"].read(data) == 20000, data[:32]
     assert kubelet.prepare(claim) == answer
 
 

@@ -6,37 +6,37 @@ to this client version or not, survives the round trip.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
+from typing import Any
 
-from kubernetes.client import ResourceV1Api
+from kubernetes.client import ApiClient, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 
+from ...kube import JSON, json_body, plain
 from .core import AllocationError, allocate, pod_reference
 
 MAX_CONFLICTS = 5  # status writes retried after a 409 (someone else changed the claim)
 
 
-def _json(response) -> dict:
-    return json.loads(response.data)
-
-
-def _list_all(list_call, **kwargs) -> list[dict]:
-    items, token = [], None
+def _list_all(list_call: Callable[..., Any], **kwargs: Any) -> list[JSON]:
+    items: list[JSON] = []
+    token = None
     while True:
-        page = _json(list_call(_preload_content=False, _continue=token, **kwargs))
+        page = json_body(list_call(_preload_content=False, _continue=token, **kwargs))
         items.extend(page.get("items") or [])
         token = (page.get("metadata") or {}).get("continue")
         if not token:
             return items
 
 
-def _allocated_node(allocation: dict) -> list[str]:
+def _allocated_node(allocation: JSON) -> list[str]:
     terms = (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []
     return [v for t in terms for f in t.get("matchFields") or [] if f.get("key") == "metadata.name"
             for v in f.get("values") or []]
 
 
-def allocate_and_reserve(api_client, namespace: str, claim_name: str, node_name: str, pod: dict | None = None) -> dict:
+def allocate_and_reserve(api_client: ApiClient, namespace: str, claim_name: str, node_name: str,
+                         pod: JSON | None = None) -> JSON:
     """Allocate the claim on the node (unless it already is) and reserve it for the pod.
 
     Returns the claim as written. Raises AllocationError when it does not fit, or when it is
@@ -44,7 +44,7 @@ def allocate_and_reserve(api_client, namespace: str, claim_name: str, node_name:
     """
     api = ResourceV1Api(api_client)
     for _ in range(MAX_CONFLICTS + 1):
-        claim = _json(api.read_namespaced_resource_claim(claim_name, namespace, _preload_content=False))
+        claim = json_body(api.read_namespaced_resource_claim(claim_name, namespace, _preload_content=False))
         status = claim.setdefault("status", {})
         if status.get("allocation"):
             nodes = _allocated_node(status["allocation"])
@@ -64,8 +64,8 @@ def allocate_and_reserve(api_client, namespace: str, claim_name: str, node_name:
                                    device_classes=_list_all(api.list_device_class),
                                    allocated_claims=allocated, pod=pod))
         try:
-            return _json(api.replace_namespaced_resource_claim_status(claim_name, namespace, claim,
-                                                                       _preload_content=False))
+            return json_body(api.replace_namespaced_resource_claim_status(claim_name, namespace, plain(claim),
+                                                                           _preload_content=False))
         except ApiException as e:
             if e.status != 409:
                 raise

@@ -3,12 +3,11 @@
 Flags are defined once, in dra_driver/cli.py.
 """
 
-import signal
 import sys
-import threading
 
 from ...flags import FlagError, check_port_free
 from ...log import get_logger
+from ...runloop import serve
 
 
 def kube_version(text):
@@ -29,20 +28,18 @@ def run(args) -> int:
 
     version = kube_version(args.kube_version) if args.kube_version else None
     check_port_free("--port", args.host, args.port)
-    emulator = ApiEmulator(consumable_capacity=args.consumable_capacity, device_taints=args.device_taints,
-                           validate=args.validate, kube_version=version,
-                           host=args.host, port=args.port).start()
-    if args.kubeconfig_out:
-        emulator.write_kubeconfig(args.kubeconfig_out)
-    get_logger("emulator").info("API emulator serving", url=emulator.url, kubeconfig=args.kubeconfig_out)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
-    emulator.stop()
-    return 0
+    log = get_logger("emulator")
+
+    def start() -> ApiEmulator:
+        emulator = ApiEmulator(consumable_capacity=args.consumable_capacity, device_taints=args.device_taints,
+                               validate=args.validate, kube_version=version,
+                               host=args.host, port=args.port).start()
+        if args.kubeconfig_out:
+            emulator.write_kubeconfig(args.kubeconfig_out)
+        log.info("API emulator serving", url=emulator.url, kubeconfig=args.kubeconfig_out)
+        return emulator
+
+    return serve(start, log, "API emulator stopping")
 
 
 if __name__ == "__main__":
