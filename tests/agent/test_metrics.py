@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import MiB, wait_for
+from kubeletplugin.claimref import ClaimRef
+from tests.support import MiB, wait_for
 
 
 def test_metrics_match_what_the_claim_did(node):
@@ -37,7 +38,7 @@ def test_metrics_match_what_the_claim_did(node):
 
 
 def test_errors_are_counted_by_reason(node):
-    answer = node.kubelet.prepare(("default", "missing", "00000000-0000-0000-0000-000000000001"))
+    answer = node.kubelet.prepare(ClaimRef("default", "missing", "00000000-0000-0000-0000-000000000001"))
     assert answer.claims["00000000-0000-0000-0000-000000000001"].error
     m = node.scrape()
     assert m["gpushare_kubelet_plugin_errors_total"][(("operation", "prepare"), ("reason", "claim_not_found"))] == 1
@@ -113,6 +114,6 @@ def test_top_once(node):
     out = subprocess.run([sys.executable, "-m", "dra_driver.cli", "top", "--once", "--url", node.url],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    row = next(line for line in out.stdout.splitlines() if ref[1] in line)
+    row = next(line for line in out.stdout.splitlines() if ref.name in line)
     assert "256Mi" in row and "128Mi" in row and "40%" in row, out.stdout
     assert "prepared claims: 1" in out.stdout

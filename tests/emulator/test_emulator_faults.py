@@ -4,7 +4,7 @@ import time
 import pytest
 from kubernetes import client, watch
 
-from .emutest import pod_body, slice_body
+from tests.support.emulator import pod_body, slice_body
 
 
 def test_fail_next_then_success(core, emu):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..kubectl import Kubectl, needs_kubectl
+from tests.support.kubectl import Kubectl, needs_kubectl
 
 pytestmark = needs_kubectl
 

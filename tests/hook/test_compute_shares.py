@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .hooktest import kv
+from tests.support.hook import kv
 
 SECONDS = 6
 LARGE_US = 2650  # a 4096x4096 fp32 matmul on the H100
