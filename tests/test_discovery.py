@@ -84,8 +84,10 @@ def test_nvml_backend_maps_every_field(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
     gpus = make_backend("nvml").discover()
     g = gpus[1]
-    assert (g.index, g.uuid, g.minor, g.product_name, g.memory_bytes) == (1, "GPU-real-1", 11, "NVIDIA H100 80GB HBM3", 80 << 30)
-    assert (g.architecture, g.cuda_compute_capability, g.driver_version, g.cuda_driver_version) == ("Hopper", "9.0", "580.65.06", "13.0")
+    assert (g.index, g.uuid, g.minor, g.product_name, g.memory_bytes) == (
+        1, "GPU-real-1", 11, "NVIDIA H100 80GB HBM3", 80 << 30)
+    assert (g.architecture, g.cuda_compute_capability, g.driver_version, g.cuda_driver_version) == (
+        "Hopper", "9.0", "580.65.06", "13.0")
 
 
 def test_nvml_without_driver_is_a_clear_error(monkeypatch):

@@ -88,7 +88,8 @@ def test_pod_containers_are_told_apart_by_the_pod_object(node):
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "two"},
         "spec": {"containers": [{"name": "x", "image": "i", "resources": {"claims": [{"name": "ca"}]}},
                                 {"name": "y", "image": "i", "resources": {"claims": [{"name": "cb"}]}}],
-                 "resourceClaims": [{"name": "ca", "resourceClaimName": a.name}, {"name": "cb", "resourceClaimName": b.name}]}})
+                 "resourceClaims": [{"name": "ca", "resourceClaimName": a.name},
+                                    {"name": "cb", "resourceClaimName": b.name}]}})
     client.CoreV1Api(node.api).patch_namespaced_pod_status("two", a.namespace, {"status": {"containerStatuses": [
         {"name": "x", "containerID": "containerd://" + "a" * 64, "image": "i", "imageID": "", "ready": True,
          "restartCount": 0},

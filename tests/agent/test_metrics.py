@@ -74,7 +74,8 @@ def test_docs_list_every_metric_and_reason(node):
     missing = [n for n in ours if not re.search(rf"`{n}(_total)?`", doc)]
     assert not missing, missing
     code = "".join(p.read_text() for p in (Path(__file__).parents[2] / "kubeletplugin").glob("*.py"))
-    reasons = set(re.findall(r'reason(?:: str)? ?= ?"([a-z_]+)"', code)) | set(re.findall(r'on_error\(\w+, "([a-z_]+)"\)', code))
+    reasons = (set(re.findall(r'reason(?:: str)? ?= ?"([a-z_]+)"', code))
+               | set(re.findall(r'on_error\(\w+, "([a-z_]+)"\)', code)))
     assert {"invalid_claim", "internal", "claim_not_found"} <= reasons
     listed = re.search(r"reason[^:]*: ([a-z_, ]+)\)", doc).group(1)
     assert reasons == {r.strip() for r in listed.split(",")}

@@ -203,7 +203,7 @@ def test_random_sigkill_during_many_calls(api, dirs, plugin_process, hook_dir):
     rng = random.Random(seed)
     devices = [f"gpu-{n % 4}-share-{n // 4}" for n in range(CLAIMS)]
     claims = [make_claim(api, [result(d)]) for d in devices]
-    device_of = {c.uid: d for c, d in zip(claims, devices)}
+    device_of = {c.uid: d for c, d in zip(claims, devices, strict=True)}
     prepared: set[str] = set()
     killed_mid_write = interrupted = 0
     for round_ in range(ROUNDS):
@@ -243,7 +243,8 @@ def test_random_sigkill_during_many_calls(api, dirs, plugin_process, hook_dir):
     runner = PodmanRunner()
     try:
         for uid in sorted(prepared):
-            proc = podman_run(runner, dirs.cdi, [f"k8s.gpushare.dev/claim={uid}-{device_of[uid]}"], ["/bin/sh", "-c", "true"])
+            proc = podman_run(runner, dirs.cdi, [f"k8s.gpushare.dev/claim={uid}-{device_of[uid]}"],
+                              ["/bin/sh", "-c", "true"])
             assert proc.returncode == 0, f"seed {seed}, claim {uid}: {proc.stderr}"
     finally:
         runner.close()

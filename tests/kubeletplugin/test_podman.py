@@ -66,7 +66,8 @@ def test_podman_runs_container_with_our_cdi_devices(api, start_plugin, dirs, pod
     start_plugin()
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
     if mode == "capacity":
-        claim = make_claim(api, [result("gpu-1", share_id=str(uuid.uuid4()), consumed={"memory": "3Gi", "compute": "40"})])
+        claim = make_claim(api, [result("gpu-1", share_id=str(uuid.uuid4()),
+                                        consumed={"memory": "3Gi", "compute": "40"})])
         memory, compute = 3 * GiB, 40
     else:
         claim = make_claim(api, [result("gpu-1-share-2")])
@@ -93,7 +94,8 @@ def test_podman_runs_container_with_our_cdi_devices(api, start_plugin, dirs, pod
             assert library.strip() == str(os.path.getsize(os.path.join(hook_dir, "libgpushare.so")))
         # The container cannot change its limits: the file is mounted read-only.
         out = run_in_container(podman_env, dirs.cdi, list(answer.devices[0].cdi_device_ids),
-                               "echo GPUSHARE_MEMORY_LIMIT_0=1 >> /var/run/gpushare/limits && echo writable || echo refused")
+                               "echo GPUSHARE_MEMORY_LIMIT_0=1 >> /var/run/gpushare/limits"
+                               " && echo writable || echo refused")
         assert out.strip().endswith("refused")
         # Nor the agent's rate: the control file is mounted read-only too (root in the container).
         out = run_in_container(podman_env, dirs.cdi, list(answer.devices[0].cdi_device_ids),

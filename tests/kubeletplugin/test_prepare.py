@@ -57,7 +57,8 @@ def test_capacity_mode(api, kubelet, dirs):
     answer = kubelet.prepare(claim).claims[uid]
     assert answer.error == ""
     (device,) = answer.devices
-    assert (list(device.request_names), device.pool_name, device.device_name, device.share_id) == (["gpu"], NODE, "gpu-1", share)
+    assert (list(device.request_names), device.pool_name, device.device_name, device.share_id) == (
+        ["gpu"], NODE, "gpu-1", share)
     assert list(device.cdi_device_ids) == [f"{KIND}={uid}-gpu-1-{share}"]
     spec = load_spec(dirs, uid)
     assert spec["kind"] == KIND
@@ -117,7 +118,8 @@ def test_partition_mode(api, kubelet, dirs):
 
 
 def test_multi_gpu_claim_orders_gpus_by_index(api, kubelet, dirs):
-    claim = make_claim(api, [result("gpu-3", request="a", share_id=str(uuid.uuid4()), consumed={"memory": "2Gi", "compute": "10"}),
+    claim = make_claim(api, [result("gpu-3", request="a", share_id=str(uuid.uuid4()),
+                                    consumed={"memory": "2Gi", "compute": "10"}),
                              result("gpu-1-share-1", request="b")])
     answer = kubelet.prepare(claim).claims[claim.uid]
     assert answer.error == ""
@@ -134,7 +136,7 @@ def test_shared_claim_second_prepare_is_identical_and_keeps_region(api, kubelet,
     first = kubelet.prepare(claim)
     # a running container's usage, and the agent's rate
     files = {name: os.path.join(dirs.state, "claims", claim.uid, name) for name in ("region-0", "control-0")}
-    for name, path in files.items():
+    for path in files.values():
         with open(path, "r+b") as f:
             f.write(b"in use")
     before = {name: os.stat(path) for name, path in files.items()}
@@ -216,7 +218,8 @@ def test_v1beta1_service(api, kubelet, dirs):
 
 
 def test_64_claims_in_parallel(api, kubelet, dirs, plugin):
-    claims = [make_claim(api, [result(f"gpu-{n % 4}", share_id=str(uuid.uuid4()), consumed={"memory": "1Gi", "compute": "1"})])
+    claims = [make_claim(api, [result(f"gpu-{n % 4}", share_id=str(uuid.uuid4()),
+                                      consumed={"memory": "1Gi", "compute": "1"})])
               for n in range(64)]
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda c: kubelet.prepare(c).claims[c.uid], claims))
@@ -276,7 +279,8 @@ def test_nvidia_toolkit_spec_is_used(api, kubelet, dirs):
                 "- name: all\n  containerEdits: {}\n")
     claim = make_claim(api, [result("gpu-2-share-0", request="a"), result("gpu-3-share-0", request="b")])
     answer = kubelet.prepare(claim).claims[claim.uid]
-    assert [list(d.cdi_device_ids)[1:] for d in answer.devices] == [[f"nvidia.com/gpu={sim_uuid(2)}"], ["nvidia.com/gpu=all"]]
+    assert [list(d.cdi_device_ids)[1:] for d in answer.devices] == [
+        [f"nvidia.com/gpu={sim_uuid(2)}"], ["nvidia.com/gpu=all"]]
     assert "deviceNodes" not in load_spec(dirs, claim.uid)["containerEdits"]
 
 
