@@ -53,13 +53,15 @@ def make_claim(api: client.ApiClient, results: list[dict[str, Any]] | None, conf
     """Create a ResourceClaim and, unless results is None, allocate it to those results."""
     name = name or f"claim-{uuid.uuid4().hex[:10]}"
     requests = sorted({r["request"] for r in results or []} or {"gpu"})
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+    body: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
             "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": DRIVER}} for r in requests]}}}
-    rapi = client.ResourceV1Api(api)
+    rapi = client.ResourceV1Api(api)  # takes the dict body as it is (Any: not the client's model type)
     created = rapi.create_namespaced_resource_claim(namespace, body)
     if results is not None:
         devices: dict[str, Any] = {"results": results}
         if config:
             devices["config"] = config
         rapi.patch_namespaced_resource_claim_status(name, namespace, {"status": {"allocation": {"devices": devices}}})
-    return ClaimRef(namespace, name, created.metadata.uid)
+    meta = created.metadata
+    assert meta is not None and meta.uid, f"the API server gave claim {namespace}/{name} no uid"
+    return ClaimRef(namespace, name, meta.uid)

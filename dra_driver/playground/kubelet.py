@@ -44,12 +44,12 @@ class Kubelet:
         pluginregistration_pb2_grpc.RegistrationStub(self.reg).NotifyRegistrationStatus(
             pluginregistration_pb2.RegistrationStatus(plugin_registered=registered, error=error), timeout=5)
 
-    def prepare(self, *claims: ClaimRef, version: str = "v1", timeout: float = 30):
+    def prepare(self, *claims: ClaimRef, version: str = "v1", timeout: float = 30) -> Any:
         pb, pb_grpc = _PB[version]
         request = pb.NodePrepareResourcesRequest(claims=_claims(pb, claims))
         return pb_grpc.DRAPluginStub(self.dra).NodePrepareResources(request, timeout=timeout)
 
-    def unprepare(self, *claims: ClaimRef, version: str = "v1", timeout: float = 30):
+    def unprepare(self, *claims: ClaimRef, version: str = "v1", timeout: float = 30) -> Any:
         pb, pb_grpc = _PB[version]
         request = pb.NodeUnprepareResourcesRequest(claims=_claims(pb, claims))
         return pb_grpc.DRAPluginStub(self.dra).NodeUnprepareResources(request, timeout=timeout)

@@ -29,8 +29,8 @@ GPUSHARE_DRA = os.path.join(os.path.dirname(sys.executable), "gpushare-dra")
 
 
 @pytest.fixture(scope="module")
-def kubeconfig(emulator, tmp_path_factory):
-    return emulator.write_kubeconfig(str(tmp_path_factory.mktemp("kc") / "kubeconfig"))
+def kubeconfig(shared_emulator, tmp_path_factory):
+    return shared_emulator.write_kubeconfig(str(tmp_path_factory.mktemp("kc") / "kubeconfig"))
 
 
 class PluginProcess:
