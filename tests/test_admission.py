@@ -14,6 +14,7 @@ import yaml
 from celpy import celtypes
 from kubernetes.utils import parse_quantity
 
+from dra_driver.playground.claims import DRIVER
 from kubeletplugin.allocation import _configs
 from kubeletplugin.claimref import ClaimError
 
@@ -21,11 +22,11 @@ POLICY_FILE = Path(__file__).parents[1] / "deploy" / "base" / "admission.yaml"
 DOCS = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
 POLICY = next(d for d in DOCS if d["kind"] == "ValidatingAdmissionPolicy")
 HEAD = {"apiVersion": "gpushare.dev/v1alpha1", "kind": "GpuShareConfig"}
-DRIVER = "gpushare.dev"
 
 # Kubernetes' CEL quantity library (isQuantity, quantity(), sign(), isInteger()), which cel-python
 # lacks: the grammar of resource.ParseQuantity, values by the kubernetes client's parser.
-_QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))?$")
+_QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)"
+                       r"(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))?$")
 
 
 class Quantity(celtypes.StringType):
@@ -76,7 +77,8 @@ def configs(*params, driver=DRIVER) -> list[dict]:
 
 
 def claim(entries):
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c", "namespace": "default"},
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "default"},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
                                  "config": entries}}}
 

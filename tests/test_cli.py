@@ -43,7 +43,8 @@ def test_kubelet_plugin_defaults_match_the_contract(monkeypatch):
     assert args.metrics_addr == ":9400"
 
 
-@pytest.mark.parametrize("command", ["kubelet-plugin", "controller", "cleanup", "discover", "demo", "hook-path", "install-hook", "emulator"])
+@pytest.mark.parametrize("command", ["kubelet-plugin", "controller", "cleanup", "discover", "demo", "hook-path",
+                                     "install-hook", "emulator"])
 def test_every_subcommand_has_help(command):
     out = subprocess.run([*CLI, command, "--help"], capture_output=True, text=True, check=True).stdout
     assert out.startswith(f"usage: gpushare-dra {command}")
@@ -114,13 +115,15 @@ def kube_versions():
      f"gpushare-dra kubelet-plugin: error: --healthcheck-port: '-1' is not a TCP port {PORT_ACCEPTED}"),
     (["kubelet-plugin", "--healthcheck-port", "70000"],
      f"gpushare-dra kubelet-plugin: error: --healthcheck-port: '70000' is not a TCP port {PORT_ACCEPTED}"),
-    (["emulator", "--port", "70000"], f"gpushare-dra emulator: error: --port: '70000' is not a TCP port {PORT_ACCEPTED}"),
+    (["emulator", "--port", "70000"],
+     f"gpushare-dra emulator: error: --port: '70000' is not a TCP port {PORT_ACCEPTED}"),
     (["kubelet-plugin", "--kubeconfig", "/nonexistent/kubeconfig"],
      "gpushare-dra kubelet-plugin: error: --kubeconfig: '/nonexistent/kubeconfig' does not exist or is not a file "
      + KUBECONFIG_ACCEPTED),
     (["cleanup", "--kubeconfig", "/dev/null/x"],
      f"gpushare-dra cleanup: error: --kubeconfig: '/dev/null/x' does not exist or is not a file {KUBECONFIG_ACCEPTED}"),
-    (["kubelet-plugin", "--partitions", "0"], "gpushare-dra kubelet-plugin: error: --partitions: 0 is out of range 1..128"),
+    (["kubelet-plugin", "--partitions", "0"],
+     "gpushare-dra kubelet-plugin: error: --partitions: 0 is out of range 1..128"),
     (["top", "--once", "--url", "foo"], f"gpushare-dra top: error: --url: 'foo' is not a metrics URL {URL_ACCEPTED}"),
     (["top", "--once", "--url", "ftp://127.0.0.1:9400/metrics"],
      f"gpushare-dra top: error: --url: 'ftp://127.0.0.1:9400/metrics' is not a metrics URL {URL_ACCEPTED}"),

@@ -64,7 +64,8 @@ json_values = st.recursive(
     max_leaves=8,
 )
 plausible_values = {
-    "memoryLimit": st.one_of(st.integers(-5, 10**13), st.from_regex(r"\A-?[0-9.]{0,6}(Ki|Mi|Gi|k|M|G|m|e3)?\Z"), json_values),
+    "memoryLimit": st.one_of(st.integers(-5, 10**13), st.from_regex(r"\A-?[0-9.]{0,6}(Ki|Mi|Gi|k|M|G|m|e3)?\Z"),
+                             json_values),
     "computeLimit": st.one_of(st.integers(-5, 150), json_values),
     "computePolicy": st.one_of(st.sampled_from(["Hard", "Burst", "hard", ""]), json_values),
 }
@@ -102,7 +103,8 @@ def test_schema_accepts_every_config_the_decoder_accepts(obj):
 
 
 def test_schema_rejects_what_users_get_wrong():
-    for bad in [{**HEAD, "foo": 1}, {**HEAD, "computeLimit": 0}, {**HEAD, "memoryLimit": "4Gx"}, {"kind": "GpuShareConfig"}]:
+    for bad in [{**HEAD, "foo": 1}, {**HEAD, "computeLimit": 0}, {**HEAD, "memoryLimit": "4Gx"},
+                {"kind": "GpuShareConfig"}]:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, SCHEMA)
 

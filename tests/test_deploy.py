@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from .kubectl import Kubectl, needs_kubectl
+from tests.support.kubectl import Kubectl, needs_kubectl
 
 ROOT = Path(__file__).parents[1]
 DEPLOY = ROOT / "deploy"

@@ -1,4 +1,4 @@
-"""GPU health from NVML events (dra_driver/health.py) against the fake pynvml of the discovery tests."""
+"""GPU health from NVML events (dra_driver/health.py) against a fake pynvml (tests/support/nvml.py)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,8 @@ from dra_driver.health import (
     HealthMonitor,
     classify,
 )
-
-from .test_discovery import fake_pynvml
-
-
-def wait_for(check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+from tests.support import wait_for
+from tests.support.nvml import fake_pynvml
 
 
 @pytest.mark.parametrize("event_type, data, reason", [

@@ -1,5 +1,6 @@
 """The house rules the import-linter contracts (pyproject.toml) cannot state themselves."""
 
+import ast
 import subprocess
 import sys
 import tomllib
@@ -36,3 +37,58 @@ def test_lint_imports_fails_on_a_product_import_of_the_playground(tmp_path):
     broken = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "kubeletplugin.driver -> dra_driver.playground.demo" in broken.stdout
+
+
+def _imports(source: str, package: str) -> list[str]:
+    """Every module an import statement in `source` names, relative ones resolved against
+    `package` (the importing module's package), with each `from M import name` also as M.name
+    (the name may be a module)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            out += [module] + [f"{module}.{alias.name}" for alias in node.names]
+    return out
+
+
+def _test_module_imports(source: str, package: str) -> list[str]:
+    return [m for m in _imports(source, package)
+            if any(part.startswith("test_") or part == "conftest" for part in m.split("."))]
+
+
+def _python_files(folder: Path, pattern: str = "*.py") -> list[Path]:
+    return sorted(p for p in folder.rglob(pattern) if "__pycache__" not in p.parts)
+
+
+def test_no_test_module_imports_another_test_module_or_a_conftest():
+    # Helpers live in tests/support/ and fixtures in conftest.py files: importing a test module
+    # runs its tests' module code twice, and a fixture imported by name is redefined unseen.
+    offenders = {}
+    for path in _python_files(ROOT / "tests"):
+        package = ".".join(path.relative_to(ROOT).parent.parts)
+        if found := _test_module_imports(path.read_text(), package):
+            offenders[str(path.relative_to(ROOT))] = found
+    assert not offenders
+
+
+def test_the_test_module_import_check_sees_every_form():
+    for source in ("from .test_prepare import load_spec", "from . import test_prepare", "from .conftest import Dirs",
+                   "import tests.kubeletplugin.test_prepare", "from tests.kubeletplugin import conftest",
+                   "from ..agent.conftest import wait_for"):
+        assert _test_module_imports(source, "tests.kubeletplugin"), source
+    assert _test_module_imports("from tests.support import wait_for\nimport pytest", "tests.agent") == []
+
+
+def test_neither_hack_nor_the_product_imports_the_tests():
+    # Benchmarks take what they share with the tests from the playground (dra_driver/playground/claims.py).
+    scripts = [p for p in _python_files(ROOT / "hack", "*")
+               if p.is_file() and (p.suffix == ".py" or p.read_bytes().startswith(b"#!/usr/bin/env python"))]
+    assert {p.name for p in scripts} >= {"bench-agent", "bench-backstop", "bench-prepare"}
+    product = [p for pkg in ("dra_driver", "kubeletplugin", "cdi") for p in _python_files(ROOT / pkg)]
+    offenders = {str(p.relative_to(ROOT)): found for p in scripts + product
+                 if (found := [m for m in _imports(p.read_text(), "") if m.split(".")[0] == "tests"])}
+    assert not offenders
+    assert _imports("from tests.kubeletplugin.kubelet import make_claim", "")[0].split(".")[0] == "tests"

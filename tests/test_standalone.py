@@ -29,7 +29,7 @@ def test_no_file_reads_or_cites_a_path_outside_the_repository():
 
 
 def test_the_cdi_schema_is_vendored_with_its_source_and_licence():
-    folder = ROOT / "tests" / "kubeletplugin" / "cdi-schema"
+    folder = ROOT / "tests" / "support" / "cdi-schema"
     assert {p.name for p in folder.iterdir()} >= {"schema.json", "defs.json", "README.md", "LICENSE"}
     note = (folder / "README.md").read_text()
     assert "cncf-tags/container-device-interface" in note and "Apache License 2.0" in note

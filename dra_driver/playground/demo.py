@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 
+from kubeletplugin.claimref import ClaimRef
+
 from ..quantity import format_bytes
 from .containers import Workload, parse_kv
 
@@ -124,7 +126,7 @@ class Demo:
         self.kubelet = None
         self.runner = None
         self.workloads = []
-        self.claims: dict[str, tuple[str, str, str]] = {}  # prepared or to prepare: name -> (ns, name, uid)
+        self.claims: dict[str, ClaimRef] = {}  # prepared or to prepare, by name
         self.uids: set[str] = set()  # every claim the demo made, for the leftovers check
         self.answers: dict[str, list] = {}
 
@@ -273,7 +275,7 @@ class Demo:
         rapi = client.ResourceV1Api(self.emu.api_client())
         core = client.CoreV1Api(self.emu.api_client())
         claim = rapi.create_namespaced_resource_claim(NAMESPACE, _claim_body("shared-gpu", CLAIM_MEMORY, CLAIM_COMPUTE))
-        self.claims["shared-gpu"] = (NAMESPACE, "shared-gpu", claim.metadata.uid)
+        self.claims["shared-gpu"] = ClaimRef(NAMESPACE, "shared-gpu", claim.metadata.uid)
         self.uids.add(claim.metadata.uid)
         self.pods = {p: core.create_namespaced_pod(NAMESPACE, _pod_body(p, "shared-gpu", [f"{p[-1]}1", f"{p[-1]}2"]))
                      for p in ("trainer-a", "trainer-b")}
@@ -300,14 +302,14 @@ class Demo:
         s.step("The kubelet prepares the claim for trainer-a", "NodePrepareResources writes a CDI spec that "
                "mounts libgpushare.so, preloads it, and carries the claim's limits.")
         claim = self.claims["shared-gpu"]
-        answer = self.kubelet.prepare(claim).claims[claim[2]]
+        answer = self.kubelet.prepare(claim).claims[claim.uid]
         s.check(answer.error == "", "prepared", answer.error)
         self.answers["shared-gpu"] = [list(d.cdi_device_ids) for d in answer.devices]
         ids = self.answers["shared-gpu"][0]
         s.show(f"CDI devices: {', '.join(ids)}")
-        spec_path = Path(self.cdi_root) / f"k8s.gpushare.dev-claim_{claim[2]}.json"
+        spec_path = Path(self.cdi_root) / f"k8s.gpushare.dev-claim_{claim.uid}.json"
         s.check(spec_path.exists(), "CDI spec written", str(spec_path))
-        limits = Path(self.workdir, "state", "claims", claim[2], "limits").read_text()
+        limits = Path(self.workdir, "state", "claims", claim.uid, "limits").read_text()
         s.show("limits file (read-only in every container):\n" +
                "\n".join("  " + line for line in limits.splitlines() if not line.startswith("#")))
         s.check(f"GPUSHARE_MEMORY_LIMIT_0={CLAIM_MEMORY}" in limits and
@@ -335,11 +337,11 @@ class Demo:
                "A second Prepare of a prepared claim returns the identical answer and leaves the usage "
                "region alone, so trainer-a's processes keep sharing one budget with trainer-b's.")
         claim = self.claims["shared-gpu"]
-        region = Path(self.workdir, "state", "claims", claim[2], "region-0")
+        region = Path(self.workdir, "state", "claims", claim.uid, "region-0")
         before = (region.stat().st_ino, region_used(region))
         self._stop_plugin()
         self._start_plugin()
-        answer = self.kubelet.prepare(claim).claims[claim[2]]
+        answer = self.kubelet.prepare(claim).claims[claim.uid]
         s.check(answer.error == "" and [list(d.cdi_device_ids) for d in answer.devices] == self.answers["shared-gpu"],
                 "the same CDI devices after the restart")
         after = (region.stat().st_ino, region_used(region))
@@ -393,12 +395,12 @@ class Demo:
                                                                                SECOND_CLAIM_COMPUTE))
         pod = core.create_namespaced_pod(NAMESPACE, _pod_body("other-pod", "other-team", ["c1"]))
         claim = allocate_and_reserve(api, NAMESPACE, "other-team", NODE, pod=api.sanitize_for_serialization(pod))
-        ref = (NAMESPACE, "other-team", created.metadata.uid)
+        ref = ClaimRef(NAMESPACE, "other-team", created.metadata.uid)
         self.claims["other-team"] = ref
-        self.uids.add(ref[2])
+        self.uids.add(ref.uid)
         device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
         s.check(device == self.shared_device, f"allocated on the same GPU ({device})")
-        answer = self.kubelet.prepare(ref).claims[ref[2]]
+        answer = self.kubelet.prepare(ref).claims[ref.uid]
         s.check(answer.error == "", "prepared", answer.error)
         self.answers["other-team"] = [list(d.cdi_device_ids) for d in answer.devices]
         _, got, result = self._alloc("c1", "other-team", 4 * GiB)  # keeps holding, as trainer-a's do
@@ -423,7 +425,7 @@ class Demo:
         s = self.story
         s.step("The node agent reports each claim's use", "The plugin's /metrics (what `gpushare-dra top` "
                "shows): limits, memory in use from the usage regions, refusals, time spent paced.")
-        uuid = Path(self.workdir, "state", "claims", self.claims["shared-gpu"][2], "limits").read_text()
+        uuid = Path(self.workdir, "state", "claims", self.claims["shared-gpu"].uid, "limits").read_text()
         uuid = next(line.split("=", 1)[1] for line in uuid.splitlines() if line.startswith("GPUSHARE_DEVICE_UUID_0="))
         url = f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"
 
@@ -474,7 +476,7 @@ class Demo:
             w.stop()
         self.workloads.clear()
         for name, claim in list(self.claims.items()):
-            answer = self.kubelet.unprepare(claim).claims[claim[2]]
+            answer = self.kubelet.unprepare(claim).claims[claim.uid]
             s.check(answer.error == "", f"{name} unprepared", answer.error)
             del self.claims[name]
         left = list(Path(self.workdir, "state", "claims").glob("*"))

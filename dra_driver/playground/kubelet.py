@@ -2,13 +2,16 @@
 
 It speaks to the plugin exactly as the kubelet does: registration over
 `<registry-dir>/<driver>-reg.sock`, DRA v1 or v1beta1 over `<plugin-dir>/dra.sock`, with
-the generated stubs. Claims are (namespace, name, uid) tuples.
+the generated stubs. Claims are named by ClaimRef (namespace, name, uid), as the kubelet sends them.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
+from kubeletplugin.claimref import ClaimRef
 from kubeletplugin.grpcapi import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -19,6 +22,10 @@ from kubeletplugin.grpcapi import (
 )
 
 _PB = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
+
+
+def _claims(pb: Any, claims: tuple[ClaimRef, ...]) -> list[Any]:
+    return [pb.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
 
 
 class Kubelet:
@@ -38,12 +45,12 @@ class Kubelet:
         pluginregistration_pb2_grpc.RegistrationStub(self.reg).NotifyRegistrationStatus(
             pluginregistration_pb2.RegistrationStatus(plugin_registered=registered, error=error), timeout=5)
 
-    def prepare(self, *claims, version: str = "v1", timeout: float = 30):
+    def prepare(self, *claims: ClaimRef, version: str = "v1", timeout: float = 30) -> Any:
         pb, pb_grpc = _PB[version]
-        request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(namespace=c[0], name=c[1], uid=c[2]) for c in claims])
+        request = pb.NodePrepareResourcesRequest(claims=_claims(pb, claims))
         return pb_grpc.DRAPluginStub(self.dra).NodePrepareResources(request, timeout=timeout)
 
-    def unprepare(self, *claims, version: str = "v1", timeout: float = 30):
+    def unprepare(self, *claims: ClaimRef, version: str = "v1", timeout: float = 30) -> Any:
         pb, pb_grpc = _PB[version]
-        request = pb.NodeUnprepareResourcesRequest(claims=[pb.Claim(namespace=c[0], name=c[1], uid=c[2]) for c in claims])
+        request = pb.NodeUnprepareResourcesRequest(claims=_claims(pb, claims))
         return pb_grpc.DRAPluginStub(self.dra).NodeUnprepareResources(request, timeout=timeout)

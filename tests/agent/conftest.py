@@ -7,32 +7,28 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 import urllib.request
 
 import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.cli import build_parser
+from dra_driver.playground.claims import make_claim, result
 from dra_driver.playground.containers import ProcessRunner
-from kubeletplugin.main import Plugin
-from tests.kubeletplugin.conftest import Dirs, api, emulator  # noqa: F401  (fixtures)
-from tests.kubeletplugin.kubelet import Kubelet, make_claim, result
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.path.join(REPO, "hook", "build")
-MiB = 1 << 20
+from dra_driver.playground.kubelet import Kubelet
+from kubeletplugin.claimref import ClaimRef
+from tests.support import BUILD, wait_for
+from tests.support.plugin import Dirs, launch_plugin
 
 
 @pytest.fixture(scope="session")
 def sim_hook_dir():
     """libgpushare.so with the simulated driver beside it (sim/), as install-hook --with-sim lays out."""
-    if not os.path.isfile(os.path.join(BUILD, "sim", "libnvidia-ml.so.1")):
+    if not (BUILD / "sim" / "libnvidia-ml.so.1").is_file():
         pytest.skip("hook/build not built (make -C hook)")
     folder = tempfile.mkdtemp(prefix="gsag")
-    shutil.copy(os.path.join(BUILD, "libgpushare.so"), folder)
-    shutil.copytree(os.path.join(BUILD, "sim"), os.path.join(folder, "sim"), symlinks=True)
+    shutil.copy(BUILD / "libgpushare.so", folder)
+    shutil.copytree(BUILD / "sim", os.path.join(folder, "sim"), symlinks=True)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -43,19 +39,18 @@ class Node:
     def __init__(self, api, dirs: Dirs, hook_dir: str, extra: list[str], cdi_root: str | None = None):
         self.api = api
         self.dirs = dirs
-        args = build_parser().parse_args(["kubelet-plugin", *dirs.flags(hook_dir, cdi_root), "--metrics-addr", "127.0.0.1:0",
-                                          "--agent-interval", "0.5", *extra])
-        self.plugin = Plugin(args, api=api).start()
+        self.plugin = launch_plugin(api, dirs, hook_dir, "--metrics-addr", "127.0.0.1:0", "--agent-interval", "0.5",
+                                    *extra, cdi_root=cdi_root)
         self.kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
-        self.runner = ProcessRunner(dirs.cdi, os.path.join(BUILD, "gpushare-probe"), dirs.root)
+        self.runner = ProcessRunner(dirs.cdi, str(BUILD / "gpushare-probe"), dirs.root)
         self.workloads = []
         self.url = f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"
 
     def claim(self, memory: str = "1Gi", compute: int = 50, gpu: int = 0, config: list | None = None):
-        """Create, allocate and prepare a claim; returns ((ns, name, uid), cdi device ids)."""
+        """Create, allocate and prepare a claim; returns (its ClaimRef, cdi device ids)."""
         ref = make_claim(self.api, [result(f"gpu-{gpu}", consumed={"memory": memory, "compute": str(compute)})],
                          config=config)
-        answer = self.kubelet.prepare(ref).claims[ref[2]]
+        answer = self.kubelet.prepare(ref).claims[ref.uid]
         assert not answer.error, answer.error
         return ref, [i for d in answer.devices for i in d.cdi_device_ids]
 
@@ -72,36 +67,25 @@ class Node:
                 out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
         return out
 
-    def claim_metric(self, name: str, ref) -> float | None:
+    def claim_metric(self, name: str, ref: ClaimRef) -> float | None:
         for labels, value in self.scrape().get(name, {}).items():
-            if dict(labels).get("claim") == ref[1]:
+            if dict(labels).get("claim") == ref.name:
                 return value
         return None
 
-    def share(self, ref, gpu: int = 0):
+    def share(self, ref: ClaimRef, gpu: int = 0):
         """The agent's controller state of the claim (after its first period with the claim)."""
-        return wait_for(lambda: self.plugin.agent.claims.get(ref[2])).shares[gpu]
+        return wait_for(lambda: self.plugin.agent.claims.get(ref.uid)).shares[gpu]
 
-    def read_claim(self, ref) -> dict:
+    def read_claim(self, ref: ClaimRef) -> dict:
         return client.ResourceV1Api(self.api).read_namespaced_resource_claim(
-            ref[1], ref[0], _preload_content=False).json()
+            ref.name, ref.namespace, _preload_content=False).json()
 
     def close(self) -> None:
         for w in self.workloads:
             w.stop()
         self.kubelet.close()
         self.plugin.stop(grace=1)
-
-
-def wait_for(check, timeout: float = 10.0, interval: float = 0.1):
-    """Poll until check() is truthy; return its value (fail with the last one)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            assert value, f"timed out waiting; last value {value!r}"
-            return value
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")

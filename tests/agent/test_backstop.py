@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from .conftest import MiB, wait_for
+from tests.support import MiB, wait_for
 
 UNHOOKED = ("-u", "LD_PRELOAD")  # argv of /usr/bin/env before the probe
 
@@ -26,8 +26,8 @@ def escape(node, ids, name="escape", read=True):
 
 def events(node, ref):
     from kubernetes import client
-    items = client.CoreV1Api(node.api).list_namespaced_event(ref[0]).items
-    return [e for e in items if e.involved_object.uid == ref[2] and e.reason == "GpuMemoryLimitExceeded"]
+    items = client.CoreV1Api(node.api).list_namespaced_event(ref.namespace).items
+    return [e for e in items if e.involved_object.uid == ref.uid and e.reason == "GpuMemoryLimitExceeded"]
 
 
 def test_escape_is_reported(node_factory):
@@ -68,8 +68,8 @@ def test_process_to_claim_mapping(node, tmp_path):
     w = node.run("p", ids, "alloc", "--chunk", "64Mi", "--max", "64Mi", "--hold", "30")
     w.read_until("allocated=")
     procs = node.plugin.agent.procs
-    wait_for(lambda: procs.claim_of(w.proc.pid) == ref[2])
-    (tmp_path / "limits").write_bytes(open(node.plugin.driver.files.limits_path(ref[2]), "rb").read())
+    wait_for(lambda: procs.claim_of(w.proc.pid) == ref.uid)
+    (tmp_path / "limits").write_bytes(open(node.plugin.driver.files.limits_path(ref.uid), "rb").read())
     forged = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(tmp_path)})
     try:
         assert procs.claim_of(forged.pid) is None
@@ -84,19 +84,20 @@ def test_pod_containers_are_told_apart_by_the_pod_object(node):
     from kubernetes import client
     a, _ = node.claim(memory="256Mi")
     b, _ = node.claim(memory="256Mi")
-    pod = client.CoreV1Api(node.api).create_namespaced_pod(a[0], {
+    pod = client.CoreV1Api(node.api).create_namespaced_pod(a.namespace, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "two"},
         "spec": {"containers": [{"name": "x", "image": "i", "resources": {"claims": [{"name": "ca"}]}},
                                 {"name": "y", "image": "i", "resources": {"claims": [{"name": "cb"}]}}],
-                 "resourceClaims": [{"name": "ca", "resourceClaimName": a[1]}, {"name": "cb", "resourceClaimName": b[1]}]}})
-    client.CoreV1Api(node.api).patch_namespaced_pod_status("two", a[0], {"status": {"containerStatuses": [
+                 "resourceClaims": [{"name": "ca", "resourceClaimName": a.name},
+                                    {"name": "cb", "resourceClaimName": b.name}]}})
+    client.CoreV1Api(node.api).patch_namespaced_pod_status("two", a.namespace, {"status": {"containerStatuses": [
         {"name": "x", "containerID": "containerd://" + "a" * 64, "image": "i", "imageID": "", "ready": True,
          "restartCount": 0},
         {"name": "y", "containerID": "cri-o://" + "b" * 64, "image": "i", "imageID": "", "ready": True,
          "restartCount": 0}]}})
     agent = node.plugin.agent
-    claims = wait_for(lambda: a[2] in agent.claims and b[2] in agent.claims and dict(agent.claims))
-    for c in (claims[a[2]], claims[b[2]]):
+    claims = wait_for(lambda: a.uid in agent.claims and b.uid in agent.claims and dict(agent.claims))
+    for c in (claims[a.uid], claims[b.uid]):
         c.pods = {pod.metadata.uid: "two"}
-    assert agent._containers_of(pod.metadata.uid, claims) == {"a" * 64: a[2], "b" * 64: b[2]}
+    assert agent._containers_of(pod.metadata.uid, claims) == {"a" * 64: a.uid, "b" * 64: b.uid}
     assert agent._containers_of("no-such-pod", claims) == {}

@@ -22,10 +22,9 @@ import uuid
 import pytest
 from kubernetes import client
 
+from dra_driver.playground.claims import make_claim, result
 from dra_driver.playground.containers import PodmanRunner
-from tests.kubeletplugin.kubelet import make_claim, result
-
-from .conftest import BUILD, wait_for
+from tests.support import BUILD, wait_for
 
 pytestmark = pytest.mark.podman
 
@@ -65,7 +64,7 @@ def escape_argv(max_bytes: str = "512Mi") -> list[str]:
 
 
 def events(api, ref, kind: str):
-    items = client.CoreV1Api(api).list_namespaced_event(ref[0]).items
+    items = client.CoreV1Api(api).list_namespaced_event(ref.namespace).items
     return [e for e in items if e.involved_object.kind == kind and e.reason == "GpuMemoryLimitExceeded"]
 
 
@@ -86,8 +85,8 @@ def prepare(node, memory="256Mi", pod: str | None = None):
     node.refs.append(ref)
     if pod:
         client.ResourceV1Api(node.api).patch_namespaced_resource_claim_status(
-            ref[1], ref[0], {"status": {"reservedFor": [{"resource": "pods", "name": "tenant", "uid": pod}]}})
-    answer = node.kubelet.prepare(ref).claims[ref[2]]
+            ref.name, ref.namespace, {"status": {"reservedFor": [{"resource": "pods", "name": "tenant", "uid": pod}]}})
+    answer = node.kubelet.prepare(ref).claims[ref.uid]
     assert not answer.error, answer.error
     return ref, [i for d in answer.devices for i in d.cdi_device_ids]
 
@@ -102,7 +101,7 @@ def test_private_loader_in_var_run_link_image_is_killed(node_factory, runner):
         assert w.proc.returncode != 0
         assert took < KILL_BOUND_S, took
         assert node.claim_metric("gpushare_claim_backstop_kills_total", ref) >= 2  # the probe and the sleep
-        evs = wait_for(lambda: [e for e in events(node.api, ref, "ResourceClaim") if e.involved_object.uid == ref[2]])
+        evs = wait_for(lambda: [e for e in events(node.api, ref, "ResourceClaim") if e.involved_object.uid == ref.uid])
         assert "killed pid(s)" in evs[0].message and "above the limit 268435456" in evs[0].message
     finally:
         for r in node.refs:
@@ -123,7 +122,7 @@ def test_pod_container_is_found_by_cgroup_and_the_pod_gets_an_event(node_factory
         owner_pods = wait_for(lambda: [e for e in events(node.api, ref, "Pod") if e.involved_object.uid == pod_uid])
         assert owner_pods[0].involved_object.name == "tenant"
         assert wait_for(lambda: [e for e in events(node.api, ref, "ResourceClaim")
-                                 if e.involved_object.uid == ref[2]])
+                                 if e.involved_object.uid == ref.uid])
     finally:
         for r in node.refs:
             node.kubelet.unprepare(r)

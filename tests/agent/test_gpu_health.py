@@ -13,8 +13,7 @@ from kubernetes import client
 
 from kubeletplugin.grpcapi import dra_health_v1alpha1_pb2 as pb
 from kubeletplugin.grpcapi import dra_health_v1alpha1_pb2_grpc
-
-from .conftest import wait_for
+from tests.support import wait_for
 
 
 def taints(api, node: str) -> dict[str, list]:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import MiB, wait_for
+from kubeletplugin.claimref import ClaimRef
+from tests.support import MiB, wait_for
 
 
 def test_metrics_match_what_the_claim_did(node):
@@ -37,7 +38,7 @@ def test_metrics_match_what_the_claim_did(node):
 
 
 def test_errors_are_counted_by_reason(node):
-    answer = node.kubelet.prepare(("default", "missing", "00000000-0000-0000-0000-000000000001"))
+    answer = node.kubelet.prepare(ClaimRef("default", "missing", "00000000-0000-0000-0000-000000000001"))
     assert answer.claims["00000000-0000-0000-0000-000000000001"].error
     m = node.scrape()
     assert m["gpushare_kubelet_plugin_errors_total"][(("operation", "prepare"), ("reason", "claim_not_found"))] == 1
@@ -73,7 +74,8 @@ def test_docs_list_every_metric_and_reason(node):
     missing = [n for n in ours if not re.search(rf"`{n}(_total)?`", doc)]
     assert not missing, missing
     code = "".join(p.read_text() for p in (Path(__file__).parents[2] / "kubeletplugin").glob("*.py"))
-    reasons = set(re.findall(r'reason(?:: str)? ?= ?"([a-z_]+)"', code)) | set(re.findall(r'on_error\(\w+, "([a-z_]+)"\)', code))
+    reasons = (set(re.findall(r'reason(?:: str)? ?= ?"([a-z_]+)"', code))
+               | set(re.findall(r'on_error\(\w+, "([a-z_]+)"\)', code)))
     assert {"invalid_claim", "internal", "claim_not_found"} <= reasons
     listed = re.search(r"reason[^:]*: ([a-z_, ]+)\)", doc).group(1)
     assert reasons == {r.strip() for r in listed.split(",")}
@@ -113,6 +115,6 @@ def test_top_once(node):
     out = subprocess.run([sys.executable, "-m", "dra_driver.cli", "top", "--once", "--url", node.url],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    row = next(line for line in out.stdout.splitlines() if ref[1] in line)
+    row = next(line for line in out.stdout.splitlines() if ref.name in line)
     assert "256Mi" in row and "128Mi" in row and "40%" in row, out.stdout
     assert "prepared claims: 1" in out.stdout

@@ -7,9 +7,8 @@ import time
 
 import pytest
 
-from tests.kubeletplugin.kubelet import gpushare_config, opaque_config
-
-from .conftest import wait_for
+from dra_driver.playground.claims import gpushare_config, opaque_config
+from tests.support import wait_for
 
 SECONDS = "4"
 
@@ -63,8 +62,8 @@ def test_two_tenants_30_70_within_3_points(node):
     b, ids_b = node.claim(compute=70)
     wa = node.run("a", ids_a, "launch", "--seconds", "8", "--kernel-us", "2650")
     wb = node.run("b", ids_b, "launch", "--seconds", "8", "--kernel-us", "2650")
-    wait_for(lambda: node.plugin.agent.claims.get(a[2]) and node.share(a).length_us > 0)
-    assert (node.share(a).start_us, node.share(a).length_us) == ((0, 6000) if a[2] < b[2] else (14000, 6000))
+    wait_for(lambda: node.plugin.agent.claims.get(a.uid) and node.share(a).length_us > 0)
+    assert (node.share(a).start_us, node.share(a).length_us) == ((0, 6000) if a.uid < b.uid else (14000, 6000))
     outs = wa.read_until("launches=", timeout=30), wb.read_until("launches=", timeout=30)
     got = [float(o["launches"]) * 2650e-6 / float(o["seconds"]) * 100 for o in outs]
     assert abs(got[0] - 30) <= 3 and abs(got[1] - 70) <= 3, (got, outs)

@@ -4,8 +4,7 @@ import pytest
 from kubernetes import client
 
 from dra_driver.playground.allocator import AllocationError, allocate_and_reserve
-
-from .shapes import NODE, capacity_slice, claim, device_class, exactly, opaque, partition_slice, pod
+from tests.support.shapes import NODE, capacity_slice, claim, device_class, exactly, opaque, partition_slice, pod
 
 try:
     from dra_driver.playground.emulator import ApiEmulator

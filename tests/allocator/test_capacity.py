@@ -5,8 +5,7 @@ import uuid
 import pytest
 
 from dra_driver.playground.allocator import AllocationError
-
-from .shapes import NODE, allocate_on, capacity_slice, claim, exactly, pod, results, with_status
+from tests.support.shapes import NODE, allocate_on, capacity_slice, claim, exactly, pod, results, with_status
 
 
 def test_request_records_consumed_capacity_share_id_and_node():

@@ -3,8 +3,7 @@
 import pytest
 
 from dra_driver.playground.allocator import AllocationError
-
-from .shapes import (
+from tests.support.shapes import (
     allocate_on,
     capacity_device,
     capacity_slice,

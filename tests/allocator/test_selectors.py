@@ -3,8 +3,8 @@
 import pytest
 
 from dra_driver.playground.allocator import AllocationError
-
-from .shapes import DRIVER, allocate_on, capacity_device, claim, device_class, exactly, resource_slice, results
+from dra_driver.playground.claims import DRIVER
+from tests.support.shapes import allocate_on, capacity_device, claim, device_class, exactly, resource_slice, results
 
 MIXED = [resource_slice([capacity_device(0, memory="40Gi", product="NVIDIA A100-SXM4-40GB"),
                          capacity_device(1, memory="80Gi", product="NVIDIA H100 80GB HBM3")])]

@@ -10,8 +10,8 @@ from kubernetes import client
 
 from dra_driver.cli import main
 from dra_driver.controller import delete_slices
-
-from .slicetest import emulator, slices_of, wait_until  # noqa: F401 (fixture)
+from tests.support import wait_for
+from tests.support.slices import slices_of
 
 
 def _slice(name, driver, node):
@@ -60,7 +60,7 @@ def test_controller_cli_publishes_until_sigterm_and_leaves_slices(emulator, tmp_
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
-        assert wait_until(lambda: slices_of(emulator), timeout=20)
+        wait_for(lambda: slices_of(emulator), timeout=20)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=15)
     finally:

@@ -7,8 +7,6 @@ import pytest
 import yaml
 from kubernetes import client
 
-from .slicetest import emulator  # noqa: F401 (fixture)
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FILES = [ROOT / "deploy/base/deviceclass.yaml", ROOT / "deploy/base/rbac.yaml",
          *sorted((ROOT / "deploy/examples").glob("*.yaml"))]

@@ -7,20 +7,9 @@ from kubernetes import client
 
 from dra_driver.controller import SliceController
 from dra_driver.discovery import MockBackend
-
-from .slicetest import (  # noqa: F401
-    DRIVER,
-    NODE,
-    controllers,
-    create_node,
-    devices_of,
-    emulator,
-    generations,
-    gpus,
-    make_emulator,
-    slices_of,
-    wait_until,
-)
+from dra_driver.playground.claims import DRIVER, NODE
+from tests.support import wait_for
+from tests.support.slices import Gpus, create_node, devices_of, generations, slices_of
 
 
 def _api(emu):
@@ -99,8 +88,8 @@ def test_node_created_later_gets_its_owner_reference(emulator, gpus, controllers
     assert ctl.wait_synced(10)
     assert "ownerReferences" not in slices_of(emulator)[0]["metadata"]
     uid = create_node(emulator)
-    assert wait_until(lambda: [o["uid"] for o in slices_of(emulator)[0]["metadata"].get("ownerReferences", [])]
-                      == [uid], timeout=5)
+    wait_for(lambda: [o["uid"] for o in slices_of(emulator)[0]["metadata"].get("ownerReferences", [])] == [uid],
+             timeout=5)
 
 
 def test_200_gpus_split_into_consistent_slices(emulator, tmp_path, controllers):
@@ -119,7 +108,7 @@ def test_external_delete_restored(emulator, gpus, controllers):
     victim = slices_of(emulator)[1]["metadata"]["name"]
     start = time.monotonic()
     _api(emulator).delete_resource_slice(victim)
-    assert wait_until(lambda: len(slices_of(emulator)) == 2 and generations(emulator) == {2}, timeout=5)
+    wait_for(lambda: len(slices_of(emulator)) == 2 and generations(emulator) == {2}, timeout=5)
     assert time.monotonic() - start < 5
     assert len(devices_of(emulator)) == 200
 
@@ -132,7 +121,7 @@ def test_external_edit_restored(emulator, gpus, controllers):
     s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRange"]["max"] = "1Ti"
     s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["default"] = "1Ti"
     _api(emulator).replace_resource_slice(s["metadata"]["name"], s)
-    assert wait_until(lambda: devices_of(emulator)["gpu-0"]["capacity"]["memory"]["value"] == "80Gi", timeout=5)
+    wait_for(lambda: devices_of(emulator)["gpu-0"]["capacity"]["memory"]["value"] == "80Gi", timeout=5)
     assert generations(emulator) == {2}
 
 
@@ -141,14 +130,14 @@ def test_external_extra_slice_in_our_pool_removed(emulator, gpus, controllers):
     assert ctrl.wait_synced(5)
     stray = {**slices_of(emulator)[0], "metadata": {"name": "stray"}}
     _api(emulator).create_resource_slice(stray)
-    assert wait_until(lambda: [s["metadata"]["name"] for s in slices_of(emulator)] == [f"{NODE}-{DRIVER}-0"])
+    wait_for(lambda: [s["metadata"]["name"] for s in slices_of(emulator)] == [f"{NODE}-{DRIVER}-0"])
 
 
 def test_generation_never_reused_after_restart(emulator, gpus, controllers):
     first = controllers(emulator, gpus.backend())
     assert first.wait_synced(5)
     gpus.remove(1)
-    assert wait_until(lambda: len(devices_of(emulator)) == 1)
+    wait_for(lambda: len(devices_of(emulator)) == 1)
     first.stop()
     [old] = generations(emulator)
     assert old == 2
@@ -178,15 +167,13 @@ def test_no_writes_in_steady_state(emulator, gpus, controllers):
 
 
 def test_gpu_change_republishes_once(emulator, tmp_path, controllers):
-    from .slicetest import Gpus
-
     many = Gpus(tmp_path / "many.yaml", count=200)
     ctrl = controllers(emulator, many.backend())
     assert ctrl.wait_synced(10)
     time.sleep(0.5)
     emulator.reset_requests()
     many.remove(7)
-    assert wait_until(lambda: "gpu-7" not in devices_of(emulator))
+    wait_for(lambda: "gpu-7" not in devices_of(emulator))
     time.sleep(1)  # anything more would show up now
     writes = [r for r in emulator.requests if r.method in ("POST", "PUT", "PATCH", "DELETE")]
     assert [r.method for r in writes] == ["PUT", "PUT"]  # one per slice of the pool
@@ -199,7 +186,7 @@ def test_gpu_change_on_small_node_is_one_write(emulator, gpus, controllers):
     time.sleep(0.3)
     emulator.reset_requests()
     gpus.remove(0)
-    assert wait_until(lambda: "gpu-0" not in devices_of(emulator))
+    wait_for(lambda: "gpu-0" not in devices_of(emulator))
     time.sleep(1)
     assert emulator.count_requests(writes_only=True) == 1
 
@@ -208,13 +195,13 @@ def test_unhealthy_gpu_tainted_then_recovers(emulator, gpus, controllers):
     ctrl = controllers(emulator, gpus.backend())
     assert ctrl.wait_synced(5)
     gpus.set(1, healthy=False, healthReason="XID 79: GPU has fallen off the bus")
-    assert wait_until(lambda: devices_of(emulator)["gpu-1"].get("taints"))
+    wait_for(lambda: devices_of(emulator)["gpu-1"].get("taints"))
     [taint] = devices_of(emulator)["gpu-1"]["taints"]
     assert (taint["key"], taint["effect"]) == ("gpushare.dev/unhealthy", "NoSchedule")
     assert taint["value"].startswith("XID-79")
     assert "taints" not in devices_of(emulator)["gpu-0"]
     gpus.set(1, healthy=True)
-    assert wait_until(lambda: "taints" not in devices_of(emulator)["gpu-1"])
+    wait_for(lambda: "taints" not in devices_of(emulator)["gpu-1"])
 
 
 def test_unhealthy_gpu_left_out_without_taints_then_recovers(make_emulator, gpus, controllers):
@@ -222,19 +209,19 @@ def test_unhealthy_gpu_left_out_without_taints_then_recovers(make_emulator, gpus
     ctrl = controllers(emu, gpus.backend(), sharing_mode="partition", partitions=2)
     assert ctrl.wait_synced(5)
     gpus.set(0, healthy=False, healthReason="XID 48")
-    assert wait_until(lambda: sorted(devices_of(emu)) == ["gpu-1-share-0", "gpu-1-share-1"])
+    wait_for(lambda: sorted(devices_of(emu)) == ["gpu-1-share-0", "gpu-1-share-1"])
     gpus.set(0, healthy=True)
-    assert wait_until(lambda: len(devices_of(emu)) == 4)
+    wait_for(lambda: len(devices_of(emu)) == 4)
 
 
 def test_gpu_disappears_and_returns(emulator, gpus, controllers):
     ctrl = controllers(emulator, gpus.backend())
     assert ctrl.wait_synced(5)
     gpus.remove(1)
-    assert wait_until(lambda: sorted(devices_of(emulator)) == ["gpu-0"])
+    wait_for(lambda: sorted(devices_of(emulator)) == ["gpu-0"])
     gpus.entries.append({"index": 1, "memory": "80Gi"})
     gpus.write()
-    assert wait_until(lambda: sorted(devices_of(emulator)) == ["gpu-0", "gpu-1"])
+    wait_for(lambda: sorted(devices_of(emulator)) == ["gpu-0", "gpu-1"])
 
 
 @pytest.mark.parametrize("status,method", [(500, None), (409, "PUT"), (503, "POST")])
@@ -249,8 +236,8 @@ def test_error_storms_are_retried_with_bounded_rate(emulator, gpus, controllers,
         _api(emulator).delete_resource_slice(f"{NODE}-{DRIVER}-0")
     gpus.remove(1)
     # Watch the request log only: our own reads would use up the injected failures.
-    assert wait_until(lambda: sum(r.status == status for r in emulator.requests) == 20, timeout=20)
-    assert ctrl.wait_synced(5) or wait_until(ctrl.wait_synced, timeout=5)
+    wait_for(lambda: sum(r.status == status for r in emulator.requests) == 20, timeout=20)
+    assert ctrl.wait_synced(5) or wait_for(ctrl.wait_synced, timeout=5)
     elapsed = time.monotonic() - start
     assert sorted(devices_of(emulator)) == ["gpu-0"]
     # Backoff (here 0.05 s doubling to 0.25 s, with jitter) spreads 20 failures over seconds,
@@ -265,7 +252,7 @@ def test_survives_watch_drops(emulator, gpus, controllers):
     emulator.faults.drop_watches()
     time.sleep(0.3)
     _api(emulator).delete_resource_slice(slices_of(emulator)[0]["metadata"]["name"])
-    assert wait_until(lambda: len(slices_of(emulator)) == 1, timeout=5)
+    wait_for(lambda: len(slices_of(emulator)) == 1, timeout=5)
 
 
 def test_stop_leaves_slices(emulator, gpus, controllers):
@@ -282,7 +269,7 @@ def test_two_nodes_do_not_touch_each_other(emulator, gpus, controllers):
     time.sleep(0.5)
     emulator.reset_requests()
     gpus.remove(1)
-    assert wait_until(lambda: len(devices_of(emulator, "node-a")) == 1)
+    wait_for(lambda: len(devices_of(emulator, "node-a")) == 1)
     time.sleep(0.5)
     assert emulator.count_requests(writes_only=True) == 1
     assert generations(emulator, "node-b") == {1}
@@ -327,6 +314,6 @@ def test_failing_watch_is_retried_with_backoff(emulator, gpus, controllers):
     emulator.faults.clear()
     # Back to normal: the watch returns and changes are seen again at once.
     n = len(emulator.requests)
-    assert wait_until(lambda: any(r.is_watch and r.status == 200 for r in emulator.requests[n:]), timeout=10)
+    wait_for(lambda: any(r.is_watch and r.status == 200 for r in emulator.requests[n:]), timeout=10)
     _api(emulator).delete_resource_slice(slices_of(emulator)[0]["metadata"]["name"])
-    assert wait_until(lambda: len(slices_of(emulator)) == 1, timeout=5)
+    wait_for(lambda: len(slices_of(emulator)) == 1, timeout=5)

@@ -1,20 +1,13 @@
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client, watch
 
-from .emutest import pod_body
+from tests.support import wait_for
+from tests.support.emulator import pod_body
 
 CLIENTS = 100
 WATCHERS = 150
-
-
-def wait_for(predicate, seconds=5):
-    deadline = time.monotonic() + seconds
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_concurrent_creates_and_conflicting_updates(emu):
@@ -66,11 +59,11 @@ def test_many_watches_and_closed_clients_are_noticed(emu, core):
                for i in range(WATCHERS)]
     for thread in threads:
         thread.start()
-    assert wait_for(lambda: emu.store.watch_count() == WATCHERS, 20)
+    wait_for(lambda: emu.store.watch_count() == WATCHERS, 20)
     for i in range(3):
         core.create_namespaced_pod("default", pod_body(f"pod-{i}"))
     for thread in threads:
         thread.join(20)
     assert all(r == ["pod-0", "pod-1", "pod-2"] for r in received)
     # Every client closed its connection; the server's watch threads notice and exit.
-    assert wait_for(lambda: emu.store.watch_count() == 0, 5)
+    wait_for(lambda: emu.store.watch_count() == 0, 5)

@@ -3,7 +3,7 @@ import json
 import pytest
 from kubernetes import client
 
-from .emutest import claim_body, pod_body, slice_body
+from tests.support.emulator import claim_body, pod_body, slice_body
 
 MERGE = "application/merge-patch+json"
 

@@ -4,7 +4,8 @@ import time
 import pytest
 from kubernetes import client, watch
 
-from .emutest import pod_body, slice_body
+from tests.support import wait_for
+from tests.support.emulator import pod_body, slice_body
 
 
 def test_fail_next_then_success(core, emu):
@@ -53,9 +54,7 @@ def test_dropped_watch_ends_the_stream(core, emu):
     thread = threading.Thread(target=watcher, daemon=True)
     thread.start()
     core.create_namespaced_pod("default", pod_body())
-    deadline = time.monotonic() + 5
-    while not events and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: events, 5)
     emu.faults.drop_watches()
     assert done.wait(5) and events == ["ADDED"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..kubectl import Kubectl, needs_kubectl
+from tests.support.kubectl import Kubectl, needs_kubectl
 
 pytestmark = needs_kubectl
 
@@ -37,7 +37,8 @@ def kubectl(tmp_path_factory):
         deadline = time.monotonic() + 60  # imports take seconds on a loaded machine
         while not kubeconfig.exists() and emulator.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert kubeconfig.exists(), f"the emulator wrote no kubeconfig: {emulator.stderr.read() if emulator.poll() is not None else 'still starting'}"
+        state = emulator.stderr.read() if emulator.poll() is not None else "still starting"
+        assert kubeconfig.exists(), f"the emulator wrote no kubeconfig: {state}"
         yield Kubectl(workdir, kubeconfig=kubeconfig)
     finally:
         emulator.terminate()
@@ -72,12 +73,12 @@ def table(text: str) -> list[dict]:
     lines = text.strip().splitlines()
     # Columns are at least three spaces apart; a header may have one inside ("NODE SELECTOR").
     starts = [i for i, ch in enumerate(lines[0]) if ch != " " and (i == 0 or lines[0][i - 2:i] == "  ")]
-    bounds = list(zip(starts, starts[1:] + [None]))
+    bounds = list(zip(starts, starts[1:] + [None], strict=True))
 
     def cells(line):
         return [line[a:b].strip() for a, b in bounds]
 
-    return [dict(zip(cells(lines[0]), cells(line))) for line in lines[1:]]
+    return [dict(zip(cells(lines[0]), cells(line), strict=True)) for line in lines[1:]]
 
 
 def test_health_endpoints(kubectl):
@@ -238,7 +239,8 @@ def test_field_validation(kubectl, deployed):
 
 
 def test_deleting_a_node_collects_its_slices(kubectl, deployed):
-    assert kubectl("get", "resourceslices", "-o", "name").split() == ["resourceslice.resource.k8s.io/node-a-gpushare.dev"]
+    assert kubectl("get", "resourceslices", "-o", "name").split() == [
+        "resourceslice.resource.k8s.io/node-a-gpushare.dev"]
     kubectl("delete", "node", "node-a")
     assert kubectl("get", "resourceslices", "-o", "name") == ""
 
@@ -249,6 +251,7 @@ def test_uninstall(kubectl, deployed):
     # The namespace goes first and takes what is in it (at once here, where a real server
     # takes a moment): hence --ignore-not-found.
     kubectl("delete", "-k", DEPLOY / "overlays" / "mock", "--ignore-not-found")
-    left = kubectl("get", "namespaces,serviceaccounts,services,daemonsets,clusterroles,clusterrolebindings,deviceclasses,validatingadmissionpolicies,validatingadmissionpolicybindings",
+    left = kubectl("get", "namespaces,serviceaccounts,services,daemonsets,clusterroles,clusterrolebindings,"
+                   "deviceclasses,validatingadmissionpolicies,validatingadmissionpolicybindings",
                    "-A", "-o", "name")
     assert left == ""

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from .emutest import claim_body, http, pod_body, slice_body
+from tests.support.emulator import claim_body, http, pod_body, slice_body
 
 TABLE = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
 APPLY = "application/apply-patch+yaml"

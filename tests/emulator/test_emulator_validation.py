@@ -4,8 +4,7 @@ import pytest
 from kubernetes import client
 
 from dra_driver.playground.emulator import ApiEmulator
-
-from .emutest import claim_body, http, slice_body
+from tests.support.emulator import claim_body, http, slice_body
 
 
 def create_slice(dyn, body):

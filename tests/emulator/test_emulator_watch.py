@@ -5,8 +5,7 @@ import pytest
 from kubernetes import client, watch
 
 from dra_driver.playground.emulator import ApiEmulator
-
-from .emutest import pod_body
+from tests.support.emulator import pod_body
 
 MERGE = "application/merge-patch+json"
 
@@ -90,7 +89,7 @@ def test_bookmarks(core):
 
 
 def test_watch_all_namespaces_and_cluster_scoped(core, resource):
-    from .emutest import slice_body
+    from tests.support.emulator import slice_body
     core.create_namespaced_pod("a", pod_body("p1"))
     core.create_namespaced_pod("b", pod_body("p2"))
     resource.create_resource_slice(slice_body())

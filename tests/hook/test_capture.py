@@ -3,7 +3,8 @@ invalidates a capture the way the real one does), and a graph replay is charged 
 replay cost."""
 import pytest
 
-from .hooktest import MiB, kv
+from tests.support import MiB
+from tests.support.hook import kv
 
 
 def graph(claim, *args, check=True):

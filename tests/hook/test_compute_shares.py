@@ -12,8 +12,7 @@ import time
 import pytest
 
 from dra_driver.hooklayout import HEADER_SIZE, REGION_HEADER
-
-from .hooktest import kv
+from tests.support.hook import kv
 
 SECONDS = 6
 LARGE_US = 2650  # a 4096x4096 fp32 matmul on the H100
@@ -31,7 +30,7 @@ def slots(limits, period_us=20000):
 
 def start_claims(make_claim, limits):
     claims = []
-    for i, (limit, slot) in enumerate(zip(limits, slots(limits))):
+    for i, (limit, slot) in enumerate(zip(limits, slots(limits), strict=True)):
         c = make_claim(compute=limit, name=f"c{i}")
         c.write_control(limit * 10_000, slot=slot)
         claims.append(c)
@@ -43,9 +42,11 @@ def run_claims(make_claim, limits, kernel_us, seconds=SECONDS):
     time (percent of the run)."""
     claims = start_claims(make_claim, limits)
     procs = [c.popen("gpushare-probe", "launch", "--seconds", seconds, "--kernel-us", us)
-             for c, us in zip(claims, kernel_us)]
+             for c, us in zip(claims, kernel_us, strict=True)]
     outs = [kv(p.communicate(timeout=120)[0]) for p in procs]
-    return [float(o["launches"]) * us / 1e6 / float(o["seconds"]) * 100 for o, us in zip(outs, kernel_us)], outs
+    shares = [float(o["launches"]) * us / 1e6 / float(o["seconds"]) * 100
+              for o, us in zip(outs, kernel_us, strict=True)]
+    return shares, outs
 
 
 @pytest.mark.parametrize("limits,kernel_us,bound", [
@@ -56,7 +57,7 @@ def run_claims(make_claim, limits, kernel_us, seconds=SECONDS):
 ])
 def test_shares_hold_and_the_gpu_stays_busy(make_claim, limits, kernel_us, bound):
     shares, outs = run_claims(make_claim, limits, kernel_us)
-    for got, limit in zip(shares, limits):
+    for got, limit in zip(shares, limits, strict=True):
         assert abs(got - limit) <= bound, (shares, outs)
     assert sum(shares) >= 90 - bound, (shares, outs)  # work conserving: time slicing alone does 100
 

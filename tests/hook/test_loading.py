@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from .hooktest import kv
+from tests.support.hook import kv
 
 
 def _opened(cmd, env, tmp_path):

@@ -3,7 +3,8 @@ import struct
 
 import pytest
 
-from .hooktest import MiB, kv, sim_uuid
+from tests.support import MiB
+from tests.support.hook import kv, sim_uuid
 
 LIMIT = 64 * MiB
 

@@ -3,7 +3,8 @@ import struct
 
 import pytest
 
-from .hooktest import MiB, kv
+from tests.support import MiB
+from tests.support.hook import kv
 
 SECONDS = "2.5"
 

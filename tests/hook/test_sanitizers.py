@@ -5,7 +5,8 @@ import subprocess
 
 import pytest
 
-from .hooktest import HOOK, MiB, kv
+from tests.support import MiB
+from tests.support.hook import HOOK, kv
 
 LIMIT = 64 * MiB
 ASAN_ENV = {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:verify_asan_link_order=0",

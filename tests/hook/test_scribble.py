@@ -5,7 +5,8 @@ import struct
 import threading
 import time
 
-from .hooktest import MiB, kv
+from tests.support import MiB
+from tests.support.hook import kv
 
 LIMIT = 64 * MiB
 USED, LOCK_WORD = 96, 32

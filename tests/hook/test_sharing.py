@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from .hooktest import MiB, kv
+from tests.support import MiB
+from tests.support.hook import kv
 
 LIMIT = 64 * MiB
 

@@ -7,8 +7,7 @@ import os
 import pytest
 
 from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec, SpecDir, find_devices_of_kind
-
-from .schema import assert_valid_cdi
+from tests.support.cdi import assert_valid_cdi
 
 
 def spec(name="abc-gpu-0", **edits):

@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 from dra_driver.hooklayout import CONTROL, CONTROL_SIZE, REGION_SIZE
+from dra_driver.playground.claims import make_claim, result
+from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin import checkpoint as ckpt
-
-from .cdiroot import duplicate_devices
-from .kubelet import Kubelet, make_claim, result
-from .test_prepare import load_spec, spec_path
+from kubeletplugin.claimref import ClaimRef
+from tests.support.cdi import duplicate_devices, load_spec, spec_path
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
@@ -26,7 +26,7 @@ def prepared(api, start_plugin, dirs):
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
     claim = make_claim(api, [result("gpu-1-share-0")])
     answer = kubelet.prepare(claim)
-    assert answer.claims[claim[2]].error == ""
+    assert answer.claims[claim.uid].error == ""
     yield plugin, kubelet, claim, answer
     kubelet.close()
 
@@ -55,14 +55,14 @@ def test_checkpoint_file_is_versioned_and_checksummed(prepared, dirs):
 
 def test_missing_spec_is_rewritten_at_start(prepared, start_plugin, dirs):
     plugin, kubelet, claim, answer = prepared
-    before = load_spec(dirs, claim[2])
-    with open(region(dirs, claim[2]), "r+b") as f:
+    before = load_spec(dirs, claim.uid)
+    with open(region(dirs, claim.uid), "r+b") as f:
         f.write(b"usage")
     plugin.stop(grace=1)
-    os.unlink(spec_path(dirs, claim[2]))  # a reboot empties /var/run/cdi
+    os.unlink(spec_path(dirs, claim.uid))  # a reboot empties /var/run/cdi
     start_plugin()
-    assert load_spec(dirs, claim[2]) == before
-    with open(region(dirs, claim[2]), "rb") as f:
+    assert load_spec(dirs, claim.uid) == before
+    with open(region(dirs, claim.uid), "rb") as f:
         assert f.read(5) == b"usage"
     assert kubelet.prepare(claim) == answer
 
@@ -72,25 +72,25 @@ def test_prepare_started_is_rolled_back(prepared, start_plugin, dirs):
     plugin.stop(grace=1)
 
     def interrupt(claims, boot):
-        claims[claim[2]].update(state=ckpt.PREPARE_STARTED, prepared=None)
+        claims[claim.uid].update(state=ckpt.PREPARE_STARTED, prepared=None)
 
     edit_checkpoint(dirs, interrupt)
     plugin = start_plugin()
-    assert not os.path.exists(spec_path(dirs, claim[2]))
-    assert not os.path.exists(os.path.join(dirs.state, "claims", claim[2]))
-    assert plugin.driver.checkpoint.get(claim[2]) is None
+    assert not os.path.exists(spec_path(dirs, claim.uid))
+    assert not os.path.exists(os.path.join(dirs.state, "claims", claim.uid))
+    assert plugin.driver.checkpoint.get(claim.uid) is None
     # The kubelet retries: prepared once, from scratch.
-    assert kubelet.prepare(claim).claims[claim[2]].error == ""
-    assert plugin.driver.prepared_uids() == {claim[2]}
+    assert kubelet.prepare(claim).claims[claim.uid].error == ""
+    assert plugin.driver.prepared_uids() == {claim.uid}
 
 
 def test_unprepare_started_is_finished(prepared, start_plugin, dirs):
     plugin, kubelet, claim, _ = prepared
     plugin.stop(grace=1)
-    edit_checkpoint(dirs, lambda claims, boot: claims[claim[2]].update(state=ckpt.UNPREPARE_STARTED))
+    edit_checkpoint(dirs, lambda claims, boot: claims[claim.uid].update(state=ckpt.UNPREPARE_STARTED))
     plugin = start_plugin()
     assert os.listdir(dirs.cdi) == [] and os.listdir(os.path.join(dirs.state, "claims")) == []
-    assert kubelet.unprepare(claim).claims[claim[2]].error == ""
+    assert kubelet.unprepare(claim).claims[claim.uid].error == ""
 
 
 def test_corrupt_checkpoint_is_moved_aside_and_rebuilt(api, prepared, start_plugin, dirs):
@@ -98,19 +98,19 @@ def test_corrupt_checkpoint_is_moved_aside_and_rebuilt(api, prepared, start_plug
     orphan = make_claim(api, [result("gpu-0-share-0")])
     kubelet.prepare(orphan)
     plugin.stop(grace=1)
-    shutil.rmtree(os.path.join(dirs.state, "claims", orphan[2]))  # only its spec is left: an orphan
+    shutil.rmtree(os.path.join(dirs.state, "claims", orphan.uid))  # only its spec is left: an orphan
     path = os.path.join(dirs.state, "checkpoint.json")
     with open(path, "r+b") as f:
         f.seek(40)
         f.write(b"garbage")
     plugin = start_plugin()
     assert len(glob.glob(path + ".corrupt-*")) == 1
-    assert plugin.driver.prepared_uids() == {claim[2]}
+    assert plugin.driver.prepared_uids() == {claim.uid}
     assert kubelet.prepare(claim) == answer
-    assert not os.path.exists(spec_path(dirs, orphan[2]))
+    assert not os.path.exists(spec_path(dirs, orphan.uid))
     with open(path, "rb") as f:
         claims, _ = ckpt.decode(f.read())
-    assert set(claims) == {claim[2]}
+    assert set(claims) == {claim.uid}
 
 
 def test_v1_checkpoint_is_migrated(start_plugin, dirs, hook_dir):
@@ -126,21 +126,21 @@ def test_v1_checkpoint_is_migrated(start_plugin, dirs, hook_dir):
     with open(os.path.join(dirs.state, "checkpoint.json")) as f:
         assert json.load(f)["version"] == 2
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
-    assert kubelet.unprepare(("default", "legacy-claim", uid)).claims[uid].error == ""
+    assert kubelet.unprepare(ClaimRef("default", "legacy-claim", uid)).claims[uid].error == ""
     assert os.listdir(dirs.cdi) == []
     kubelet.close()
 
 
 def test_reboot_zeroes_regions_but_keeps_claims(prepared, start_plugin, dirs):
     plugin, kubelet, claim, answer = prepared
-    control = os.path.join(dirs.state, "claims", claim[2], "control-0")
-    for path in (region(dirs, claim[2]), control):
+    control = os.path.join(dirs.state, "claims", claim.uid, "control-0")
+    for path in (region(dirs, claim.uid), control):
         with open(path, "r+b") as f:
             f.write(b"stale usage or rate from before the reboot")
     plugin.stop(grace=1)
     edit_checkpoint(dirs, lambda claims, boot: "an-earlier-boot")
     start_plugin()
-    with open(region(dirs, claim[2]), "rb") as f:
+    with open(region(dirs, claim.uid), "rb") as f:
         assert f.read() == bytes(REGION_SIZE)
     with open(control, "rb") as f:  # nothing stale; the agent may have written header, rate and slot again
         data = f.read()
@@ -177,20 +177,20 @@ def read_usage(dirs, uid, size=21):
 def test_missing_checkpoint_is_rebuilt_from_the_claim_folders(prepared, start_plugin, dirs):
     """The issue's attack: with checkpoint.json deleted, a restart wiped every prepared claim."""
     plugin, kubelet, claim, answer = prepared
-    before = load_spec(dirs, claim[2])
-    write_usage(dirs, claim[2])
+    before = load_spec(dirs, claim.uid)
+    write_usage(dirs, claim.uid)
     plugin.stop(grace=1)
     os.unlink(os.path.join(dirs.state, "checkpoint.json"))
     plugin = start_plugin()
-    assert plugin.driver.prepared_uids() == {claim[2]}
-    assert load_spec(dirs, claim[2]) == before
+    assert plugin.driver.prepared_uids() == {claim.uid}
+    assert load_spec(dirs, claim.uid) == before
     # The next Prepare (a new pod of the claim) gets the same answer and the same region:
     # pods before and after the restart share one budget.
     assert kubelet.prepare(claim) == answer
-    assert read_usage(dirs, claim[2]) == b"usage of running pods"
+    assert read_usage(dirs, claim.uid) == b"usage of running pods"
     with open(os.path.join(dirs.state, "checkpoint.json"), "rb") as f:
-        assert set(ckpt.decode(f.read())[0]) == {claim[2]}
-    assert kubelet.unprepare(claim).claims[claim[2]].error == ""
+        assert set(ckpt.decode(f.read())[0]) == {claim.uid}
+    assert kubelet.unprepare(claim).claims[claim.uid].error == ""
     assert os.listdir(dirs.cdi) == [] and os.listdir(os.path.join(dirs.state, "claims")) == []
 
 
@@ -201,20 +201,20 @@ def test_claim_missing_from_an_older_checkpoint_is_adopted(api, prepared, start_
         older = f.read()  # a backup taken before the second claim
     second = make_claim(api, [result("gpu-2-share-3")])
     second_answer = kubelet.prepare(second)
-    write_usage(dirs, second[2])
+    write_usage(dirs, second.uid)
     plugin.stop(grace=1)
     with open(path, "wb") as f:
         f.write(older)
     plugin = start_plugin()
-    assert plugin.driver.prepared_uids() == {claim[2], second[2]}
+    assert plugin.driver.prepared_uids() == {claim.uid, second.uid}
     assert kubelet.prepare(second) == second_answer and kubelet.prepare(claim) == answer
-    assert read_usage(dirs, second[2]) == b"usage of running pods"
+    assert read_usage(dirs, second.uid) == b"usage of running pods"
 
 
 def test_lost_files_are_rewritten_and_the_region_kept(prepared, start_plugin, dirs):
     plugin, kubelet, claim, answer = prepared
-    folder = os.path.join(dirs.state, "claims", claim[2])
-    write_usage(dirs, claim[2])
+    folder = os.path.join(dirs.state, "claims", claim.uid)
+    write_usage(dirs, claim.uid)
     plugin.stop(grace=1)
     for name in ("limits", "prepared.json", "control-0"):
         os.unlink(os.path.join(folder, name))
@@ -222,7 +222,7 @@ def test_lost_files_are_rewritten_and_the_region_kept(prepared, start_plugin, di
     start_plugin()
     assert sorted(os.listdir(folder)) == ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]
     assert os.stat(folder).st_mode & 0o777 == 0o700
-    assert read_usage(dirs, claim[2]) == b"usage of running pods"
+    assert read_usage(dirs, claim.uid) == b"usage of running pods"
     assert kubelet.prepare(claim) == answer
 
 
@@ -230,27 +230,27 @@ def test_folder_without_any_record_is_kept_and_reused_by_the_next_prepare(prepar
     """Checkpoint and prepared.json both gone: nothing says what was prepared, but the region
     may be in use, so the folder stays; the claim's next Prepare reuses it."""
     plugin, kubelet, claim, answer = prepared
-    write_usage(dirs, claim[2])
+    write_usage(dirs, claim.uid)
     plugin.stop(grace=1)
     os.unlink(os.path.join(dirs.state, "checkpoint.json"))
-    os.unlink(os.path.join(dirs.state, "claims", claim[2], "prepared.json"))
+    os.unlink(os.path.join(dirs.state, "claims", claim.uid, "prepared.json"))
     plugin = start_plugin()
     assert plugin.driver.prepared_uids() == set()
-    assert os.path.exists(region(dirs, claim[2])) and os.path.exists(spec_path(dirs, claim[2]))
+    assert os.path.exists(region(dirs, claim.uid)) and os.path.exists(spec_path(dirs, claim.uid))
     assert kubelet.prepare(claim) == answer
-    assert read_usage(dirs, claim[2]) == b"usage of running pods"
-    assert kubelet.unprepare(claim).claims[claim[2]].error == ""
+    assert read_usage(dirs, claim.uid) == b"usage of running pods"
+    assert kubelet.unprepare(claim).claims[claim.uid].error == ""
     assert os.listdir(dirs.cdi) == [] and os.listdir(os.path.join(dirs.state, "claims")) == []
 
 
 def test_temporary_files_of_interrupted_writes_are_removed_at_start(prepared, start_plugin, dirs):
     plugin, kubelet, claim, answer = prepared
     plugin.stop(grace=1)
-    spec_name = os.path.basename(spec_path(dirs, claim[2]))
+    spec_name = os.path.basename(spec_path(dirs, claim.uid))
     ours = [os.path.join(dirs.cdi, f".{spec_name}.a1b2c3d4.tmp"),
             os.path.join(dirs.cdi, f".tmp-a1b2c3d4-{spec_name}"),  # an older release's name, ends in .json
             os.path.join(dirs.state, ".checkpoint.json.a1b2c3d4.tmp"),
-            os.path.join(dirs.state, "claims", claim[2], ".limits.a1b2c3d4.tmp")]
+            os.path.join(dirs.state, "claims", claim.uid, ".limits.a1b2c3d4.tmp")]
     theirs = os.path.join(dirs.cdi, ".nvidia.yaml.a1b2c3d4.tmp")  # another vendor's: not ours to remove
     for path in [*ours, theirs]:
         with open(path, "wb") as f:
@@ -279,7 +279,7 @@ def test_an_older_yaml_spec_of_a_claim_is_replaced_not_kept_beside(prepared, sta
     """Two files defining one device make the runtime refuse it."""
     plugin, kubelet, claim, answer = prepared
     plugin.stop(grace=1)
-    json_spec = spec_path(dirs, claim[2])
+    json_spec = spec_path(dirs, claim.uid)
     shutil.copy(json_spec, json_spec[:-len(".json")] + ".yaml")
     start_plugin()
     assert os.listdir(dirs.cdi) == [os.path.basename(json_spec)]

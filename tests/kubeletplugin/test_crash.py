@@ -18,19 +18,19 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from dra_driver.playground.claims import make_claim, result
 from dra_driver.playground.containers import PodmanRunner
+from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.faults import PREPARE_STEPS, UNPREPARE_STEPS
-
-from .cdiroot import duplicate_devices, podman_run
-from .kubelet import Kubelet, make_claim, result
+from tests.support.cdi import duplicate_devices, podman_run
 
 GPUSHARE_DRA = os.path.join(os.path.dirname(sys.executable), "gpushare-dra")
 
 
 @pytest.fixture(scope="module")
-def kubeconfig(emulator, tmp_path_factory):
-    return emulator.write_kubeconfig(str(tmp_path_factory.mktemp("kc") / "kubeconfig"))
+def kubeconfig(shared_emulator, tmp_path_factory):
+    return shared_emulator.write_kubeconfig(str(tmp_path_factory.mktemp("kc") / "kubeconfig"))
 
 
 class PluginProcess:
@@ -114,14 +114,14 @@ def test_kill_during_prepare(api, dirs, plugin_process, step):
     kubelet.close()
     plugin_process.start()
     # After recovery, before the retry: prepared completely or not at all.
-    state = on_disk(dirs, claim[2])
+    state = on_disk(dirs, claim.uid)
     assert state in ((True, True, ckpt.PREPARE_COMPLETED), (False, False, None)), state
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
-    answer = kubelet.prepare(claim).claims[claim[2]]
+    answer = kubelet.prepare(claim).claims[claim.uid]
     assert answer.error == "" and answer.devices[0].device_name == "gpu-0-share-1"
-    assert_prepared_once(dirs, claim[2])
-    assert kubelet.unprepare(claim).claims[claim[2]].error == ""
-    assert_absent(dirs, claim[2])
+    assert_prepared_once(dirs, claim.uid)
+    assert kubelet.unprepare(claim).claims[claim.uid].error == ""
+    assert_absent(dirs, claim.uid)
     kubelet.close()
     assert plugin_process.terminate() == 0
 
@@ -131,7 +131,7 @@ def test_kill_during_unprepare(api, dirs, plugin_process, step):
     claim = make_claim(api, [result("gpu-0-share-2")])
     plugin_process.start()
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
-    assert kubelet.prepare(claim).claims[claim[2]].error == ""
+    assert kubelet.prepare(claim).claims[claim.uid].error == ""
     kubelet.close()
     assert plugin_process.terminate() == 0
     plugin_process.start(fault=step)
@@ -141,11 +141,11 @@ def test_kill_during_unprepare(api, dirs, plugin_process, step):
     plugin_process.wait_killed()
     kubelet.close()
     plugin_process.start()
-    state = on_disk(dirs, claim[2])
+    state = on_disk(dirs, claim.uid)
     assert state in ((True, True, ckpt.PREPARE_COMPLETED), (False, False, None)), state
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
-    assert kubelet.unprepare(claim).claims[claim[2]].error == ""
-    assert_absent(dirs, claim[2])
+    assert kubelet.unprepare(claim).claims[claim.uid].error == ""
+    assert_absent(dirs, claim.uid)
     kubelet.close()
     assert plugin_process.terminate() == 0
 
@@ -190,8 +190,8 @@ def assert_exactly(dirs, prepared: set[str]) -> None:
 
 def call(kubelet, claim, prepare: bool) -> str:
     if prepare:
-        return kubelet.prepare(claim, timeout=60).claims[claim[2]].error
-    return kubelet.unprepare(claim, timeout=60).claims[claim[2]].error
+        return kubelet.prepare(claim, timeout=60).claims[claim.uid].error
+    return kubelet.unprepare(claim, timeout=60).claims[claim.uid].error
 
 
 def test_random_sigkill_during_many_calls(api, dirs, plugin_process, hook_dir):
@@ -203,7 +203,7 @@ def test_random_sigkill_during_many_calls(api, dirs, plugin_process, hook_dir):
     rng = random.Random(seed)
     devices = [f"gpu-{n % 4}-share-{n // 4}" for n in range(CLAIMS)]
     claims = [make_claim(api, [result(d)]) for d in devices]
-    device_of = {c[2]: d for c, d in zip(claims, devices)}
+    device_of = {c.uid: d for c, d in zip(claims, devices, strict=True)}
     prepared: set[str] = set()
     killed_mid_write = interrupted = 0
     for round_ in range(ROUNDS):
@@ -229,7 +229,7 @@ def test_random_sigkill_during_many_calls(api, dirs, plugin_process, hook_dir):
                 wanted[c] = not wanted[c]
             assert call(kubelet, c, wanted[c]) == "", f"seed {seed}"
         kubelet.close()
-        prepared = {c[2] for c in claims if wanted[c]}
+        prepared = {c.uid for c in claims if wanted[c]}
         try:
             assert_exactly(dirs, prepared)
         except AssertionError as e:
@@ -243,7 +243,8 @@ def test_random_sigkill_during_many_calls(api, dirs, plugin_process, hook_dir):
     runner = PodmanRunner()
     try:
         for uid in sorted(prepared):
-            proc = podman_run(runner, dirs.cdi, [f"k8s.gpushare.dev/claim={uid}-{device_of[uid]}"], ["/bin/sh", "-c", "true"])
+            proc = podman_run(runner, dirs.cdi, [f"k8s.gpushare.dev/claim={uid}-{device_of[uid]}"],
+                              ["/bin/sh", "-c", "true"])
             assert proc.returncode == 0, f"seed {seed}, claim {uid}: {proc.stderr}"
     finally:
         runner.close()

@@ -9,10 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from dra_driver.playground.claims import gpushare_config, make_claim, opaque_config, result
 from kubeletplugin.faults import DELAY_ENV
 from kubeletplugin.main import GRPC_WORKERS
-
-from .kubelet import gpushare_config, make_claim, opaque_config, result
 
 SLOW_S = 8.0
 PROMPT_S = 3.0  # a Prepare takes ~10 ms; 3 s is the margin for a loaded 2-core machine
@@ -37,14 +36,14 @@ def test_slow_claim_does_not_stall_other_claims_or_health(api, kubelet, dirs, mo
     assert reply.status == health_pb2.HealthCheckResponse.SERVING and took < PROMPT_S
     # Other claims, each in its own call as the kubelet sends one call per pod.
     with ThreadPoolExecutor(len(others)) as pool:
-        answers = list(pool.map(lambda c: timed(lambda: kubelet.prepare(c).claims[c[2]]), others))
+        answers = list(pool.map(lambda c: timed(lambda: kubelet.prepare(c).claims[c.uid]), others))
     assert all(a.error == "" for a, _ in answers), answers
     assert max(took for _, took in answers) < PROMPT_S, [took for _, took in answers]
     # A second pod of the slow claim waits for the first (one claim, one lock), then gets its answer.
     assert slow_call.is_alive()
     slow_call.join(timeout=SLOW_S + 30)
     answer, took = slow_answer["a"]
-    assert answer.claims[slow[2]].error == "" and took >= SLOW_S
+    assert answer.claims[slow.uid].error == "" and took >= SLOW_S
 
 
 def test_hostile_config_is_refused_at_once_and_others_carry_on(api, kubelet, dirs):
@@ -53,9 +52,9 @@ def test_hostile_config_is_refused_at_once_and_others_carry_on(api, kubelet, dir
                          config=[opaque_config(gpushare_config(memoryLimit="1e10000000"))])
     good = make_claim(api, [result("gpu-1-share-1")])
     response, took = timed(lambda: kubelet.prepare(hostile, good))
-    error = response.claims[hostile[2]].error
+    error = response.claims[hostile.uid].error
     assert "memoryLimit" in error and "'1e10000000'" in error and "exponent out of range" in error
-    assert response.claims[good[2]].error == ""
+    assert response.claims[good.uid].error == ""
     assert took < PROMPT_S
 
 
@@ -71,14 +70,14 @@ def test_calls_queued_behind_a_slow_claim_give_their_workers_back(api, plugin, k
     with ThreadPoolExecutor(GRPC_WORKERS + 8) as pool:
         first = pool.submit(kubelet.prepare, slow)
         time.sleep(0.5)
-        waiters = [pool.submit(lambda: kubelet.prepare(slow).claims[slow[2]]) for _ in range(GRPC_WORKERS + 4)]
+        waiters = [pool.submit(lambda: kubelet.prepare(slow).claims[slow.uid]) for _ in range(GRPC_WORKERS + 4)]
         time.sleep(0.5)  # every worker is now taken: one by the slow call, the rest waiting for its lock
-        answer, took = timed(lambda: kubelet.prepare(other).claims[other[2]])
+        answer, took = timed(lambda: kubelet.prepare(other).claims[other.uid])
         assert answer.error == "" and took < PROMPT_S + 1, took
         health = health_pb2_grpc.HealthStub(kubelet.dra)
         reply, took = timed(lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=PROMPT_S + 1))
         assert reply.status == health_pb2.HealthCheckResponse.SERVING and took < PROMPT_S + 1
         errors = [f.result().error for f in waiters]
         assert all("another call for this claim is still running after 1 s" in e for e in errors), errors
-        assert first.result().claims[slow[2]].error == ""
-    assert kubelet.prepare(slow).claims[slow[2]].error == ""  # the kubelet's retry: the recorded answer
+        assert first.result().claims[slow.uid].error == ""
+    assert kubelet.prepare(slow).claims[slow.uid].error == ""  # the kubelet's retry: the recorded answer

@@ -17,11 +17,11 @@ import pytest
 from dra_driver.agent.agent import Agent
 from dra_driver.discovery import sim_uuid
 from dra_driver.hookpath import native_paths
+from dra_driver.playground.claims import make_claim, result
 from dra_driver.playground.containers import PodmanRunner
-
-from .cdiroot import duplicate_devices, podman_run
-from .kubelet import GiB, Kubelet, make_claim, result
-from .test_prepare import load_spec, spec_path
+from dra_driver.playground.kubelet import Kubelet
+from tests.support import GiB
+from tests.support.cdi import duplicate_devices, load_spec, podman_run, spec_path
 
 pytestmark = pytest.mark.podman
 
@@ -66,12 +66,13 @@ def test_podman_runs_container_with_our_cdi_devices(api, start_plugin, dirs, pod
     start_plugin()
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
     if mode == "capacity":
-        claim = make_claim(api, [result("gpu-1", share_id=str(uuid.uuid4()), consumed={"memory": "3Gi", "compute": "40"})])
+        claim = make_claim(api, [result("gpu-1", share_id=str(uuid.uuid4()),
+                                        consumed={"memory": "3Gi", "compute": "40"})])
         memory, compute = 3 * GiB, 40
     else:
         claim = make_claim(api, [result("gpu-1-share-2")])
         memory, compute = 4 * GiB, 25
-    uid = claim[2]
+    uid = claim.uid
     try:
         answer = kubelet.prepare(claim).claims[uid]
         assert answer.error == ""
@@ -93,7 +94,8 @@ def test_podman_runs_container_with_our_cdi_devices(api, start_plugin, dirs, pod
             assert library.strip() == str(os.path.getsize(os.path.join(hook_dir, "libgpushare.so")))
         # The container cannot change its limits: the file is mounted read-only.
         out = run_in_container(podman_env, dirs.cdi, list(answer.devices[0].cdi_device_ids),
-                               "echo GPUSHARE_MEMORY_LIMIT_0=1 >> /var/run/gpushare/limits && echo writable || echo refused")
+                               "echo GPUSHARE_MEMORY_LIMIT_0=1 >> /var/run/gpushare/limits"
+                               " && echo writable || echo refused")
         assert out.strip().endswith("refused")
         # Nor the agent's rate: the control file is mounted read-only too (root in the container).
         out = run_in_container(podman_env, dirs.cdi, list(answer.devices[0].cdi_device_ids),
@@ -117,9 +119,9 @@ def test_non_root_container_shares_its_region_through_the_mount(api, start_plugi
     start_plugin("--hook-dir", os.path.dirname(native["library"]))
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
     claim = make_claim(api, [result("gpu-0", share_id=str(uuid.uuid4()), consumed={"memory": "1Gi", "compute": "50"})])
-    answer = kubelet.prepare(claim).claims[claim[2]]
+    answer = kubelet.prepare(claim).claims[claim.uid]
     assert answer.error == ""
-    assert os.stat(os.path.join(dirs.state, "claims", claim[2])).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.join(dirs.state, "claims", claim.uid)).st_mode & 0o777 == 0o700
     runner = PodmanRunner(native["probe"], (native["library"], native["sim_cuda"], native["sim_nvml"]))
     script = """
 grep ^Uid /proc/self/status
@@ -151,16 +153,16 @@ def test_podman_refuses_a_device_defined_twice_and_ignores_our_temporaries(api, 
     start_plugin()
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
     claim = make_claim(api, [result("gpu-3-share-1")])
-    answer = kubelet.prepare(claim).claims[claim[2]]
+    answer = kubelet.prepare(claim).claims[claim.uid]
     devices = list(answer.devices[0].cdi_device_ids)
-    spec = spec_path(dirs, claim[2])
+    spec = spec_path(dirs, claim.uid)
     name = os.path.basename(spec)
     try:
         shutil.copy(spec, os.path.join(dirs.cdi, f".{name}.a1b2c3d4.tmp"))  # what a kill leaves now
         assert duplicate_devices(dirs.cdi) == []
         assert podman_run(podman_env, dirs.cdi, devices, ["/bin/sh", "-c", "true"]).returncode == 0
         shutil.copy(spec, os.path.join(dirs.cdi, f".tmp-a1b2c3d4-{name}"))  # what it left before
-        assert duplicate_devices(dirs.cdi) == [f"k8s.gpushare.dev/claim={claim[2]}-gpu-3-share-1"]
+        assert duplicate_devices(dirs.cdi) == [f"k8s.gpushare.dev/claim={claim.uid}-gpu-3-share-1"]
         proc = podman_run(podman_env, dirs.cdi, devices, ["/bin/sh", "-c", "true"])
         assert proc.returncode != 0 and "unresolvable CDI devices" in proc.stderr, proc.stderr
     finally:

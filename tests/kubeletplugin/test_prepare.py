@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -13,22 +12,12 @@ import pytest
 from kubernetes import client
 
 from dra_driver.discovery import sim_uuid
+from dra_driver.playground.claims import DRIVER, NAMESPACE, NODE, gpushare_config, make_claim, opaque_config, result
+from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin.cdispec import KIND
-
-from .kubelet import DRIVER, NAMESPACE, NODE, GiB, Kubelet, gpushare_config, make_claim, opaque_config, result
-from .schema import assert_valid_cdi
-
-
-def spec_path(dirs, uid, cdi_root=None):
-    return os.path.join(cdi_root or dirs.cdi, f"k8s.gpushare.dev-claim_{uid}.json")
-
-
-def load_spec(dirs, uid, cdi_root=None):
-    """The claim's spec, checked against the official CDI schema."""
-    with open(spec_path(dirs, uid, cdi_root)) as f:
-        spec = json.load(f)
-    assert_valid_cdi(spec)
-    return spec
+from kubeletplugin.claimref import ClaimRef
+from tests.support import GiB
+from tests.support.cdi import load_spec, spec_path
 
 
 def env_of(spec):
@@ -64,11 +53,12 @@ def test_health(kubelet):
 def test_capacity_mode(api, kubelet, dirs):
     share = str(uuid.uuid4())
     claim = make_claim(api, [result("gpu-1", share_id=share, consumed={"memory": "4Gi", "compute": "30"})])
-    uid = claim[2]
+    uid = claim.uid
     answer = kubelet.prepare(claim).claims[uid]
     assert answer.error == ""
     (device,) = answer.devices
-    assert (list(device.request_names), device.pool_name, device.device_name, device.share_id) == (["gpu"], NODE, "gpu-1", share)
+    assert (list(device.request_names), device.pool_name, device.device_name, device.share_id) == (
+        ["gpu"], NODE, "gpu-1", share)
     assert list(device.cdi_device_ids) == [f"{KIND}={uid}-gpu-1-{share}"]
     spec = load_spec(dirs, uid)
     assert spec["kind"] == KIND
@@ -109,47 +99,48 @@ def test_capacity_mode(api, kubelet, dirs):
 
 def test_capacity_mode_missing_consumed_capacity_is_whole_gpu(api, kubelet, dirs):
     claim = make_claim(api, [result("gpu-0")])
-    assert kubelet.prepare(claim).claims[claim[2]].error == ""
-    env = env_of(load_spec(dirs, claim[2]))
+    assert kubelet.prepare(claim).claims[claim.uid].error == ""
+    env = env_of(load_spec(dirs, claim.uid))
     assert (env["GPUSHARE_MEMORY_LIMIT_0"], env["GPUSHARE_COMPUTE_LIMIT_0"]) == (str(16 * GiB), "100")
 
 
 def test_partition_mode(api, kubelet, dirs):
     # --partitions 4 on 16Gi GPUs: each share is 4Gi and 25%.
     claim = make_claim(api, [result("gpu-2-share-0"), result("gpu-2-share-3")])
-    answer = kubelet.prepare(claim).claims[claim[2]]
+    answer = kubelet.prepare(claim).claims[claim.uid]
     assert answer.error == ""
     assert [d.device_name for d in answer.devices] == ["gpu-2-share-0", "gpu-2-share-3"]
     assert not answer.devices[0].HasField("share_id")
-    env = env_of(load_spec(dirs, claim[2]))
+    env = env_of(load_spec(dirs, claim.uid))
     assert (env["GPUSHARE_MEMORY_LIMIT_0"], env["GPUSHARE_COMPUTE_LIMIT_0"]) == (str(8 * GiB), "50")
     assert env["GPUSHARE_DEVICE_UUID_0"] == sim_uuid(2)
     assert "GPUSHARE_MEMORY_LIMIT_1" not in env
 
 
 def test_multi_gpu_claim_orders_gpus_by_index(api, kubelet, dirs):
-    claim = make_claim(api, [result("gpu-3", request="a", share_id=str(uuid.uuid4()), consumed={"memory": "2Gi", "compute": "10"}),
+    claim = make_claim(api, [result("gpu-3", request="a", share_id=str(uuid.uuid4()),
+                                    consumed={"memory": "2Gi", "compute": "10"}),
                              result("gpu-1-share-1", request="b")])
-    answer = kubelet.prepare(claim).claims[claim[2]]
+    answer = kubelet.prepare(claim).claims[claim.uid]
     assert answer.error == ""
-    env = env_of(load_spec(dirs, claim[2]))
+    env = env_of(load_spec(dirs, claim.uid))
     assert env["GPUSHARE_DEVICE_UUID_0"] == sim_uuid(1) and env["GPUSHARE_MEMORY_LIMIT_0"] == str(4 * GiB)
     assert env["GPUSHARE_DEVICE_UUID_1"] == sim_uuid(3) and env["GPUSHARE_COMPUTE_LIMIT_1"] == "10"
-    assert os.path.getsize(os.path.join(dirs.state, "claims", claim[2], "region-1")) == 1 << 20
-    assert os.path.getsize(os.path.join(dirs.state, "claims", claim[2], "control-1")) == 4096
-    assert len(load_spec(dirs, claim[2])["devices"]) == 2
+    assert os.path.getsize(os.path.join(dirs.state, "claims", claim.uid, "region-1")) == 1 << 20
+    assert os.path.getsize(os.path.join(dirs.state, "claims", claim.uid, "control-1")) == 4096
+    assert len(load_spec(dirs, claim.uid)["devices"]) == 2
 
 
 def test_shared_claim_second_prepare_is_identical_and_keeps_region(api, kubelet, dirs):
     claim = make_claim(api, [result("gpu-0", share_id=str(uuid.uuid4()), consumed={"memory": "1Gi", "compute": "5"})])
     first = kubelet.prepare(claim)
     # a running container's usage, and the agent's rate
-    files = {name: os.path.join(dirs.state, "claims", claim[2], name) for name in ("region-0", "control-0")}
-    for name, path in files.items():
+    files = {name: os.path.join(dirs.state, "claims", claim.uid, name) for name in ("region-0", "control-0")}
+    for path in files.values():
         with open(path, "r+b") as f:
             f.write(b"in use")
     before = {name: os.stat(path) for name, path in files.items()}
-    spec_before = os.stat(spec_path(dirs, claim[2]))
+    spec_before = os.stat(spec_path(dirs, claim.uid))
     second = kubelet.prepare(claim)
     assert second == first
     for name, path in files.items():
@@ -157,7 +148,7 @@ def test_shared_claim_second_prepare_is_identical_and_keeps_region(api, kubelet,
         assert (after.st_mtime_ns, after.st_ino) == (before[name].st_mtime_ns, before[name].st_ino), name
         with open(path, "rb") as f:
             assert f.read(6) == b"in use", name
-    assert os.stat(spec_path(dirs, claim[2])).st_mtime_ns == spec_before.st_mtime_ns
+    assert os.stat(spec_path(dirs, claim.uid)).st_mtime_ns == spec_before.st_mtime_ns
 
 
 def test_configs_lower_but_never_raise(api, kubelet, dirs):
@@ -168,8 +159,8 @@ def test_configs_lower_but_never_raise(api, kubelet, dirs):
         config=[opaque_config(gpushare_config(memoryLimit="2Gi", computeLimit=90), requests=["a"]),
                 opaque_config(gpushare_config(computeLimit=20), source="FromClass"),
                 opaque_config({"whatever": True}, driver="other.example.com")])
-    assert kubelet.prepare(claim).claims[claim[2]].error == ""
-    env = env_of(load_spec(dirs, claim[2]))
+    assert kubelet.prepare(claim).claims[claim.uid].error == ""
+    env = env_of(load_spec(dirs, claim.uid))
     assert (env["GPUSHARE_MEMORY_LIMIT_0"], env["GPUSHARE_COMPUTE_LIMIT_0"]) == (str(2 * GiB), "20")
     assert (env["GPUSHARE_MEMORY_LIMIT_1"], env["GPUSHARE_COMPUTE_LIMIT_1"]) == (str(4 * GiB), "20")
 
@@ -181,61 +172,62 @@ def test_failures_are_per_claim(api, kubelet, dirs):
     other_node = make_claim(api, [result("gpu-0", pool="node-b")])
     unallocated = make_claim(api, None)
     recreated = make_claim(api, [result("gpu-0-share-2")])
-    client.ResourceV1Api(api).delete_namespaced_resource_claim(recreated[1], NAMESPACE)
-    fresh = make_claim(api, [result("gpu-0-share-2")], name=recreated[1])
-    missing = (NAMESPACE, "no-such-claim", str(uuid.uuid4()))
+    client.ResourceV1Api(api).delete_namespaced_resource_claim(recreated.name, NAMESPACE)
+    fresh = make_claim(api, [result("gpu-0-share-2")], name=recreated.name)
+    missing = ClaimRef(NAMESPACE, "no-such-claim", str(uuid.uuid4()))
     bad_device = make_claim(api, [result("gpu-9")])
     response = kubelet.prepare(good, bad_config, other_driver, other_node, unallocated, recreated, missing, bad_device)
     errors = {uid: response.claims[uid].error for uid in response.claims}
     assert len(errors) == 8
-    assert errors[good[2]] == ""
-    assert "computeLimit" in errors[bad_config[2]] and "250" in errors[bad_config[2]]
-    assert "no device of driver 'gpushare.dev'" in errors[other_driver[2]]
-    assert "pool 'node-a'" in errors[other_node[2]]
-    assert "not allocated" in errors[unallocated[2]]
-    assert "metadata.uid" in errors[recreated[2]] and fresh[2] in errors[recreated[2]]
-    assert "not found" in errors[missing[2]]
-    assert "gpu-9" in errors[bad_device[2]]
-    assert sorted(os.listdir(os.path.join(dirs.state, "claims"))) == [good[2]]
-    assert os.listdir(dirs.cdi) == [os.path.basename(spec_path(dirs, good[2]))]
+    assert errors[good.uid] == ""
+    assert "computeLimit" in errors[bad_config.uid] and "250" in errors[bad_config.uid]
+    assert "no device of driver 'gpushare.dev'" in errors[other_driver.uid]
+    assert "pool 'node-a'" in errors[other_node.uid]
+    assert "not allocated" in errors[unallocated.uid]
+    assert "metadata.uid" in errors[recreated.uid] and fresh.uid in errors[recreated.uid]
+    assert "not found" in errors[missing.uid]
+    assert "gpu-9" in errors[bad_device.uid]
+    assert sorted(os.listdir(os.path.join(dirs.state, "claims"))) == [good.uid]
+    assert os.listdir(dirs.cdi) == [os.path.basename(spec_path(dirs, good.uid))]
 
 
 def test_unprepare_and_repeat(api, kubelet, dirs, plugin):
     claim = make_claim(api, [result("gpu-0-share-0")])
     kubelet.prepare(claim)
     for _ in range(2):
-        assert kubelet.unprepare(claim).claims[claim[2]].error == ""
-        assert not os.path.exists(spec_path(dirs, claim[2]))
-        assert not os.path.exists(os.path.join(dirs.state, "claims", claim[2]))
-        assert plugin.driver.checkpoint.get(claim[2]) is None
-    unknown = (NAMESPACE, "never-seen", str(uuid.uuid4()))
-    assert kubelet.unprepare(unknown).claims[unknown[2]].error == ""
+        assert kubelet.unprepare(claim).claims[claim.uid].error == ""
+        assert not os.path.exists(spec_path(dirs, claim.uid))
+        assert not os.path.exists(os.path.join(dirs.state, "claims", claim.uid))
+        assert plugin.driver.checkpoint.get(claim.uid) is None
+    unknown = ClaimRef(NAMESPACE, "never-seen", str(uuid.uuid4()))
+    assert kubelet.unprepare(unknown).claims[unknown.uid].error == ""
     # Prepared again after an unprepare: fresh state.
-    assert kubelet.prepare(claim).claims[claim[2]].error == ""
-    assert os.path.exists(spec_path(dirs, claim[2]))
+    assert kubelet.prepare(claim).claims[claim.uid].error == ""
+    assert os.path.exists(spec_path(dirs, claim.uid))
 
 
 def test_v1beta1_service(api, kubelet, dirs):
     claim = make_claim(api, [result("gpu-1-share-1")])
-    answer = kubelet.prepare(claim, version="v1beta1").claims[claim[2]]
+    answer = kubelet.prepare(claim, version="v1beta1").claims[claim.uid]
     assert answer.error == ""
-    assert list(answer.devices[0].cdi_device_ids) == [f"{KIND}={claim[2]}-gpu-1-share-1"]
+    assert list(answer.devices[0].cdi_device_ids) == [f"{KIND}={claim.uid}-gpu-1-share-1"]
     # The same claim through v1 gets the same devices.
-    assert kubelet.prepare(claim).claims[claim[2]].devices[0].device_name == "gpu-1-share-1"
-    assert kubelet.unprepare(claim, version="v1beta1").claims[claim[2]].error == ""
-    assert not os.path.exists(spec_path(dirs, claim[2]))
+    assert kubelet.prepare(claim).claims[claim.uid].devices[0].device_name == "gpu-1-share-1"
+    assert kubelet.unprepare(claim, version="v1beta1").claims[claim.uid].error == ""
+    assert not os.path.exists(spec_path(dirs, claim.uid))
 
 
 def test_64_claims_in_parallel(api, kubelet, dirs, plugin):
-    claims = [make_claim(api, [result(f"gpu-{n % 4}", share_id=str(uuid.uuid4()), consumed={"memory": "1Gi", "compute": "1"})])
+    claims = [make_claim(api, [result(f"gpu-{n % 4}", share_id=str(uuid.uuid4()),
+                                      consumed={"memory": "1Gi", "compute": "1"})])
               for n in range(64)]
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda c: kubelet.prepare(c).claims[c[2]], claims))
+        answers = list(pool.map(lambda c: kubelet.prepare(c).claims[c.uid], claims))
     assert all(a.error == "" and len(a.devices) == 1 for a in answers)
     assert len(os.listdir(dirs.cdi)) == 64
     assert len(plugin.driver.prepared_uids()) == 64
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda c: kubelet.unprepare(c).claims[c[2]], claims))
+        answers = list(pool.map(lambda c: kubelet.unprepare(c).claims[c.uid], claims))
     assert all(a.error == "" for a in answers)
     assert os.listdir(dirs.cdi) == [] and os.listdir(os.path.join(dirs.state, "claims")) == []
     assert plugin.driver.checkpoint.items() == []
@@ -245,7 +237,7 @@ def test_same_claim_concurrently_prepares_once(api, kubelet, dirs):
     claim = make_claim(api, [result("gpu-0-share-0")])
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: kubelet.prepare(claim), range(8)))
-    assert all(a == answers[0] for a in answers) and answers[0].claims[claim[2]].error == ""
+    assert all(a == answers[0] for a in answers) and answers[0].claims[claim.uid].error == ""
 
 
 @pytest.mark.parametrize("namespace,name,uid,field", [
@@ -265,18 +257,18 @@ def test_same_claim_concurrently_prepares_once(api, kubelet, dirs):
     (NAMESPACE, "c\n", "0f0f0f0f-0000-4000-8000-000000000000", "name"),
 ])
 def test_path_safety(kubelet, dirs, namespace, name, uid, field):
-    answer = kubelet.prepare((namespace, name, uid)).claims[uid]
+    answer = kubelet.prepare(ClaimRef(namespace, name, uid)).claims[uid]
     assert field in answer.error
     assert os.listdir(dirs.cdi) == [] and os.listdir(os.path.join(dirs.state, "claims")) == []
     if field == "uid":
-        assert "uid" in kubelet.unprepare((namespace, name, uid)).claims[uid].error
+        assert "uid" in kubelet.unprepare(ClaimRef(namespace, name, uid)).claims[uid].error
     assert sorted(os.listdir(dirs.root)) == ["cdi", "plugin", "registry", "state"]
 
 
 @pytest.mark.parametrize("share_id", ["x" * 10, "0f0f0f0f-0000-4000-8000-000000000000\n"])
 def test_bad_share_id_is_rejected(api, kubelet, dirs, share_id):
     claim = make_claim(api, [result("gpu-0", share_id=share_id)])
-    answer = kubelet.prepare(claim).claims[claim[2]]
+    answer = kubelet.prepare(claim).claims[claim.uid]
     assert "shareID" in answer.error and repr(share_id)[1:-1] in answer.error
 
 
@@ -286,9 +278,10 @@ def test_nvidia_toolkit_spec_is_used(api, kubelet, dirs):
         f.write(f"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: '{sim_uuid(2)}'\n  containerEdits: {{}}\n"
                 "- name: all\n  containerEdits: {}\n")
     claim = make_claim(api, [result("gpu-2-share-0", request="a"), result("gpu-3-share-0", request="b")])
-    answer = kubelet.prepare(claim).claims[claim[2]]
-    assert [list(d.cdi_device_ids)[1:] for d in answer.devices] == [[f"nvidia.com/gpu={sim_uuid(2)}"], ["nvidia.com/gpu=all"]]
-    assert "deviceNodes" not in load_spec(dirs, claim[2])["containerEdits"]
+    answer = kubelet.prepare(claim).claims[claim.uid]
+    assert [list(d.cdi_device_ids)[1:] for d in answer.devices] == [
+        [f"nvidia.com/gpu={sim_uuid(2)}"], ["nvidia.com/gpu=all"]]
+    assert "deviceNodes" not in load_spec(dirs, claim.uid)["containerEdits"]
 
 
 def test_metrics_and_slices(api, start_plugin, dirs):
@@ -301,7 +294,7 @@ def test_metrics_and_slices(api, start_plugin, dirs):
     kubelet_claim = make_claim(api, [result("gpu-0-share-0")])
 
     k = Kubelet(dirs.dra_socket, dirs.reg_socket)
-    assert k.prepare(kubelet_claim).claims[kubelet_claim[2]].error == ""
+    assert k.prepare(kubelet_claim).claims[kubelet_claim.uid].error == ""
     k.close()
     body = urllib.request.urlopen(f"http://127.0.0.1:{plugin.metrics_port}/metrics", timeout=5).read().decode()
     assert 'gpushare_kubelet_plugin_claims_total{operation="prepare",result="success"} 1.0' in body
@@ -332,9 +325,9 @@ def test_mock_nodes_give_containers_the_simulated_driver(api, start_plugin, dirs
     start_plugin()
     k = Kubelet(dirs.dra_socket, dirs.reg_socket)
     claim = make_claim(api, [result("gpu-1-share-0")])
-    assert k.prepare(claim).claims[claim[2]].error == ""
+    assert k.prepare(claim).claims[claim.uid].error == ""
     k.close()
-    edits = load_spec(dirs, claim[2])["containerEdits"]
+    edits = load_spec(dirs, claim.uid)["containerEdits"]
     mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
     assert mounts["/usr/local/gpushare/sim/libcuda.so.1"] == os.path.join(hook_dir, "sim", "libcuda.so.1")
     assert mounts["/usr/local/gpushare/sim/libnvidia-ml.so.1"] == os.path.join(hook_dir, "sim", "libnvidia-ml.so.1")
@@ -352,9 +345,9 @@ def test_real_library_path_is_resolved_through_the_install_symlink(api, start_pl
     start_plugin()
     k = Kubelet(dirs.dra_socket, dirs.reg_socket)
     claim = make_claim(api, [result("gpu-0-share-0")])
-    assert k.prepare(claim).claims[claim[2]].error == ""
+    assert k.prepare(claim).claims[claim.uid].error == ""
     k.close()
-    mounts = {m["containerPath"]: m["hostPath"] for m in load_spec(dirs, claim[2])["containerEdits"]["mounts"]}
+    mounts = {m["containerPath"]: m["hostPath"] for m in load_spec(dirs, claim.uid)["containerEdits"]["mounts"]}
     assert mounts["/usr/local/gpushare/lib/libgpushare.so"] == versioned
 
 
@@ -363,9 +356,9 @@ def test_other_host_users_cannot_open_a_region(api, kubelet, dirs):
     """The region file is 0666 (any container UID maps it through its mount), but its 0700
     folder keeps every other host user from reaching it by path."""
     claim = make_claim(api, [result("gpu-0-share-3")])
-    assert kubelet.prepare(claim).claims[claim[2]].error == ""
+    assert kubelet.prepare(claim).claims[claim.uid].error == ""
     os.chmod(dirs.root, 0o755)  # the test's own temporary folder must not be what stops them
-    region = os.path.join(dirs.state, "claims", claim[2], "region-0")
+    region = os.path.join(dirs.state, "claims", claim.uid, "region-0")
     proc = subprocess.run(["sh", "-c", f"echo forged 1<> {region}"], user=65534, group=65534, extra_groups=[],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc

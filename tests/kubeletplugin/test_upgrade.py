@@ -13,10 +13,10 @@ import pytest
 
 from dra_driver.cli import build_parser
 from dra_driver.install import install_versioned
+from dra_driver.playground.claims import make_claim, result
+from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin.main import Plugin
-
-from .conftest import REAL_LIBRARY
-from .kubelet import Kubelet, make_claim, result
+from tests.support.plugin import REAL_LIBRARY
 
 
 def snapshot(dirs, uid: str) -> dict:
@@ -61,7 +61,7 @@ def test_rolling_upgrade_keeps_prepared_claims(api, dirs, builds):
     plugin, kubelet = start()
     try:
         claim = make_claim(api, [result("gpu-0", consumed={"memory": "2Gi", "compute": "40"})])
-        uid = claim[2]
+        uid = claim.uid
         first = kubelet.prepare(claim).claims[uid]
         assert first.error == ""
         region = os.path.join(dirs.state, "claims", uid, "region-0")
@@ -89,8 +89,8 @@ def test_rolling_upgrade_keeps_prepared_claims(api, dirs, builds):
         assert old_build.exists()  # still in use
 
         other = make_claim(api, [result("gpu-1", consumed={"memory": "1Gi", "compute": "10"})])
-        assert kubelet.prepare(other).claims[other[2]].error == ""
-        assert snapshot(dirs, other[2])["spec"]["containerEdits"]["mounts"][0]["hostPath"] == str(new_build)
+        assert kubelet.prepare(other).claims[other.uid].error == ""
+        assert snapshot(dirs, other.uid)["spec"]["containerEdits"]["mounts"][0]["hostPath"] == str(new_build)
 
         assert kubelet.unprepare(claim).claims[uid].error == ""
         assert not old_build.exists()  # the last claim on the old build is gone

@@ -1,45 +1,30 @@
-"""Fixtures for the enforcement library's tests: build once, lay out claims per docs/interfaces.md.
-
-Everything runs against the simulated driver (hook/build/sim) with libgpushare.so preloaded.
+"""Helpers of the enforcement library's tests: claims laid out per docs/interfaces.md (a run
+dir with limits, regions and control files) and processes run in them against the simulated
+driver (hook/build/sim) with libgpushare.so preloaded. The fixtures are in tests/hook/conftest.py.
 """
 from __future__ import annotations
 
-import os
 import re
 import struct
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
+from . import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "hook"
 REGION_SIZE = 1 << 20
 CONTROL_SIZE = 4096
 CONTROL_MAGIC = 0x31304C5254435347  # "GSCTRL01"
 UUID_PREFIX = "GPU-5ea1c0de-0000-4000-8000-"
-MiB = 1 << 20
 
 
 def sim_uuid(i: int) -> str:
     return f"{UUID_PREFIX}{i:012x}"
 
 
-def _make(*targets: str) -> None:
+def make_hook(*targets: str) -> None:
     subprocess.run(["make", "-s", "-C", str(HOOK), *targets], check=True, timeout=600)
-
-
-@pytest.fixture(scope="session")
-def build() -> Path:
-    _make()
-    return HOOK / "build"
-
-
-@pytest.fixture(scope="session")
-def asan_build() -> Path:
-    _make("asan")
-    return HOOK / "build-asan"
 
 
 @dataclass
@@ -96,30 +81,6 @@ def write_limits(path: Path, gpus: list[dict], extra: str = "") -> None:
         lines.append(f"GPUSHARE_COMPUTE_LIMIT_{i}={g.get('compute', 100)}")
         lines.append(f"GPUSHARE_COMPUTE_POLICY_{i}={g.get('policy', 'Hard')}")
     path.write_text("\n".join(lines) + "\n" + extra)
-
-
-@pytest.fixture
-def make_claim(build, tmp_path):
-    """make_claim(memory=..., compute=..., gpus=[...], sim={...}) -> Claim"""
-
-    def make(memory=64 * MiB, compute=100, gpus=None, sim=None, name="claim"):
-        root = tmp_path / name
-        (root / "region").mkdir(parents=True)
-        gpus = gpus or [{"memory": memory, "compute": compute}]
-        write_limits(root / "limits", gpus)
-        for i in range(len(gpus)):
-            with open(root / "region" / str(i), "wb") as f:
-                f.truncate(REGION_SIZE)  # as the kubelet plugin creates it
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
-        env.update({
-            "GPUSHARE_RUN_DIR": str(root),
-            "GPUSHARE_SIM_STATE": str(tmp_path / "sim.state"),
-            "LD_LIBRARY_PATH": str(build / "sim"),
-        })
-        env.update(sim or {})
-        return Claim(root, build, env)
-
-    return make
 
 
 def kv(text: str) -> dict:

@@ -1,40 +1,9 @@
+"""Helpers of the emulator tests: API object bodies and raw HTTP requests. The fixtures are in
+tests/emulator/conftest.py."""
+
 import json
 import urllib.error
 import urllib.request
-
-import pytest
-from kubernetes import client, dynamic
-
-from dra_driver.playground.emulator import ApiEmulator
-
-
-@pytest.fixture
-def emu():
-    with ApiEmulator(bookmark_interval=0.2) as emulator:
-        yield emulator
-
-
-@pytest.fixture
-def api(emu):
-    with emu.api_client() as api_client:
-        yield api_client
-
-
-@pytest.fixture
-def core(api):
-    return client.CoreV1Api(api)
-
-
-@pytest.fixture
-def resource(api):
-    return client.ResourceV1Api(api)
-
-
-@pytest.fixture
-def dyn(api):
-    """The dynamic client: sends dicts as they are (no client-side model validation), so
-    invalid objects reach the server."""
-    return dynamic.DynamicClient(api)
 
 
 def slice_body(name="slice-a", node="node-a", devices=None, driver="gpu.example.com"):

@@ -3,8 +3,9 @@
 import copy
 import uuid
 
-DRIVER = "gpushare.dev"
-NODE = "node-1"
+from dra_driver.playground.claims import DRIVER
+
+NODE = "node-1"  # the allocation tests' node (the plugin suites' is claims.NODE)
 GiB = 2**30
 MiB = 2**20
 

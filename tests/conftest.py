@@ -1,0 +1,101 @@
+"""Fixtures shared by the suites: API emulators, the kubelet plugin on mock GPUs and the
+kubelet stand-in that talks to it. Helpers that are not fixtures live in tests/support/;
+each folder's conftest.py holds only that folder's fixtures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from dra_driver.playground.emulator import ApiEmulator
+from dra_driver.playground.kubelet import Kubelet
+from kubeletplugin.main import Plugin
+from tests.support.plugin import REAL_LIBRARY, Dirs, launch_plugin
+
+
+@pytest.fixture
+def make_emulator() -> Iterator[Callable[..., ApiEmulator]]:
+    """make_emulator(**options) -> a fresh, started API emulator, stopped after the test."""
+    started: list[ApiEmulator] = []
+
+    def make(**options: Any) -> ApiEmulator:
+        emu = ApiEmulator(**options).start()
+        started.append(emu)
+        return emu
+
+    yield make
+    for emu in started:
+        emu.stop()
+
+
+@pytest.fixture
+def emulator(make_emulator: Callable[..., ApiEmulator]) -> ApiEmulator:
+    """A fresh API server of this test, with the gates the driver uses."""
+    return make_emulator(consumable_capacity=True, device_taints=True)
+
+
+@pytest.fixture(scope="session")
+def shared_emulator() -> Iterator[ApiEmulator]:
+    """One API server for the plugin suites: their claims have unique names, so they share it."""
+    with ApiEmulator(consumable_capacity=True) as emu:
+        yield emu
+
+
+@pytest.fixture(scope="session")
+def api(shared_emulator: ApiEmulator) -> client.ApiClient:
+    return shared_emulator.api_client()
+
+
+@pytest.fixture(scope="session")
+def hook_dir() -> Iterator[str]:
+    """A folder with libgpushare.so: the real one when `make hook` built it, else a stand-in."""
+    folder = tempfile.mkdtemp(prefix="gshook")
+    target = os.path.join(folder, "libgpushare.so")
+    if os.path.isfile(REAL_LIBRARY):
+        shutil.copy(REAL_LIBRARY, target)
+    else:
+        with open(target, "wb") as f:
+            f.write(b"not a real library: hook/build was not built\n")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def dirs() -> Iterator[Dirs]:
+    root = tempfile.mkdtemp(prefix="gskp")
+    yield Dirs(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def start_plugin(api: client.ApiClient, dirs: Dirs, hook_dir: str) -> Iterator[Callable[..., Plugin]]:
+    """start_plugin(*extra_flags, cdi_root=None) -> Plugin running in this process on `dirs`;
+    stopped at the end."""
+    running: list[Plugin] = []
+
+    def start_one(*extra: str, cdi_root: str | None = None) -> Plugin:
+        plugin = launch_plugin(api, dirs, hook_dir, *extra, cdi_root=cdi_root)
+        running.append(plugin)
+        return plugin
+
+    yield start_one
+    for plugin in running:
+        plugin.stop(grace=1)
+
+
+@pytest.fixture
+def plugin(start_plugin: Callable[..., Plugin]) -> Plugin:
+    return start_plugin()
+
+
+@pytest.fixture
+def kubelet(plugin: Plugin, dirs: Dirs) -> Iterator[Kubelet]:
+    k = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    yield k
+    k.close()

@@ -1,0 +1,31 @@
+"""What the tests share besides fixtures: helpers and constants, one place for each.
+
+Test modules import helpers from here (and claim builders from dra_driver.playground.claims)
+and get fixtures from the conftest.py files; they never import another test module or a
+conftest (tests/test_layout.py checks it). No product code imports this package.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "hook" / "build"  # `make hook`: libgpushare.so, the simulated driver (sim/), the probes
+GiB = 1 << 30
+MiB = 1 << 20
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.1) -> T:
+    """Poll until check() is truthy and return its value; fail with the last value on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            assert value, f"timed out after {timeout} s waiting; last value {value!r}"
+            return value
+        time.sleep(interval)
