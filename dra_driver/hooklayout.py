@@ -22,6 +22,10 @@ class Field(NamedTuple):
         """The field's unsigned value in `buf` (a file's bytes, or a slice of its mapping)."""
         return int.from_bytes(buf[self.offset:self.offset + self.size], "little")
 
+    def write(self, buf: bytearray, value: int) -> None:
+        """Store `value` unsigned in `buf` (tests and tools that build or forge a file's bytes)."""
+        buf[self.offset:self.offset + self.size] = value.to_bytes(self.size, "little")
+
 
 # ---- usage region: one per (claim, GPU), tenant-writable --------------------------------------
 REGION_SIZE = 1 << 20                     # GS_REGION_SIZE

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.hooklayout import REGION_SIZE
 from tests.support import MiB
-from tests.support.hook import HOOK, REGION_SIZE, Claim, make_hook, write_limits
+from tests.support.hook import HOOK, Claim, make_hook, write_limits
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ import struct
 
 import pytest
 
+from dra_driver.hooklayout import HEADER_SIZE, REGION_HEADER
 from tests.support import MiB
 from tests.support.hook import kv, sim_uuid
 
@@ -77,8 +78,8 @@ def test_region_scribble_cannot_raise_limit(make_claim):
     c = make_claim(memory=LIMIT)
     c.run("gpushare-probe", "meminfo")  # initialises the region
     with open(c.region(0), "r+b") as f:
-        f.seek(128)
-        f.write(struct.pack("<I", 1_000_000))  # pace_rate_ppm: "full GPU"
+        f.seek(REGION_HEADER["pace_rate_ppm"].offset)
+        f.write(struct.pack("<I", 1_000_000))  # "full GPU"
     out = kv(c.run("gpushare-probe", "alloc", "--chunk", "8Mi").stdout)
     assert int(out["allocated"]) == LIMIT
 
@@ -135,7 +136,7 @@ def test_unknown_region_version_fails_closed(make_claim):
     c = make_claim(memory=LIMIT)
     c.run("gpushare-probe", "meminfo")
     with open(c.region(0), "r+b") as f:
-        f.seek(8)
+        f.seek(REGION_HEADER["version"].offset)
         f.write(struct.pack("<I", 99))
     p = c.run("gpushare-probe", "alloc", "--chunk", "1Mi")
     assert kv(p.stdout)["allocated"] == "0"
@@ -146,7 +147,7 @@ def test_unknown_region_version_fails_closed(make_claim):
 def test_wrong_region_size_fails_closed(make_claim):
     c = make_claim(memory=LIMIT)
     with open(c.region(0), "r+b") as f:
-        f.truncate(4096)
+        f.truncate(HEADER_SIZE)
     assert kv(c.run("gpushare-probe", "alloc", "--chunk", "1Mi").stdout)["allocated"] == "0"
 
 

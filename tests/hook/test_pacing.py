@@ -3,6 +3,7 @@ import struct
 
 import pytest
 
+from dra_driver.hooklayout import REGION_HEADER
 from tests.support import MiB
 from tests.support.hook import kv
 
@@ -31,8 +32,8 @@ def test_node_agent_rate_lowers_share(make_claim):
     c = make_claim(memory=64 * MiB, compute=50)
     c.run("gpushare-probe", "meminfo")  # initialise the region
     with open(c.region(0), "r+b") as f:
-        f.seek(128)
-        f.write(struct.pack("<I", 200_000))  # pace_rate_ppm: 20 %
+        f.seek(REGION_HEADER["pace_rate_ppm"].offset)
+        f.write(struct.pack("<I", 200_000))  # 20 %
     got, out = busy(c)
     assert abs(got - 20) <= 5, out
 
@@ -46,7 +47,7 @@ def test_tenant_cannot_raise_rate_under_hard_policy(make_claim, control):
         c.write_control(0)
     c.run("gpushare-probe", "meminfo")
     with open(c.region(0), "r+b") as f:
-        f.seek(120)
+        f.seek(REGION_HEADER["pace_tat_ns"].offset)  # pace_rate_ppm follows it
         f.write(struct.pack("<QI", 0, 1_000_000))  # reset the bucket, claim the whole GPU
     got, out = busy(c)
     assert abs(got - 30) <= 5, out
@@ -69,8 +70,8 @@ def test_control_rate_may_exceed_the_limit(make_claim):
     c.write_control(600_000)
     c.run("gpushare-probe", "meminfo")
     with open(c.region(0), "r+b") as f:
-        f.seek(128)
-        f.write(struct.pack("<I", 100_000))  # pace_rate_ppm: 10 %
+        f.seek(REGION_HEADER["pace_rate_ppm"].offset)
+        f.write(struct.pack("<I", 100_000))  # 10 %
     got, out = busy(c)
     assert abs(got - 60) <= 5, out
 

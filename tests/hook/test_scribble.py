@@ -5,11 +5,14 @@ import struct
 import threading
 import time
 
+from dra_driver.hooklayout import HEADER_SIZE, REGION_HEADER, SLOT_SIZE, SLOT_STRUCT
 from tests.support import MiB
 from tests.support.hook import kv
 
 LIMIT = 64 * MiB
-USED, LOCK_WORD = 96, 32
+USED = REGION_HEADER["used"].offset
+LOCK_WORD = REGION_HEADER["lock"].offset  # the robust mutex's first word: the holder's thread id
+SLOTS_HW = REGION_HEADER["slots_hw"].offset
 
 
 def _region(c):
@@ -68,9 +71,9 @@ def test_forged_slot_cannot_lock_out_or_make_room(make_claim):
     c = make_claim(memory=LIMIT)
     f, m = _region(c)
     with f, m:
-        last = 4096 + 64 * 100
-        m[last:last + 32] = struct.pack("<IiQQQ", 1, 12345, 0, 0, 2**64 - 1)
-        m[104:108] = struct.pack("<I", 101)  # slots_hw
+        last = HEADER_SIZE + SLOT_SIZE * 100
+        m[last:last + SLOT_STRUCT.size] = SLOT_STRUCT.pack(1, 12345, 0, 0, 2**64 - 1)
+        m[SLOTS_HW:SLOTS_HW + 4] = struct.pack("<I", 101)
         p = c.run("gpushare-probe", "alloc", "--chunk", "8Mi")
     assert int(kv(p.stdout)["allocated"]) == LIMIT, p.stdout + p.stderr
 

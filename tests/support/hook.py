@@ -5,17 +5,15 @@ driver (hook/build/sim) with libgpushare.so preloaded. The fixtures are in tests
 from __future__ import annotations
 
 import re
-import struct
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_driver.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTROL_VERSION
+
 from . import REPO
 
 HOOK = REPO / "hook"
-REGION_SIZE = 1 << 20
-CONTROL_SIZE = 4096
-CONTROL_MAGIC = 0x31304C5254435347  # "GSCTRL01"
 UUID_PREFIX = "GPU-5ea1c0de-0000-4000-8000-"
 
 
@@ -43,15 +41,18 @@ class Claim:
     def region(self, i: int = 0) -> Path:
         return self.root / "region" / str(i)
 
-    def write_control(self, rate_ppm: int, i: int = 0, magic: int = CONTROL_MAGIC, version: int = 1,
+    def write_control(self, rate_ppm: int, i: int = 0, magic: int = CONTROL_MAGIC, version: int = CONTROL_VERSION,
                       slot: tuple[int, int, int] = (0, 0, 0)) -> None:
         """The node agent's control file (hook/src/control.h): header, the rate, and the claim's
         time slot (period_us, start_us, length_us; zeros: none)."""
         path = self.root / "control" / str(i)
         path.parent.mkdir(exist_ok=True)
         period, start, length = slot
-        data = struct.pack("<QIIIII", magic, version, rate_ppm, start, length, period)
-        path.write_bytes(data.ljust(CONTROL_SIZE, b"\0"))
+        data = bytearray(CONTROL_SIZE)
+        for name, value in (("magic", magic), ("version", version), ("rate_ppm", rate_ppm),
+                            ("slot", start | length << 32), ("period_us", period)):
+            CONTROL[name].write(data, value)
+        path.write_bytes(data)
 
     def run(self, *args, preload=True, env=None, timeout=60, check=True, build=None):
         b = build or self.build
