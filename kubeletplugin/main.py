@@ -95,8 +95,9 @@ class Plugin:
         self.metrics = Metrics()
         self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error
-        self.agent = Agent(self.driver, self.api, interval=args.agent_interval, enforce=args.enforce,
-                           sim=self.driver.sim, backstop_interval=args.backstop_interval)
+        self.agent = Agent(self.driver, self.driver.files, self.api, args.driver_name, args.node_name,
+                           self.backend.name, interval=args.agent_interval, enforce=args.enforce, sim=self.driver.sim,
+                           backstop_interval=args.backstop_interval)
         self.driver.listeners.append(self.agent)
         self.metrics.registry.register(AgentCollector(self.agent))
         self.metrics.registry.register(HealthCollector(self.gpu_health))

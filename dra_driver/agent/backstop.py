@@ -165,12 +165,12 @@ class Backstop:
                 owner = agent.procs.owner(pid)
                 c = claims.get(owner.uid) if owner else None
                 for i, gpu in enumerate(c.gpus if c else ()):
-                    if gpu["uuid"] == gpu_uuid:
-                        held.setdefault((c.uid, i), {})[pid] = used
+                    if gpu.uuid == gpu_uuid:
+                        held.setdefault((owner.uid, i), {})[pid] = used
                         owners[pid] = owner
         for c in claims.values():
             for i, gpu in enumerate(c.gpus):
-                self.check(c, i, gpu["memoryLimit"], held.get((c.uid, i), {}), owners)
+                self.check(c, i, gpu.memory_limit, held.get((c.uid, i), {}), owners)
 
     def check(self, claim, i: int, limit: int, process_memory: dict[int, int],
               owners: dict[int, Owner] | None = None) -> None:
@@ -190,10 +190,10 @@ class Backstop:
             region_used = claim.regions[i].used if claim.regions[i] else 0
         except ValueError:  # the claim went away while we looked (its region is closed)
             region_used = 0
-        message = (f"processes of the claim hold {held} bytes on GPU {claim.gpus[i]['uuid']} (NVML), above the "
+        message = (f"processes of the claim hold {held} bytes on GPU {claim.gpus[i].uuid} (NVML), above the "
                    f"limit {limit}; the library accounted {region_used} (memory allocated around it)")
         log.warning("claim above its memory limit", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid,
-                    gpu=claim.gpus[i]["uuid"], held=held, limit=limit, accounted=region_used,
+                    gpu=claim.gpus[i].uuid, held=held, limit=limit, accounted=region_used,
                     pids=sorted(process_memory), enforce=self.enforce)
         if self.enforce == "kill":
             killed = self._kill(claim, i, limit, process_memory, owners)
@@ -228,7 +228,7 @@ class Backstop:
             self.total_kills += len(gone)
             log.warning("killed a container above its claim's memory limit (--enforce=kill)", pids=gone,
                         bytes=sum(process_memory[p] for p in pids), claim=f"{claim.namespace}/{claim.name}",
-                        uid=claim.uid, gpu=claim.gpus[i]["uuid"])
+                        uid=claim.uid, gpu=claim.gpus[i].uuid)
         return killed
 
     # ---- Events ---------------------------------------------------------------------------------
