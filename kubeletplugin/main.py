@@ -13,9 +13,11 @@ import os
 import signal
 import threading
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from kubernetes import client
 
 from dra_driver.agent.agent import Agent
 from dra_driver.agent.metrics import AgentCollector
@@ -34,6 +36,9 @@ from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
 from .healthservice import DeviceHealthServicer
 from .metrics import Metrics
 from .server import RegistrationServicer, add_dra_services
+
+if TYPE_CHECKING:
+    from dra_driver.controller import SliceController
 
 log = get_logger("kubeletplugin")
 
@@ -63,7 +68,8 @@ def host_library(hook_dir: str | None) -> str:
                                 "(build it with `make -C hook`, or pass --hook-dir)")
     path = os.path.join(os.path.abspath(hook_dir), LIBRARY_NAME)
     if not os.path.isfile(path):
-        raise PluginConfigError("--hook-dir", f"{LIBRARY_NAME} not found in {hook_dir!r} (build it with `make -C hook`)")
+        raise PluginConfigError("--hook-dir",
+                                f"{LIBRARY_NAME} not found in {hook_dir!r} (build it with `make -C hook`)")
     # install-hook makes libgpushare.so a symlink to a versioned file; specs name that file,
     # so every container of a claim maps the same build even across an upgrade.
     return os.path.realpath(path)
@@ -72,7 +78,8 @@ def host_library(hook_dir: str | None) -> str:
 class Plugin:
     """One kubelet plugin: driver state, gRPC servers, optional slice controller and metrics."""
 
-    def __init__(self, args: argparse.Namespace, api=None, backend: DeviceBackend | None = None):
+    def __init__(self, args: argparse.Namespace, api: client.ApiClient | None = None,
+                 backend: DeviceBackend | None = None) -> None:
         if not args.node_name:
             raise PluginConfigError("--node-name", "required (or set NODE_NAME)")
         # Ports first, before any file or socket exists: a taken port is one line, nothing left behind.
@@ -105,7 +112,7 @@ class Plugin:
         self.health = health.HealthServicer()
         self.device_health = DeviceHealthServicer(args.node_name, self._device_health)
         self.gpu_health.listeners += [self.device_health.notify, self._rediscover]
-        self.slices = None
+        self.slices: SliceController | None = None
         self._servers: list[grpc.Server] = []
         self.metrics_port: int | None = None
 

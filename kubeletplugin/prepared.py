@@ -162,21 +162,20 @@ class _Fields:
         return value
 
     def strings(self, key: str, ok: Check, what: str, optional: bool = False) -> tuple[str, ...]:
-        items = self._list(self.doc.get(key) if optional else self._required(key), key)
+        items = [] if optional and self.doc.get(key) is None else self._list(key)
         for i, v in enumerate(items):
             if not isinstance(v, str) or not ok(v):
                 raise PreparedError(f"{self.where}.{key}[{i}]: expected {what} (got {show(v)})")
         return tuple(str(v) for v in items)
 
     def objects(self, key: str) -> list[_Fields]:
-        items = self._list(self._required(key), key)
+        items = self._list(key)
         if not items:
             raise PreparedError(f"{self.where}.{key}: expected at least one entry (got [])")
         return [_Fields(v, f"{self.where}.{key}[{i}]") for i, v in enumerate(items)]
 
-    def _list(self, value: object, key: str) -> list[object]:
-        if value is None:
-            return []  # an optional list left out (a required one is checked before)
+    def _list(self, key: str) -> list[object]:
+        value = self._required(key)
         if not isinstance(value, list):
             raise PreparedError(f"{self.where}.{key}: expected a list (got {show(value)})")
         return value

@@ -11,16 +11,22 @@ Shares of the GPU are ratios 0..1 (`*_ratio`), by Prometheus convention.
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from .agent import Agent
 
 CLAIM = ["namespace", "claim", "gpu"]
 
 
 class AgentCollector:
-    def __init__(self, agent):
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         a = self.agent
         g = {name: GaugeMetricFamily(f"gpushare_claim_{name}", doc, labels=CLAIM) for name, doc in (
             ("memory_limit_bytes", "The claim's memory limit on the GPU"),
