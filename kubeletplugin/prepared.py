@@ -5,7 +5,9 @@ node agent read it. Its JSON form is the claim folder's prepared.json and the ch
 `prepared` entries (docs/kubelet-plugin.md); `to_json` writes exactly what earlier releases
 wrote, so a node upgrades in place, and `from_json` is the one reader, for both files and the
 checkpoint's version 1 entries. Keys it does not know are ignored (a downgrade still reads a
-newer file); missing optional keys take the defaults older releases implied.
+newer file); missing optional keys take the defaults older releases implied. It refuses only
+what no release writes: a value Prepare can record (a lost GPU's memory limit of 0, an empty
+uuid from a mock GPU file) must read back, or a restart would lose the claim's record.
 """
 
 from __future__ import annotations
@@ -14,12 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dra_driver.config import COMPUTE_POLICIES
 from dra_driver.devicemodel import FULL_COMPUTE, cdi_device_name, parse_device_name
 from dra_driver.quantity import show
 
-from .claimref import DNS_LABEL, DNS_SUBDOMAIN, UID
-
-POLICIES = ("Hard", "Burst")
+from .claimref import is_name, is_namespace, is_uid
 
 JSON = dict[str, Any]
 Check = Callable[[str], bool]
@@ -38,7 +39,7 @@ class PreparedGpu:
     minor: int  # /dev/nvidia<minor>
     memory_limit: int  # bytes
     compute_limit: int  # percent, 1..100
-    compute_policy: str = "Hard"  # POLICIES
+    compute_policy: str = "Hard"  # COMPUTE_POLICIES
 
     def to_json(self) -> JSON:
         return {"index": self.index, "uuid": self.uuid, "minor": self.minor, "memoryLimit": self.memory_limit,
@@ -96,9 +97,9 @@ class PreparedClaim:
     def from_json(cls, doc: object, where: str = "prepared") -> PreparedClaim:
         """The claim a JSON document describes; PreparedError names the first bad field and its value."""
         d = _Fields(doc, where)
-        uid = d.text("uid", lambda v: bool(UID.fullmatch(v)), "a UID")
-        namespace = d.text("namespace", lambda v: len(v) <= 63 and bool(DNS_LABEL.fullmatch(v)), "a DNS label")
-        name = d.text("name", lambda v: len(v) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(v)), "a DNS subdomain")
+        uid = d.text("uid", is_uid, "a UID")
+        namespace = d.text("namespace", is_namespace, "a DNS label")
+        name = d.text("name", is_name, "a DNS subdomain")
         gpus = tuple(_gpu(g) for g in d.objects("gpus"))
         indexes = [g.index for g in gpus]
         if len(set(indexes)) != len(indexes):
@@ -110,9 +111,9 @@ class PreparedClaim:
 
 
 def _gpu(d: _Fields) -> PreparedGpu:
-    policy = d.optional_text("computePolicy", lambda v: v in POLICIES, " or ".join(POLICIES))
-    return PreparedGpu(index=d.integer("index", 0), uuid=d.text("uuid", bool, "a GPU UUID"),
-                       minor=d.integer("minor", 0), memory_limit=d.integer("memoryLimit", 1),
+    policy = d.optional_text("computePolicy", lambda v: v in COMPUTE_POLICIES, " or ".join(COMPUTE_POLICIES))
+    return PreparedGpu(index=d.integer("index", 0), uuid=d.text("uuid", _any, "a string"),
+                       minor=d.integer("minor", 0), memory_limit=d.integer("memoryLimit", 0),
                        compute_limit=d.integer("computeLimit", 1, FULL_COMPUTE), compute_policy=policy or "Hard")
 
 
@@ -121,10 +122,14 @@ def _device(d: _Fields, gpus: set[int]) -> PreparedDevice:
     ref = parse_device_name(device)
     if ref is None or ref.gpu_index not in gpus:
         raise PreparedError(f"{d.where}.deviceName: names a GPU the claim's gpus lack (got {show(device)})")
-    return PreparedDevice(request_names=d.strings("requestNames", bool, "a request name"),
-                          pool_name=d.text("poolName", bool, "a pool name"), device_name=device,
-                          share_id=d.optional_text("shareID", lambda v: bool(UID.fullmatch(v)), "a UID"),
+    return PreparedDevice(request_names=d.strings("requestNames", _any, "a string"),
+                          pool_name=d.text("poolName", _any, "a string"), device_name=device,
+                          share_id=d.optional_text("shareID", is_uid, "a UID"),
                           cdi_device_ids=d.strings("cdiDeviceIDs", lambda v: "=" in v, "a CDI device ID"))
+
+
+def _any(_: str) -> bool:
+    return True
 
 
 class _Fields:

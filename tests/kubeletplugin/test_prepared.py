@@ -80,6 +80,16 @@ def test_v1_checkpoint_is_migrated_through_the_model():
     assert ckpt.decode(ckpt.encode(claims, None)) == (claims, None)
 
 
+def test_what_prepare_can_record_reads_back():
+    """A GPU NVML lost (memory 0) gives a limit of 0; a mock GPU file may set an empty uuid."""
+    doc = json.loads(fixture("prepared-capacity.json"))
+    doc["gpus"][0].update(memoryLimit=0, uuid="")
+    doc["devices"][0]["requestNames"] = [""]
+    claim = PreparedClaim.from_json(doc)
+    assert (claim.gpus[0].memory_limit, claim.gpus[0].uuid, claim.devices[0].request_names) == (0, "", ("",))
+    assert claim.to_json() == doc
+
+
 def test_older_documents_take_the_defaults_they_implied():
     doc = json.loads(fixture("prepared-partition.json"))
     for gpu in doc["gpus"]:
@@ -116,9 +126,9 @@ MALFORMED = [
     (("gpus", 0), "gpu", "prepared.gpus[0]", "'gpu'"),
     (("gpus", 0, "index"), -1, "prepared.gpus[0].index", "-1"),
     (("gpus", 0, "index"), True, "prepared.gpus[0].index", "True"),
-    (("gpus", 0, "uuid"), "", "prepared.gpus[0].uuid", "''"),
+    (("gpus", 0, "uuid"), 5, "prepared.gpus[0].uuid", "5"),
     (("gpus", 0, "minor"), "1", "prepared.gpus[0].minor", "'1'"),
-    (("gpus", 0, "memoryLimit"), 0, "prepared.gpus[0].memoryLimit", "0"),
+    (("gpus", 0, "memoryLimit"), -1, "prepared.gpus[0].memoryLimit", "-1"),
     (("gpus", 0, "memoryLimit"), 1.5, "prepared.gpus[0].memoryLimit", "1.5"),
     (("gpus", 0, "computeLimit"), 101, "prepared.gpus[0].computeLimit", "101"),
     (("gpus", 0, "computeLimit"), DELETE, "prepared.gpus[0].computeLimit: missing", ""),
