@@ -155,15 +155,15 @@ class Driver:
                 return entry.prepared.devices
             if entry:
                 self._remove(uid, "leftover of an interrupted call")
-            prepared = self._plan(ref)
+            claim = self._plan(ref)
             self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_STARTED, namespace, name, None))
             faults.reached("prepare-started-recorded")
             try:
-                self.files.write(prepared)
+                self.files.write(claim)
                 faults.reached("prepare-files-written")
-                self._write_spec(prepared)
+                self._write_spec(claim)
                 faults.reached("prepare-spec-written")
-                self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, prepared))
+                self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, claim))
             except OSError as e:
                 log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="write",
                           error=str(e))
@@ -171,9 +171,9 @@ class Driver:
                 raise ClaimError(f"writing the claim's files: {e}", reason="io") from None
             faults.reached("prepare-completed-recorded")
             log.info("claim prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare",
-                     gpus=[f"{g.uuid} memory={g.memory_limit} compute={g.compute_limit}" for g in prepared.gpus])
-            self._tell(prepared, prepared=True)
-            return prepared.devices
+                     gpus=[f"{g.uuid} memory={g.memory_limit} compute={g.compute_limit}" for g in claim.gpus])
+            self._tell(claim, prepared=True)
+            return claim.devices
 
     def _plan(self, ref: ClaimRef) -> PreparedClaim:
         claim = self._read_claim(ref)
