@@ -1,9 +1,11 @@
-"""How a GPU becomes ResourceSlice devices, and back: one place for names and shares.
+"""How a GPU becomes ResourceSlice devices, and back: the one place that builds or parses
+device names, and that sizes shares.
 
 The controller publishes devices with these names and capacities; the kubelet plugin reads
 an allocation's device names back into (GPU, share) and limits. docs/contract.md fixes the names:
 capacity mode publishes `gpu-<index>` (the whole GPU, shared by consumable capacity);
-partition mode publishes `gpu-<index>-share-<j>`, each 1/N of the GPU.
+partition mode publishes `gpu-<index>-share-<j>`, each 1/N of the GPU; a prepared device's
+CDI device name is `<claimUID>-<device>`, plus `-<shareID>` where the allocation has one.
 """
 
 from __future__ import annotations
@@ -36,8 +38,13 @@ def share_device(index: int, share: int) -> str:
     return f"gpu-{index}-share-{share}"
 
 
-def parse_device_name(name: str) -> DeviceRef | None:
-    """`gpu-3` -> (3, None); `gpu-3-share-1` -> (3, 1); anything else -> None."""
+def cdi_device_name(claim_uid: str, device: str, share_id: str | None = None) -> str:
+    """The CDI device name of one prepared device: `<claimUID>-<device>[-<shareID>]`."""
+    return f"{claim_uid}-{device}-{share_id}" if share_id else f"{claim_uid}-{device}"
+
+
+def parse_device_name(name: object) -> DeviceRef | None:
+    """`gpu-3` -> (3, None); `gpu-3-share-1` -> (3, 1); anything else (any non-string) -> None."""
     m = _DEVICE_NAME.fullmatch(name) if isinstance(name, str) else None
     if not m:
         return None

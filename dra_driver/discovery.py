@@ -55,11 +55,6 @@ class GpuInfo:
     healthy: bool = True
     health_reason: str = ""  # why it is unhealthy, for taints and logs
 
-    @property
-    def device_name(self) -> str:
-        """The ResourceSlice device name of the whole GPU (docs/contract.md: gpu-<index>)."""
-        return f"gpu-{self.index}"
-
 
 class DeviceBackend(Protocol):
     name: str

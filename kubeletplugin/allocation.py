@@ -13,7 +13,8 @@ GPU `i` in the container's view is the claim's i-th distinct GPU, by host GPU in
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any
 
 from dra_driver import config as gpuconfig
 from dra_driver.devicemodel import FULL_COMPUTE, parse_device_name, share_compute, share_memory
@@ -21,47 +22,18 @@ from dra_driver.discovery import GpuInfo
 from dra_driver.quantity import QuantityError, parse_bytes, show
 
 from .claimref import UID, ClaimError
+from .prepared import PreparedDevice, PreparedGpu
 
 _SOURCE_ORDER = {"FromClass": 0, "FromClaim": 1}
 
 
-@dataclass
-class GpuLimits:
-    """One GPU as a prepared claim's containers see it (position = index in the container)."""
-
-    index: int  # host GPU index
-    uuid: str
-    minor: int
-    memoryLimit: int
-    computeLimit: int
-    computePolicy: str = "Hard"
-
-
-@dataclass
-class AllocatedDevice:
-    """One allocation result of ours: one Device entry of the kubelet's answer."""
-
-    requestNames: list[str]
-    poolName: str
-    deviceName: str
-    shareID: str | None = None
-    cdiDeviceIDs: list[str] = field(default_factory=list)
-
-    @property
-    def cdi_name_suffix(self) -> str:
-        return f"{self.deviceName}-{self.shareID}" if self.shareID else self.deviceName
-
-
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    gpus: list[GpuLimits]
-    devices: list[AllocatedDevice]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    gpus: tuple[PreparedGpu, ...]
+    devices: tuple[PreparedDevice, ...]  # CDI device IDs not chosen yet
 
 
-def plan_claim(claim: dict, driver: str, pool: str, gpus: dict[int, GpuInfo], partitions: int) -> Plan:
+def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, GpuInfo], partitions: int) -> Plan:
     """The GPUs and limits of `claim` for this node; ClaimError names the bad field and value."""
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
@@ -71,48 +43,59 @@ def plan_claim(claim: dict, driver: str, pool: str, gpus: dict[int, GpuInfo], pa
     if not ours:
         raise ClaimError(f"status.allocation.devices.results: no device of driver {driver!r} in pool {pool!r}")
 
-    devices: list[AllocatedDevice] = []
-    per_gpu: dict[int, dict] = {}  # host index -> {"memory", "compute", "shares", "requests"}
+    devices: list[PreparedDevice] = []
+    per_gpu: dict[int, _GpuTotal] = {}
     for n, result in ours:
         where = f"status.allocation.devices.results[{n}]"
         name = result.get("device", "")
-        ref = parse_device_name(name) if isinstance(name, str) else None
+        ref = parse_device_name(name)
         if ref is None:
-            raise ClaimError(f"{where}.device: not a gpushare device name gpu-<i> or gpu-<i>-share-<j> (got {show(name)})")
+            raise ClaimError(f"{where}.device: not a gpushare device name gpu-<i> or gpu-<i>-share-<j> "
+                             f"(got {show(name)})")
         gpu = gpus.get(ref.gpu_index)
         if gpu is None:
             raise ClaimError(f"{where}.device: no GPU with index {ref.gpu_index} on this node (got {show(name)})")
         share_id = result.get("shareID") or None
         if share_id is not None and not (isinstance(share_id, str) and UID.fullmatch(share_id)):
             raise ClaimError(f"{where}.shareID: not a UID (got {show(share_id)})")
-        entry = per_gpu.setdefault(gpu.index, {"memory": 0, "compute": 0, "shares": 0, "requests": set()})
+        entry = per_gpu.setdefault(gpu.index, _GpuTotal())
         request = result.get("request", "")
-        entry["requests"].add(request)
+        entry.requests.add(request)
         if ref.share is None:
             memory, compute = _consumed(result.get("consumedCapacity") or {}, gpu, where)
-            entry["memory"] += memory
-            entry["compute"] += compute
+            entry.memory += memory
+            entry.compute += compute
         else:
-            entry["shares"] += 1
-        devices.append(AllocatedDevice([request], pool, name, share_id))
+            entry.shares += 1
+        devices.append(PreparedDevice((request,), pool, name, share_id))
 
     configs = _configs(allocation, driver)
-    limits = []
+    limits: list[PreparedGpu] = []
     for index in sorted(per_gpu):
         gpu, entry = gpus[index], per_gpu[index]
-        memory = entry["memory"] + entry["shares"] * share_memory(gpu, partitions)
-        compute = entry["compute"] + (share_compute(partitions, entry["shares"]) if entry["shares"] else 0)
+        memory = entry.memory + entry.shares * share_memory(gpu, partitions)
+        compute = entry.compute + (share_compute(partitions, entry.shares) if entry.shares else 0)
         memory, compute = min(memory, gpu.memory_bytes), min(compute, FULL_COMPUTE)
         policy = "Hard"
         for requests, cfg in configs:
-            if not requests or any(_request_matches(r, requests) for r in entry["requests"]):
+            if not requests or any(_request_matches(r, requests) for r in entry.requests):
                 memory, compute = cfg.apply(memory, compute)
                 policy = cfg.compute_policy
-        limits.append(GpuLimits(gpu.index, gpu.uuid, gpu.minor, memory, max(1, compute), policy))
-    return Plan(limits, devices)
+        limits.append(PreparedGpu(gpu.index, gpu.uuid, gpu.minor, memory, max(1, compute), policy))
+    return Plan(tuple(limits), tuple(devices))
 
 
-def _consumed(consumed: dict, gpu: GpuInfo, where: str) -> tuple[int, int]:
+@dataclass
+class _GpuTotal:
+    """What a claim's results on one GPU add up to."""
+
+    memory: int = 0
+    compute: int = 0
+    shares: int = 0
+    requests: set[str] = field(default_factory=set)
+
+
+def _consumed(consumed: dict[str, Any], gpu: GpuInfo, where: str) -> tuple[int, int]:
     try:
         memory = parse_bytes(consumed.get("memory", gpu.memory_bytes), f"{where}.consumedCapacity.memory")
         compute = parse_bytes(consumed.get("compute", FULL_COMPUTE), f"{where}.consumedCapacity.compute")
@@ -121,11 +104,12 @@ def _consumed(consumed: dict, gpu: GpuInfo, where: str) -> tuple[int, int]:
     if memory <= 0:
         raise ClaimError(f"{where}.consumedCapacity.memory: must be greater than zero (got {consumed.get('memory')!r})")
     if not 1 <= compute <= FULL_COMPUTE:
-        raise ClaimError(f"{where}.consumedCapacity.compute: must be a percentage from 1 to 100 (got {consumed.get('compute')!r})")
+        raise ClaimError(f"{where}.consumedCapacity.compute: must be a percentage from 1 to 100 "
+                         f"(got {consumed.get('compute')!r})")
     return memory, compute
 
 
-def _configs(allocation: dict, driver: str) -> list[tuple[list[str], gpuconfig.GpuShareConfig]]:
+def _configs(allocation: dict[str, Any], driver: str) -> list[tuple[list[str], gpuconfig.GpuShareConfig]]:
     """Our opaque configs, decoded, FromClass before FromClaim (stable within each)."""
     entries = (allocation.get("devices") or {}).get("config") or []
     decoded = []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec
 
 from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
+from .prepared import PreparedClaim
 
 KIND = "k8s.gpushare.dev/claim"
 CONTAINER_LIMITS = "/var/run/gpushare/limits"
@@ -66,23 +67,17 @@ class SimDriver:
         return env, mounts
 
 
-def device_name(uid: str, device: dict) -> str:
-    """`<claimUID>-<device>` plus `-<shareID>` when the allocation has one (docs/contract.md)."""
-    suffix = f"{device['deviceName']}-{device['shareID']}" if device.get("shareID") else device["deviceName"]
-    return f"{uid}-{suffix}"
-
-
-def build_spec(uid: str, prepared: dict, files: ClaimFiles, host_library: str, sim: SimDriver | None = None) -> Spec:
-    gpus = prepared["gpus"]
+def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: SimDriver | None = None) -> Spec:
+    uid = claim.uid
     env = [f"GPUSHARE_CLAIM_UID={uid}", f"LD_PRELOAD={CONTAINER_LIBRARY}"]
     mounts = [
         Mount(host_library, CONTAINER_LIBRARY, _RO),
         Mount(files.preload_path(uid), CONTAINER_PRELOAD, _RO),
         Mount(files.limits_path(uid), CONTAINER_LIMITS, _RO),
     ]
-    for i, gpu in enumerate(gpus):
-        env += [f"GPUSHARE_MEMORY_LIMIT_{i}={gpu['memoryLimit']}", f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu['computeLimit']}",
-                f"GPUSHARE_DEVICE_UUID_{i}={gpu['uuid']}"]
+    for i, gpu in enumerate(claim.gpus):
+        env += [f"GPUSHARE_MEMORY_LIMIT_{i}={gpu.memory_limit}", f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu.compute_limit}",
+                f"GPUSHARE_DEVICE_UUID_{i}={gpu.uuid}"]
         mounts.append(Mount(files.region_path(uid, i), f"{CONTAINER_REGION_DIR}/{i}", _RW))
         # the agent's rate: trusted by the library because no tenant can write it
         mounts.append(Mount(files.control_path(uid, i), f"{CONTAINER_CONTROL_DIR}/{i}", _RO))
@@ -90,11 +85,11 @@ def build_spec(uid: str, prepared: dict, files: ClaimFiles, host_library: str, s
         sim_env, sim_mounts = sim.edits()
         env += sim_env
         mounts += sim_mounts
-    nodes = [DeviceNode(path) for path in prepared.get("deviceNodes") or []]
+    nodes = [DeviceNode(path) for path in claim.device_nodes]
     devices = []
     seen = set()
-    for k, device in enumerate(prepared["devices"]):
-        name = device_name(uid, device)
+    for k, device in enumerate(claim.devices):
+        name = device.cdi_name(uid)
         if name not in seen:
             seen.add(name)
             devices.append(Device(name, ContainerEdits(env=[f"GPUSHARE_ALLOCATION_{k}={name}"])))

@@ -7,9 +7,12 @@ File `<state-dir>/checkpoint.json`, current format version 2:
         "namespace": "...", "name": "...", "prepared": {...} | null}},
      "checksum": "sha256:<hex of the canonical JSON of everything else>"}
 
-Version 1 (the first release) kept only completed claims as
+`prepared` is a PreparedClaim's JSON (prepared.py), read back through its one reader: an entry
+that does not parse makes the whole file CheckpointCorrupt (moved aside, rebuilt from the claim
+folders). Version 1 (the first release) kept only completed claims as
 {"version": 1, "claims": {"<uid>": {"namespace", "name", "gpus", "devices"}}, "checksum"};
-`_migrate_v1` lifts it to version 2. Every write is atomic (temp, fsync, rename, fsync dir).
+`_migrate_v1` lifts it to version 2 through the same reader. Every write is atomic (temp,
+fsync, rename, fsync dir).
 
 Writes are group-committed: a caller changes the in-memory claims and then `commit()`s;
 callers that queue while one write runs are covered by the next single write.
@@ -17,35 +20,53 @@ callers that queue while one write runs are covered by the next single write.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
 import threading
+from dataclasses import dataclass
+from typing import Any
 
 from cdi import write_atomic
+
+from .prepared import PreparedClaim, PreparedError
 
 VERSION = 2
 PREPARE_STARTED = "PrepareStarted"
 PREPARE_COMPLETED = "PrepareCompleted"
 UNPREPARE_STARTED = "UnprepareStarted"
+STATES = (PREPARE_STARTED, PREPARE_COMPLETED, UNPREPARE_STARTED)
 
 
 class CheckpointCorrupt(Exception):
     """The file exists but cannot be trusted; the message says why."""
 
 
-def checksum(payload: dict) -> str:
+@dataclass(frozen=True)
+class Entry:
+    """One claim's record: how far its last call got, and what a completed Prepare decided."""
+
+    state: str  # STATES
+    namespace: str
+    name: str
+    prepared: PreparedClaim | None  # set when PrepareCompleted (and while unpreparing one)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "namespace": self.namespace, "name": self.name,
+                "prepared": self.prepared.to_json() if self.prepared else None}
+
+
+def checksum(payload: dict[str, Any]) -> str:
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def encode(claims: dict, boot_id: str | None) -> bytes:
-    payload = {"version": VERSION, "bootID": boot_id, "claims": claims}
+def encode(claims: dict[str, Entry], boot_id: str | None) -> bytes:
+    payload = {"version": VERSION, "bootID": boot_id, "claims": {uid: e.to_json() for uid, e in claims.items()}}
     return json.dumps({**payload, "checksum": checksum(payload)}, indent=1, sort_keys=True).encode()
 
 
-def decode(data: bytes) -> tuple[dict, str | None]:
+def decode(data: bytes) -> tuple[dict[str, Entry], str | None]:
     """(claims, bootID) of a checkpoint file of any known version; CheckpointCorrupt if bad."""
     try:
         doc = json.loads(data)
@@ -57,32 +78,49 @@ def decode(data: bytes) -> tuple[dict, str | None]:
     if stored != checksum(doc):
         raise CheckpointCorrupt(f"checksum: mismatch (got {stored!r})")
     version = doc.get("version")
-    if version == 1:
-        doc = _migrate_v1(doc)
-    elif version != VERSION:
-        raise CheckpointCorrupt(f"version: unsupported (got {version!r}; this plugin reads 1 and {VERSION})")
     claims = doc.get("claims")
-    if not isinstance(claims, dict) or not all(isinstance(v, dict) and "state" in v for v in claims.values()):
+    if version not in (1, VERSION):
+        raise CheckpointCorrupt(f"version: unsupported (got {version!r}; this plugin reads 1 and {VERSION})")
+    if not isinstance(claims, dict) or not all(isinstance(v, dict) for v in claims.values()):
         raise CheckpointCorrupt("claims: expected an object of claim entries")
-    return claims, doc.get("bootID")
+    try:
+        entries = {uid: (_migrate_v1 if version == 1 else _entry)(uid, e) for uid, e in claims.items()}
+    except PreparedError as e:
+        raise CheckpointCorrupt(str(e)) from None
+    boot_id = doc.get("bootID") if version == VERSION else None
+    return entries, boot_id if isinstance(boot_id, str) else None
 
 
-def _migrate_v1(doc: dict) -> dict:
+def _entry(uid: str, doc: dict[str, Any]) -> Entry:
+    where = f"claims[{uid!r}]"
+    state, namespace, name = doc.get("state"), doc.get("namespace"), doc.get("name")
+    if state not in STATES:
+        raise PreparedError(f"{where}.state: expected one of {', '.join(STATES)} (got {state!r})")
+    for key, value in (("namespace", namespace), ("name", name)):
+        if not isinstance(value, str):
+            raise PreparedError(f"{where}.{key}: expected a string (got {value!r})")
+    raw = doc.get("prepared")
+    if raw is None and state == PREPARE_COMPLETED:
+        raise PreparedError(f"{where}.prepared: missing from a {PREPARE_COMPLETED} entry")
+    prepared = None if raw is None else PreparedClaim.from_json(raw, f"{where}.prepared")
+    if prepared is not None and prepared.uid != uid:
+        raise PreparedError(f"{where}.prepared.uid: not the entry's uid (got {prepared.uid!r})")
+    return Entry(str(state), str(namespace), str(name), prepared)
+
+
+def _migrate_v1(uid: str, old: dict[str, Any]) -> Entry:
     """Version 1 recorded completed claims only, without device nodes or boot id."""
-    claims = {}
-    for uid, old in (doc.get("claims") or {}).items():
-        prepared = {"namespace": old["namespace"], "name": old["name"], "uid": uid, "gpus": old["gpus"],
-                    "devices": old["devices"], "deviceNodes": []}
-        claims[uid] = {"state": PREPARE_COMPLETED, "namespace": old["namespace"], "name": old["name"],
-                       "prepared": prepared}
-    return {"version": VERSION, "bootID": None, "claims": claims}
+    prepared = {"namespace": old.get("namespace"), "name": old.get("name"), "uid": uid, "gpus": old.get("gpus"),
+                "devices": old.get("devices")}
+    return _entry(uid, {"state": PREPARE_COMPLETED, "namespace": old.get("namespace"), "name": old.get("name"),
+                        "prepared": prepared})
 
 
 class Checkpoint:
-    def __init__(self, path: str, boot_id: str | None):
+    def __init__(self, path: str, boot_id: str | None) -> None:
         self.path = path
         self.boot_id = boot_id
-        self._claims: dict[str, dict] = {}
+        self._claims: dict[str, Entry] = {}  # entries are frozen: handed out without copying
         self._lock = threading.Lock()  # guards _claims and the generation counters
         self._write_lock = threading.Lock()  # one file write at a time
         self._changed = 0  # generation of the in-memory claims
@@ -106,16 +144,15 @@ class Checkpoint:
         os.rename(self.path, aside)
         return aside
 
-    def get(self, uid: str) -> dict | None:
+    def get(self, uid: str) -> Entry | None:
         with self._lock:
-            entry = self._claims.get(uid)
-            return copy.deepcopy(entry) if entry else None
+            return self._claims.get(uid)
 
-    def items(self) -> list[tuple[str, dict]]:
+    def items(self) -> list[tuple[str, Entry]]:
         with self._lock:
-            return copy.deepcopy(list(self._claims.items()))
+            return list(self._claims.items())
 
-    def set(self, uid: str, entry: dict) -> None:
+    def set(self, uid: str, entry: Entry) -> None:
         with self._lock:
             self._claims[uid] = entry
             self._changed += 1
@@ -128,7 +165,7 @@ class Checkpoint:
             self._changed += 1
         self.commit()
 
-    def replace_all(self, claims: dict[str, dict]) -> None:
+    def replace_all(self, claims: dict[str, Entry]) -> None:
         with self._lock:
             self._claims = claims
             self._changed += 1

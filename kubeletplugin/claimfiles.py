@@ -23,6 +23,7 @@ from cdi import fsync_dir, remove_durable, remove_temp_files, write_atomic
 from dra_driver.hooklayout import CONTROL_SIZE, REGION_SIZE
 
 from .claimref import UID
+from .prepared import PreparedClaim, PreparedError
 
 LIMITS_VERSION = 1
 CONTAINER_LIBRARY = "/usr/local/gpushare/lib/libgpushare.so"
@@ -30,14 +31,14 @@ FOLDER_MODE = 0o700
 PREPARED = "prepared.json"
 
 
-def limits_text(uid: str, gpus: list[dict]) -> str:
+def limits_text(claim: PreparedClaim) -> str:
     lines = ["# gpushare limits: written by the kubelet plugin, read by libgpushare.so",
-             f"GPUSHARE_LIMITS_VERSION={LIMITS_VERSION}", f"GPUSHARE_CLAIM_UID={uid}",
-             f"GPUSHARE_GPU_COUNT={len(gpus)}"]
-    for i, gpu in enumerate(gpus):
-        lines += [f"GPUSHARE_DEVICE_UUID_{i}={gpu['uuid']}", f"GPUSHARE_MEMORY_LIMIT_{i}={gpu['memoryLimit']}",
-                  f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu['computeLimit']}",
-                  f"GPUSHARE_COMPUTE_POLICY_{i}={gpu.get('computePolicy', 'Hard')}"]
+             f"GPUSHARE_LIMITS_VERSION={LIMITS_VERSION}", f"GPUSHARE_CLAIM_UID={claim.uid}",
+             f"GPUSHARE_GPU_COUNT={len(claim.gpus)}"]
+    for i, gpu in enumerate(claim.gpus):
+        lines += [f"GPUSHARE_DEVICE_UUID_{i}={gpu.uuid}", f"GPUSHARE_MEMORY_LIMIT_{i}={gpu.memory_limit}",
+                  f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu.compute_limit}",
+                  f"GPUSHARE_COMPUTE_POLICY_{i}={gpu.compute_policy}"]
     return "\n".join(lines) + "\n"
 
 
@@ -65,42 +66,49 @@ class ClaimFiles:
     def preload_path(self, uid: str) -> str:
         return os.path.join(self.dir(uid), "ld.so.preload")
 
-    def write(self, uid: str, prepared: dict) -> None:
+    def write(self, claim: PreparedClaim) -> None:
         """Create the claim's files. Existing regions and control files are kept as they are
         (never re-zeroed: running processes map them)."""
+        uid = claim.uid
         folder = self.dir(uid)
         _mkdir(folder, FOLDER_MODE)
-        gpus = prepared["gpus"]
-        write_atomic(self.limits_path(uid), limits_text(uid, gpus).encode(), mode=0o444)
+        write_atomic(self.limits_path(uid), limits_text(claim).encode(), mode=0o444)
         write_atomic(self.preload_path(uid), (CONTAINER_LIBRARY + "\n").encode(), mode=0o444)
-        for i in range(len(gpus)):
+        for i in range(len(claim.gpus)):
             _create_zeroed(self.region_path(uid, i), REGION_SIZE, 0o666)
             _create_zeroed(self.control_path(uid, i), CONTROL_SIZE, 0o644)
-        write_atomic(os.path.join(folder, PREPARED), json.dumps(prepared).encode(), mode=0o600)
+        write_atomic(os.path.join(folder, PREPARED), json.dumps(claim.to_json()).encode(), mode=0o600)
         fsync_dir(folder)
 
-    def repair(self, uid: str, prepared: dict) -> bool:
+    def repair(self, claim: PreparedClaim) -> bool:
         """Start-up: rewrite a prepared claim's missing files (regions kept), clear temporaries
         of interrupted writes, tighten an older release's folder mode. True when files were missing."""
-        count = len(prepared["gpus"])
-        names = ["limits", "ld.so.preload", PREPARED, *(f"{kind}-{i}" for i in range(count) for kind in ("region", "control"))]
-        remove_temp_files(self.dir(uid))
-        if all(os.path.exists(os.path.join(self.dir(uid), n)) for n in names):
-            os.chmod(self.dir(uid), FOLDER_MODE)
+        folder = self.dir(claim.uid)
+        names = ["limits", "ld.so.preload", PREPARED,
+                 *(f"{kind}-{i}" for i in range(len(claim.gpus)) for kind in ("region", "control"))]
+        remove_temp_files(folder)
+        if all(os.path.exists(os.path.join(folder, n)) for n in names):
+            os.chmod(folder, FOLDER_MODE)
             return False
-        self.write(uid, prepared)
+        self.write(claim)
         return True
 
-    def read_prepared(self, uid: str) -> dict | None:
-        """The recorded answer, when whole and of this claim; None otherwise."""
+    def read_prepared(self, uid: str) -> PreparedClaim | None:
+        """The recorded answer; None when there is none. PreparedError when it is not whole or
+        not this claim's."""
         try:
             with open(os.path.join(self.dir(uid), PREPARED), "rb") as f:
-                prepared = json.load(f)
-        except (OSError, ValueError):
+                data = f.read()
+        except OSError:
             return None
-        ok = isinstance(prepared, dict) and prepared.get("uid") == uid and isinstance(prepared.get("gpus"), list) \
-            and isinstance(prepared.get("devices"), list)
-        return prepared if ok else None
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise PreparedError(f"{PREPARED}: not JSON ({e})") from None
+        claim = PreparedClaim.from_json(doc, PREPARED)
+        if claim.uid != uid:
+            raise PreparedError(f"{PREPARED}.uid: not the uid of its folder (got {claim.uid!r})")
+        return claim
 
     def exists(self, uid: str) -> bool:
         return os.path.isdir(self.dir(uid))

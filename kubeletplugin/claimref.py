@@ -21,7 +21,7 @@ class ClaimError(Exception):
     `reason` is a short word for the errors metric (claim_not_found, uid_mismatch, io, ...).
     """
 
-    def __init__(self, message: str, reason: str = "invalid_claim"):
+    def __init__(self, message: str, reason: str = "invalid_claim") -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -36,16 +36,28 @@ class ClaimRef:
         return f"{self.namespace}/{self.name} ({self.uid})"
 
 
+def is_uid(value: str) -> bool:
+    return bool(UID.fullmatch(value))
+
+
+def is_namespace(value: str) -> bool:
+    return len(value) <= 63 and bool(DNS_LABEL.fullmatch(value))
+
+
+def is_name(value: str) -> bool:
+    return len(value) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(value))
+
+
 def check_uid(uid: str, field: str = "uid") -> str:
-    if not isinstance(uid, str) or not UID.fullmatch(uid):
+    if not isinstance(uid, str) or not is_uid(uid):
         raise ClaimError(f"{field}: not a UID (36 lowercase hex digits and dashes) (got {uid[:80]!r})")
     return uid
 
 
 def check_ref(namespace: str, name: str, uid: str) -> ClaimRef:
     check_uid(uid, "claim uid")
-    if len(namespace) > 63 or not DNS_LABEL.fullmatch(namespace):
+    if not is_namespace(namespace):
         raise ClaimError(f"claim namespace: not a DNS label of at most 63 characters (got {namespace[:80]!r})")
-    if len(name) > 253 or not DNS_SUBDOMAIN.fullmatch(name):
+    if not is_name(name):
         raise ClaimError(f"claim name: not a DNS subdomain of at most 253 characters (got {name[:80]!r})")
     return ClaimRef(namespace, name, uid)

@@ -16,13 +16,16 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, Protocol
 
 from kubernetes import client
 
 from cdi import SpecDir, find_devices_of_kind, remove_temp_files
+from dra_driver.devicemodel import parse_device_name
 from dra_driver.discovery import DeviceBackend, GpuInfo
 from dra_driver.install import LIBRARY_NAME, prune_versions
 from dra_driver.log import get_logger
@@ -30,9 +33,10 @@ from dra_driver.log import get_logger
 from . import checkpoint as ckpt
 from . import faults
 from .allocation import plan_claim
-from .cdispec import CONTAINER_LIBRARY, KIND, SimDriver, build_spec, device_name
-from .claimfiles import ClaimFiles
+from .cdispec import KIND, SimDriver, build_spec
+from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
+from .prepared import PreparedClaim, PreparedDevice, PreparedError, PreparedGpu
 
 log = get_logger("kubeletplugin.driver")
 
@@ -74,6 +78,14 @@ class KeyedLocks:
                     self._locks[key] = (lock, users - 1)
 
 
+class ClaimListener(Protocol):
+    """Told of every completed Prepare and Unprepare (the node agent: claim status, its claims)."""
+
+    def claim_prepared(self, claim: PreparedClaim) -> None: ...
+
+    def claim_unprepared(self, claim: PreparedClaim) -> None: ...
+
+
 def boot_id() -> str | None:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -85,7 +97,7 @@ def boot_id() -> str | None:
 class Driver:
     def __init__(self, api: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  partitions: int, state_dir: str, cdi_root: str, host_library: str,
-                 system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None):
+                 system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None) -> None:
         self.resource_api = client.ResourceV1Api(api)
         self.driver_name = driver_name
         self.node_name = node_name
@@ -100,13 +112,12 @@ class Driver:
         self._locks = KeyedLocks(CLAIM_LOCK_WAIT_S)
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()
-        # told of every completed Prepare/Unprepare (the node agent: claim status); never fail a call
-        self.listeners: list = []
-        self.on_error = lambda operation, reason: None  # metrics: failed calls by reason
+        self.listeners: list[ClaimListener] = []  # a listener's failure never fails a call
+        self.on_error: Callable[[str, str], None] = lambda operation, reason: None  # metrics: failed calls by reason
 
     # ---- Prepare ---------------------------------------------------------------------------
 
-    def prepare(self, namespace: str, name: str, uid: str) -> list[dict]:
+    def prepare(self, namespace: str, name: str, uid: str) -> tuple[PreparedDevice, ...]:
         """The Device entries of the claim's answer; ClaimError says why not."""
         with self._reasons("prepare"):
             return self._prepare(namespace, name, uid)
@@ -123,36 +134,36 @@ class Driver:
             self.on_error(operation, "internal")
             raise
 
-    def _tell(self, event: str, prepared: dict | None) -> None:
-        for listener in self.listeners if prepared else ():
+    def _tell(self, claim: PreparedClaim | None, prepared: bool) -> None:
+        if claim is None:  # unprepared before its Prepare completed: nobody was told of it
+            return
+        for listener in self.listeners:
             try:
-                getattr(listener, event)(prepared)
+                (listener.claim_prepared if prepared else listener.claim_unprepared)(claim)
             except Exception:
-                log.exception("listener failed", listener_event=event, uid=prepared.get("uid"))
+                log.exception("listener failed", prepared=prepared, uid=claim.uid)
 
-    def _prepare(self, namespace: str, name: str, uid: str) -> list[dict]:
+    def _prepare(self, namespace: str, name: str, uid: str) -> tuple[PreparedDevice, ...]:
         ref = check_ref(namespace, name, uid)
         with self._locks.hold(uid):
             entry = self.checkpoint.get(uid)
-            if entry and entry["state"] == ckpt.PREPARE_COMPLETED:
+            if entry and entry.state == ckpt.PREPARE_COMPLETED and entry.prepared:
                 # A second pod sharing the claim, or a kubelet restart: same answer, regions untouched.
                 if not self.specs.exists(uid):
-                    self._write_spec(uid, entry["prepared"])
+                    self._write_spec(entry.prepared)
                 log.debug("claim already prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare")
-                return entry["prepared"]["devices"]
+                return entry.prepared.devices
             if entry:
                 self._remove(uid, "leftover of an interrupted call")
-            prepared = self._plan(ref)
-            self.checkpoint.set(uid, {"state": ckpt.PREPARE_STARTED, "namespace": namespace, "name": name,
-                                      "prepared": None})
+            claim = self._plan(ref)
+            self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_STARTED, namespace, name, None))
             faults.reached("prepare-started-recorded")
             try:
-                self.files.write(uid, prepared)
+                self.files.write(claim)
                 faults.reached("prepare-files-written")
-                self._write_spec(uid, prepared)
+                self._write_spec(claim)
                 faults.reached("prepare-spec-written")
-                self.checkpoint.set(uid, {"state": ckpt.PREPARE_COMPLETED, "namespace": namespace, "name": name,
-                                          "prepared": prepared})
+                self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, claim))
             except OSError as e:
                 log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="write",
                           error=str(e))
@@ -160,40 +171,39 @@ class Driver:
                 raise ClaimError(f"writing the claim's files: {e}", reason="io") from None
             faults.reached("prepare-completed-recorded")
             log.info("claim prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare",
-                     gpus=[f"{g['uuid']} memory={g['memoryLimit']} compute={g['computeLimit']}"
-                           for g in prepared["gpus"]])
-            self._tell("claim_prepared", prepared)
-            return prepared["devices"]
+                     gpus=[f"{g.uuid} memory={g.memory_limit} compute={g.compute_limit}" for g in claim.gpus])
+            self._tell(claim, prepared=True)
+            return claim.devices
 
-    def _plan(self, ref: ClaimRef) -> dict:
+    def _plan(self, ref: ClaimRef) -> PreparedClaim:
         claim = self._read_claim(ref)
         plan = plan_claim(claim, self.driver_name, self.node_name, self._gpus_for(claim), self.partitions)
-        prepared = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid, **plan.to_dict(),
-                    "library": self.host_library}
         toolkit = find_devices_of_kind(self.cdi_dirs, NVIDIA_KIND, skip_prefix=self.specs.prefix)
-        by_index = {g["index"]: g for g in prepared["gpus"]}
-        for device in prepared["devices"]:
-            ids = [self.specs.kind + "=" + device_name(ref.uid, device)]
-            gpu = by_index[int(device["deviceName"].split("-")[1])]
-            for candidate in (gpu["uuid"], str(gpu["index"]), "all"):
+        by_index = {g.index: g for g in plan.gpus}
+        devices = []
+        for device in plan.devices:
+            ids = [f"{self.specs.kind}={device.cdi_name(ref.uid)}"]
+            gpu = by_index[device.gpu_index]
+            for candidate in (gpu.uuid, str(gpu.index), "all"):
                 if candidate in toolkit:
                     ids.append(f"{NVIDIA_KIND}={candidate}")
                     break
-            device["cdiDeviceIDs"] = ids
-        prepared["deviceNodes"] = [] if toolkit or self.backend.name != "nvml" else _nvidia_device_nodes(prepared["gpus"])
-        return prepared
+            devices.append(replace(device, cdi_device_ids=tuple(ids)))
+        nodes = () if toolkit or self.backend.name != "nvml" else _nvidia_device_nodes(plan.gpus)
+        return PreparedClaim(ref.namespace, ref.name, ref.uid, plan.gpus, tuple(devices), nodes, self.host_library)
 
-    def _read_claim(self, ref: ClaimRef) -> dict:
+    def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         faults.delay(ref.name)
         try:
             # Raw JSON: keeps every field (consumedCapacity, shareID) and skips slow model decoding.
             # Bounded: a hung API server must not hold a gRPC worker (and the claim's lock) forever.
-            resp = self.resource_api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False,
-                                                                    _request_timeout=API_TIMEOUT_S)
-            claim = json.loads(resp.data)
+            resp: Any = self.resource_api.read_namespaced_resource_claim(
+                ref.name, ref.namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S)
+            claim: dict[str, Any] = json.loads(resp.data)
         except client.ApiException as e:
             if e.status == 404:
-                raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: not found", reason="claim_not_found") from None
+                raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: not found",
+                                 reason="claim_not_found") from None
             raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: HTTP {e.status} {e.reason}",
                                  reason="api_error") from None
         except Exception as e:  # connection refused, timeouts: the kubelet retries
@@ -204,24 +214,25 @@ class Driver:
                              f"for {ref.uid!r} (deleted and recreated?)", reason="uid_mismatch")
         return claim
 
-    def _gpus_for(self, claim: dict) -> dict[int, GpuInfo]:
-        """This node's GPUs by index, discovered again when the claim names one we have not seen."""
+    def _gpus_for(self, claim: dict[str, Any]) -> dict[int, GpuInfo]:
+        """This node's GPUs by index, discovered again when the claim names one we have not seen
+        (a name that is not ours is refused by plan_claim)."""
         results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
-        wanted = {r.get("device", "").split("-")[1] for r in results
-                  if r.get("driver") == self.driver_name and r.get("device", "").startswith("gpu-")}
+        wanted = {ref.gpu_index for r in results
+                  if r.get("driver") == self.driver_name and (ref := parse_device_name(r.get("device")))}
         with self._gpus_lock:
-            if not self._gpus or any(not w.isdigit() or int(w) not in self._gpus for w in wanted):
+            if not self._gpus or any(w not in self._gpus for w in wanted):
                 self._gpus = {g.index: g for g in self.backend.discover()}
             return self._gpus
 
-    def _write_spec(self, uid: str, prepared: dict) -> None:
-        self.specs.write(uid, build_spec(uid, prepared, self.files, self.library_of(uid, prepared), self.sim))
+    def _write_spec(self, claim: PreparedClaim) -> None:
+        self.specs.write(claim.uid, build_spec(claim, self.files, self.library_of(claim), self.sim))
 
-    def library_of(self, uid: str, prepared: dict) -> str:
+    def library_of(self, claim: PreparedClaim) -> str:
         """The library build a claim's containers map: the one it was prepared with, as long as
         that file exists, so containers started after an upgrade map what the others map.
         (A claim prepared before this was recorded: the build its spec names.)"""
-        library = prepared.get("library") or self._spec_library(uid)
+        library = claim.library or self._spec_library(claim.uid)
         return library if library and os.path.isfile(library) else self.host_library
 
     def _spec_library(self, uid: str) -> str | None:
@@ -235,8 +246,7 @@ class Driver:
 
     def libraries_in_use(self) -> set[str]:
         """Every library build a prepared claim's spec names, and the one new claims get."""
-        return {self.host_library} | {self.library_of(uid, e["prepared"]) for uid, e in self.checkpoint.items()
-                                      if e.get("prepared")}
+        return {self.host_library} | {self.library_of(e.prepared) for _, e in self.checkpoint.items() if e.prepared}
 
     def prune_libraries(self) -> None:
         """Remove library builds of the hook dir that no prepared claim uses (install-hook keeps
@@ -261,13 +271,13 @@ class Driver:
                 log.debug("claim not prepared here", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
                 return
             if entry is not None:
-                self.checkpoint.set(uid, {**entry, "state": ckpt.UNPREPARE_STARTED})
+                self.checkpoint.set(uid, replace(entry, state=ckpt.UNPREPARE_STARTED))
             faults.reached("unprepare-started-recorded")
             self._remove(uid, "unprepare")
             faults.reached("unprepare-completed")
             log.info("claim unprepared", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
-            self._tell("claim_unprepared", (entry or {}).get("prepared"))
-        if entry is not None and (entry.get("prepared") or {}).get("library", self.host_library) != self.host_library:
+            self._tell(entry.prepared if entry else None, prepared=False)
+        if entry and entry.prepared and entry.prepared.library not in (None, self.host_library):
             self.prune_libraries()  # it may have been the last claim on an older build
 
     def _remove(self, uid: str, why: str) -> None:
@@ -310,21 +320,21 @@ class Driver:
                 log.error("checkpoint entry with a bad uid dropped", uid=uid[:80], step="recover")
                 self.checkpoint.delete(uid)
                 continue
-            claim = f"{entry.get('namespace')}/{entry.get('name')}"
-            if entry["state"] != ckpt.PREPARE_COMPLETED:
-                log.warning("rolling back an interrupted call", claim=claim, uid=uid, state=entry["state"],
+            claim = f"{entry.namespace}/{entry.name}"
+            if entry.state != ckpt.PREPARE_COMPLETED or entry.prepared is None:
+                log.warning("rolling back an interrupted call", claim=claim, uid=uid, state=entry.state,
                             step="recover")
-                self._remove(uid, f"recovery from {entry['state']}")
+                self._remove(uid, f"recovery from {entry.state}")
                 continue
-            prepared = entry["prepared"]
-            if self.files.repair(uid, prepared):
+            prepared = entry.prepared
+            if self.files.repair(prepared):
                 log.warning("claim files missing; rewritten (regions kept)", claim=claim, uid=uid, step="recover")
             elif rebooted:
-                self.files.reset_regions(uid, len(prepared["gpus"]))
+                self.files.reset_regions(uid, len(prepared.gpus))
             if not self.specs.exists(uid):
                 log.info("CDI spec missing (reboot?); rewriting", claim=claim, uid=uid, step="recover")
             # Always rewritten: a newer spec layout takes effect (the library stays the claim's).
-            self._write_spec(uid, prepared)
+            self._write_spec(prepared)
         known = {uid for uid, _ in self.checkpoint.items()}
         for uid in self.files.uids() - known:
             # No record anywhere (checkpoint and prepared.json both lost): its region may be
@@ -344,19 +354,27 @@ class Driver:
         recorded = {uid for uid, _ in self.checkpoint.items()}
         adopted = {}
         for uid in self.files.uids() - recorded:
-            prepared = self.files.read_prepared(uid)
+            try:
+                prepared = self.files.read_prepared(uid)
+            except PreparedError as e:  # logged again below as a folder without a record
+                log.error("claim folder's record unreadable", uid=uid, error=str(e), step="recover")
+                continue
             if prepared:
-                adopted[uid] = {"state": ckpt.PREPARE_COMPLETED, "namespace": prepared.get("namespace"),
-                                "name": prepared.get("name"), "prepared": prepared}
+                adopted[uid] = ckpt.Entry(ckpt.PREPARE_COMPLETED, prepared.namespace, prepared.name, prepared)
         if adopted:
             log.warning("claims missing from the checkpoint adopted from their folders", uids=sorted(adopted),
                         step="recover")
             self.checkpoint.replace_all({**dict(self.checkpoint.items()), **adopted})
 
+    def prepared_claims(self) -> dict[str, PreparedClaim]:
+        """Every claim whose Prepare completed, by uid."""
+        return {uid: e.prepared for uid, e in self.checkpoint.items()
+                if e.state == ckpt.PREPARE_COMPLETED and e.prepared is not None}
+
     def prepared_uids(self) -> set[str]:
-        return {uid for uid, e in self.checkpoint.items() if e["state"] == ckpt.PREPARE_COMPLETED}
+        return set(self.prepared_claims())
 
 
-def _nvidia_device_nodes(gpus: list[dict]) -> list[str]:
-    nodes = [f"/dev/nvidia{g['minor']}" for g in gpus]
-    return nodes + [p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") if os.path.exists(p)]
+def _nvidia_device_nodes(gpus: tuple[PreparedGpu, ...]) -> tuple[str, ...]:
+    nodes = [f"/dev/nvidia{g.minor}" for g in gpus]
+    return (*nodes, *(p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") if os.path.exists(p)))

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import os
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from kubernetes import client
 
 from dra_driver.agent.agent import Agent
 from dra_driver.agent.metrics import AgentCollector
@@ -33,6 +35,9 @@ from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
 from .healthservice import DeviceHealthServicer
 from .metrics import Metrics
 from .server import RegistrationServicer, add_dra_services
+
+if TYPE_CHECKING:
+    from dra_driver.controller import SliceController
 
 log = get_logger("kubeletplugin")
 
@@ -62,7 +67,8 @@ def host_library(hook_dir: str | None) -> str:
                                 "(build it with `make -C hook`, or pass --hook-dir)")
     path = os.path.join(os.path.abspath(hook_dir), LIBRARY_NAME)
     if not os.path.isfile(path):
-        raise PluginConfigError("--hook-dir", f"{LIBRARY_NAME} not found in {hook_dir!r} (build it with `make -C hook`)")
+        raise PluginConfigError("--hook-dir",
+                                f"{LIBRARY_NAME} not found in {hook_dir!r} (build it with `make -C hook`)")
     # install-hook makes libgpushare.so a symlink to a versioned file; specs name that file,
     # so every container of a claim maps the same build even across an upgrade.
     return os.path.realpath(path)
@@ -71,7 +77,8 @@ def host_library(hook_dir: str | None) -> str:
 class Plugin:
     """One kubelet plugin: driver state, gRPC servers, optional slice controller and metrics."""
 
-    def __init__(self, args: argparse.Namespace, api=None, backend: DeviceBackend | None = None):
+    def __init__(self, args: argparse.Namespace, api: client.ApiClient | None = None,
+                 backend: DeviceBackend | None = None) -> None:
         if not args.node_name:
             raise PluginConfigError("--node-name", "required (or set NODE_NAME)")
         # Ports first, before any file or socket exists: a taken port is one line, nothing left behind.
@@ -94,8 +101,9 @@ class Plugin:
         self.metrics = Metrics()
         self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error
-        self.agent = Agent(self.driver, self.api, interval=args.agent_interval, enforce=args.enforce,
-                           sim=self.driver.sim, backstop_interval=args.backstop_interval)
+        self.agent = Agent(self.driver, self.driver.files, self.api, args.driver_name, args.node_name,
+                           self.backend.name, interval=args.agent_interval, enforce=args.enforce, sim=self.driver.sim,
+                           backstop_interval=args.backstop_interval)
         self.driver.listeners.append(self.agent)
         self.metrics.registry.register(AgentCollector(self.agent))
         self.metrics.registry.register(HealthCollector(self.gpu_health))
@@ -103,7 +111,7 @@ class Plugin:
         self.health = health.HealthServicer()
         self.device_health = DeviceHealthServicer(args.node_name, self._device_health)
         self.gpu_health.listeners += [self.device_health.notify, self._rediscover]
-        self.slices = None
+        self.slices: SliceController | None = None
         self._servers: list[grpc.Server] = []
         self.metrics_port: int | None = None
 
@@ -134,10 +142,10 @@ class Plugin:
                 log.warning("mock backend without the simulated NVML: no GPU health events")
         dra = grpc.server(futures.ThreadPoolExecutor(GRPC_WORKERS, thread_name_prefix="dra"))
         add_dra_services(dra, self.driver, self.metrics)
-        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(self.device_health, dra)
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(self.device_health, dra)  # type: ignore[no-untyped-call]  # generated
         health_pb2_grpc.add_HealthServicer_to_server(self.health, dra)
         reg = grpc.server(futures.ThreadPoolExecutor(2, thread_name_prefix="registration"))
-        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)
+        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, reg)  # type: ignore[no-untyped-call]  # generated
         health_pb2_grpc.add_HealthServicer_to_server(self.health, reg)
         try:
             # The DRA socket first: the kubelet calls it as soon as registration succeeds.

@@ -77,11 +77,11 @@ class DraServicer:
         for claim in request.claims:
             answer = response.claims[claim.uid]
             devices = self._call("prepare", self.driver.prepare, claim, answer)
-            for d in devices or []:
-                device = answer.devices.add(request_names=d["requestNames"], pool_name=d["poolName"],
-                                            device_name=d["deviceName"], cdi_device_ids=d["cdiDeviceIDs"])
-                if self.has_share_id and d.get("shareID"):
-                    device.share_id = d["shareID"]  # type: ignore[union-attr]  # has_share_id: v1 only
+            for d in devices or ():
+                device = answer.devices.add(request_names=d.request_names, pool_name=d.pool_name,
+                                            device_name=d.device_name, cdi_device_ids=d.cdi_device_ids)
+                if self.has_share_id and d.share_id:
+                    device.share_id = d.share_id  # type: ignore[union-attr]  # has_share_id: v1 only
         return response
 
     def NodeUnprepareResources(self, request: UnprepareRequest, context: grpc.ServicerContext) -> UnprepareResponse:

@@ -37,7 +37,7 @@ def prepared_claims(state_dir: str) -> list[str]:
     cp = ckpt.Checkpoint(os.path.join(state_dir, CHECKPOINT), None)
     try:
         cp.load()
-        return sorted(f"{e.get('namespace')}/{e.get('name')}" for _, e in cp.items())
+        return sorted(f"{e.namespace}/{e.name}" for _, e in cp.items())
     except ckpt.CheckpointCorrupt:
         claims = os.path.join(state_dir, "claims")
         return sorted(os.listdir(claims)) if os.path.isdir(claims) else []

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from dra_driver.devicemodel import whole_gpu_device
 from dra_driver.discovery import DiscoveryError, MockBackend, make_backend, sim_uuid
 from tests.support.nvml import fake_pynvml
 
@@ -13,7 +14,7 @@ def test_mock_shorthand_groups():
     assert [g.index for g in gpus] == [0, 1, 2]
     assert [g.memory_bytes for g in gpus] == [80 << 30, 80 << 30, 40 << 30]
     assert gpus[2].uuid == "GPU-5ea1c0de-0000-4000-8000-000000000002" == sim_uuid(2)
-    assert all(g.healthy and g.device_name == f"gpu-{g.index}" for g in gpus)
+    assert all(g.healthy and whole_gpu_device(g.index) == f"gpu-{g.index}" for g in gpus)
 
 
 def test_mock_yaml_overrides_identity(tmp_path):

@@ -2,7 +2,10 @@
 each GPU's time slots and set each claim's slot and rate (shares.py); the metrics collector
 reads the result at scrape time. The backstop (backstop.py) polls NVML on its own thread every
 --backstop-interval. The agent also owns the claim-status writer, fed by the driver's
-Prepare/Unprepare."""
+Prepare/Unprepare (it is one of the driver's ClaimListeners).
+
+What it reads of the kubelet plugin is narrow: the prepared claims (ClaimSource) and where
+their files are (ClaimPaths), plus plain values (driver and node name, the backend's name)."""
 
 from __future__ import annotations
 
@@ -10,10 +13,13 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from kubernetes import client
 
 from dra_driver.log import get_logger
+from kubeletplugin.cdispec import SimDriver
+from kubeletplugin.prepared import PreparedClaim, PreparedGpu
 
 from .backstop import Backstop
 from .control import Control
@@ -33,12 +39,30 @@ RESERVATION_TRIES = 10
 RESERVATIONS_SLOW_S = 30.0
 
 
+class ClaimSource(Protocol):
+    """The kubelet plugin's record (Driver)."""
+
+    def prepared_claims(self) -> dict[str, PreparedClaim]:
+        """Every claim whose Prepare completed, by uid."""
+        ...
+
+
+class ClaimPaths(Protocol):
+    """Where a prepared claim's files are on the host (ClaimFiles)."""
+
+    def limits_path(self, uid: str) -> str: ...
+
+    def region_path(self, uid: str, i: int) -> str: ...
+
+    def control_path(self, uid: str, i: int) -> str: ...
+
+
 @dataclass
 class ClaimView:
     uid: str
     namespace: str
     name: str
-    gpus: list[dict]                      # prepared["gpus"]: uuid, memoryLimit, computeLimit, computePolicy
+    gpus: tuple[PreparedGpu, ...]
     limits_path: str
     regions: list[Region | None]
     controls: list[Control | None]        # None: no control file (older plugin), rate goes to the region
@@ -58,15 +82,16 @@ class ClaimView:
         """Write GPU i's planned rate and slot (a slot only where no tenant can write it)."""
         s = self.shares[i]
         self.set_rate(i, to_ppm(s.rate))
-        if self.controls[i] is not None:
-            self.controls[i].set_slot(PERIOD_US, s.start_us, s.length_us)
+        control = self.controls[i]
+        if control is not None:
+            control.set_slot(PERIOD_US, s.start_us, s.length_us)
 
     def count_period(self, seconds: float) -> None:
         """Each share's charged GPU time and paced flag over the last period, from the regions."""
         paced_ns = [r.paced_ns if r else 0 for r in self.regions]
         charged_ns = [r.charged_ns if r else 0 for r in self.regions]
         for s, now, before, c_now, c_before in zip(self.shares, paced_ns, self.paced_ns or paced_ns, charged_ns,
-                                                   self.charged_ns or charged_ns):
+                                                   self.charged_ns or charged_ns, strict=True):
             s.measured = 0.0
             s.paced = now > before
             s.charged = max(0, c_now - c_before) / 1e9 / seconds if seconds > 0 else 0.0
@@ -79,15 +104,19 @@ class ClaimView:
 
 
 class Agent:
-    def __init__(self, driver, api, interval: float = 1.0, enforce: str = "kill", sim=None,
-                 backstop_interval: float = 0.05):
-        self.driver = driver
+    def __init__(self, source: ClaimSource, files: ClaimPaths, api: client.ApiClient, driver_name: str,
+                 node_name: str, backend: str, interval: float = 1.0, enforce: str = "kill",
+                 sim: SimDriver | None = None, backstop_interval: float = 0.05) -> None:
+        """backend: the device backend's name, `nvml` or `mock` (the simulated NVML, through `sim`)."""
+        self.source = source
+        self.files = files
+        self.backend = backend
         self.interval = interval
-        self.status = StatusWriter(api, driver.driver_name)
+        self.status = StatusWriter(api, driver_name)
         self.resource = client.ResourceV1Api(api)
         self.core = client.CoreV1Api(api)
         self._containers: dict[str, str] = {}  # container ID -> claim uid, pods with several claims
-        self.backstop = Backstop(api, driver.node_name, enforce, driver.backend.name, backstop_interval)
+        self.backstop = Backstop(api, node_name, enforce, backend, backstop_interval)
         self.procs = ProcessMap()
         self.claims: dict[str, ClaimView] = {}
         self.gpus: list[GpuSample] = []
@@ -105,21 +134,19 @@ class Agent:
         self._tries: dict[str, int] = {}  # pod UID -> reservation reads while it was unknown
         self._thread = threading.Thread(target=self._run, name="agent", daemon=True)
 
-    # ---- driver listener ----------------------------------------------------------------------
-    def claim_prepared(self, prepared: dict) -> None:
-        self.status.prepared(prepared)
+    # ---- driver listener (kubeletplugin.driver.ClaimListener) --------------------------------------
+    def claim_prepared(self, claim: PreparedClaim) -> None:
+        self.status.prepared(claim)
         self._dirty.set()
 
-    def claim_unprepared(self, prepared: dict) -> None:
-        self.status.unprepared(prepared)
+    def claim_unprepared(self, claim: PreparedClaim) -> None:
+        self.status.unprepared(claim)
 
     # ---- life -----------------------------------------------------------------------------------
     def start(self) -> Agent:
         self._sampler = self._open_nvml()
-        for uid in self.driver.prepared_uids():  # statuses lost to a crash are written again
-            entry = self.driver.checkpoint.get(uid)
-            if entry and entry.get("prepared"):
-                self.status.prepared(entry["prepared"])
+        for claim in self.source.prepared_claims().values():  # statuses lost to a crash are written again
+            self.status.prepared(claim)
         self.status.start()
         self._thread.start()
         if self._sampler is not None:
@@ -145,7 +172,7 @@ class Agent:
 
     def _open_nvml(self) -> Sampler | None:
         try:
-            if self.driver.backend.name == "mock":
+            if self.backend == "mock":
                 if self._sim is None:
                     log.warning("mock backend without the simulated NVML: no GPU sampling")
                     return None
@@ -193,13 +220,13 @@ class Agent:
         for uid in sorted(claims):  # the same order every period: slots stay put
             c = claims[uid]
             for i, gpu in enumerate(c.gpus):
-                if gpu["computeLimit"] < 100:  # limit 100 is never paced
-                    on_gpu.setdefault(gpu["uuid"], []).append(c.shares[i])
+                if gpu.compute_limit < 100:  # limit 100 is never paced
+                    on_gpu.setdefault(gpu.uuid, []).append(c.shares[i])
         for shares in on_gpu.values():  # from the regions: needs no NVML
             plan_gpu(shares)
         for c in claims.values():
             for i, gpu in enumerate(c.gpus):
-                if gpu["computeLimit"] < 100:
+                if gpu.compute_limit < 100:
                     c.apply(i)
         self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         with self.lock:
@@ -211,7 +238,7 @@ class Agent:
         if c is None:
             return None
         for i, gpu in enumerate(c.gpus):
-            if gpu["uuid"] == uuid:
+            if gpu.uuid == uuid:
                 return c, i
         return None
 
@@ -252,8 +279,8 @@ class Agent:
     def _reserved_for(self, namespace: str, name: str, uid: str) -> dict[str, str]:
         """The pods in the claim's status.reservedFor (the scheduler's word), UID -> name."""
         try:
-            raw = json.loads(self.resource.read_namespaced_resource_claim(name, namespace,
-                                                                          _preload_content=False).data)
+            resp: Any = self.resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+            raw: dict[str, Any] = json.loads(resp.data)
         except Exception as e:  # the mount table still maps the claim's containers
             log.warning("cannot read the claim's reservedFor", claim=f"{namespace}/{name}", error=str(e))
             return {}
@@ -269,7 +296,8 @@ class Agent:
         if ref is None:
             return {}
         try:
-            pod = json.loads(self.core.read_namespaced_pod(ref[1], ref[0], _preload_content=False).data)
+            resp: Any = self.core.read_namespaced_pod(ref[1], ref[0], _preload_content=False)
+            pod: dict[str, Any] = json.loads(resp.data)
         except Exception as e:  # the containers' mounts still tell, when they show
             log.warning("cannot read the pod", pod=f"{ref[0]}/{ref[1]}", error=str(e))
             return {}
@@ -277,15 +305,16 @@ class Agent:
             return {}
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         claim_name = {r.get("name"): r.get("resourceClaimName") for r in spec.get("resourceClaims") or []}
-        claim_name.update({r.get("name"): r.get("resourceClaimName") for r in status.get("resourceClaimStatuses") or []})
-        ours = {(c.namespace, c.name): c.uid for c in claims.values()}
+        claim_name.update({r.get("name"): r.get("resourceClaimName")
+                           for r in status.get("resourceClaimStatuses") or []})
+        ours: dict[tuple[str, str | None], str] = {(c.namespace, c.name): c.uid for c in claims.values()}
         uses: dict[str, str] = {}  # container name -> our claim's uid
         for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
             for used in (container.get("resources") or {}).get("claims") or []:
                 uid = ours.get((ref[0], claim_name.get(used.get("name"))))
                 if uid:
                     uses[container.get("name")] = uid
-        out = {}
+        out: dict[str, str] = {}
         for st in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
             cid = (st.get("containerID") or "").rpartition("://")[2]
             if cid and st.get("name") in uses:
@@ -293,11 +322,7 @@ class Agent:
         return out
 
     def _refresh_claims(self) -> None:
-        current = {}
-        for uid in self.driver.prepared_uids():
-            entry = self.driver.checkpoint.get(uid)
-            if entry and entry.get("prepared"):
-                current[uid] = entry["prepared"]
+        current = self.source.prepared_claims()
         with self.lock:
             for uid in set(self.claims) - set(current):
                 self.claims.pop(uid).close()
@@ -306,12 +331,12 @@ class Agent:
         with self.lock:
             self.claims.update(views)
 
-    def _view(self, prepared: dict) -> ClaimView:
-        files = self.driver.files
-        uid = prepared["uid"]
+    def _view(self, claim: PreparedClaim) -> ClaimView:
+        files = self.files
+        uid = claim.uid
         regions: list[Region | None] = []
         controls: list[Control | None] = []
-        for i in range(len(prepared["gpus"])):
+        for i in range(len(claim.gpus)):
             try:
                 regions.append(Region(files.region_path(uid, i)))
             except (OSError, ValueError) as e:
@@ -324,9 +349,8 @@ class Agent:
             except (OSError, ValueError) as e:
                 log.error("cannot map a control file", uid=uid, gpu=i, error=str(e))
                 controls.append(None)
-        pods = self._reserved_for(prepared["namespace"], prepared["name"], uid)
-        shares = [Share(limit=g["computeLimit"] / 100.0, burst=g.get("computePolicy") == "Burst",
-                        trusted=controls[i] is not None) for i, g in enumerate(prepared["gpus"])]
-        return ClaimView(uid, prepared["namespace"], prepared["name"], prepared["gpus"],
-                         files.limits_path(uid), regions, controls, shares, [{} for _ in prepared["gpus"]],
-                         pods=pods)
+        pods = self._reserved_for(claim.namespace, claim.name, uid)
+        shares = [Share(limit=g.compute_limit / 100.0, burst=g.compute_policy == "Burst",
+                        trusted=controls[i] is not None) for i, g in enumerate(claim.gpus)]
+        return ClaimView(uid, claim.namespace, claim.name, claim.gpus, files.limits_path(uid), regions, controls,
+                         shares, [{} for _ in claim.gpus], pods=pods)

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from kubernetes import client
 
@@ -26,6 +27,9 @@ from dra_driver.kube import plain, warning_event
 from dra_driver.log import get_logger
 
 from .procmap import Owner
+
+if TYPE_CHECKING:
+    from .agent import Agent, ClaimView
 
 log = get_logger("agent.backstop")
 
@@ -111,7 +115,7 @@ def _read_own_cgroup() -> str | None:
 
 
 class Backstop:
-    def __init__(self, api: client.ApiClient, node: str, enforce: str, backend: str, interval: float = 0.05):
+    def __init__(self, api: client.ApiClient, node: str, enforce: str, backend: str, interval: float = 0.05) -> None:
         self.core = client.CoreV1Api(api)
         self.node = node
         self.enforce = enforce
@@ -124,12 +128,13 @@ class Backstop:
         self.total_kills = 0
         self.last_poll_s = 0.0
         self._own = _read_own_cgroup()
-        self._events: queue.Queue = queue.Queue()  # Events go out on their own thread: a slow API
-        self._stop = threading.Event()              # server never delays a kill
+        # Events go out on their own thread: a slow API server never delays a kill
+        self._events: queue.Queue[tuple[ClaimView, str, list[str]] | None] = queue.Queue()
+        self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # ---- life -----------------------------------------------------------------------------------
-    def start(self, agent) -> None:
+    def start(self, agent: Agent) -> None:
         self._threads = [threading.Thread(target=self._run, args=(agent,), name="backstop", daemon=True),
                          threading.Thread(target=self._send_events, name="backstop-events", daemon=True)]
         for t in self._threads:
@@ -141,7 +146,7 @@ class Backstop:
         for t in self._threads:
             t.join(timeout=10)
 
-    def _run(self, agent) -> None:
+    def _run(self, agent: Agent) -> None:
         next_at = time.monotonic()
         while not self._stop.is_set():
             started = time.monotonic()
@@ -154,7 +159,7 @@ class Backstop:
             self._stop.wait(next_at - time.monotonic())
 
     # ---- one poll -------------------------------------------------------------------------------
-    def poll(self, agent) -> None:
+    def poll(self, agent: Agent) -> None:
         agent.refresh_if_needed()
         memory = agent.sampler_process_memory()
         claims = dict(agent.claims)
@@ -164,15 +169,17 @@ class Backstop:
             for pid, used in procs.items():
                 owner = agent.procs.owner(pid)
                 c = claims.get(owner.uid) if owner else None
-                for i, gpu in enumerate(c.gpus if c else ()):
-                    if gpu["uuid"] == gpu_uuid:
+                if owner is None or c is None:
+                    continue
+                for i, gpu in enumerate(c.gpus):
+                    if gpu.uuid == gpu_uuid:
                         held.setdefault((c.uid, i), {})[pid] = used
                         owners[pid] = owner
         for c in claims.values():
             for i, gpu in enumerate(c.gpus):
-                self.check(c, i, gpu["memoryLimit"], held.get((c.uid, i), {}), owners)
+                self.check(c, i, gpu.memory_limit, held.get((c.uid, i), {}), owners)
 
-    def check(self, claim, i: int, limit: int, process_memory: dict[int, int],
+    def check(self, claim: ClaimView, i: int, limit: int, process_memory: dict[int, int],
               owners: dict[int, Owner] | None = None) -> None:
         """One (claim, GPU): process_memory = this claim's host pids on the GPU -> NVML bytes."""
         key = (claim.uid, i)
@@ -186,14 +193,15 @@ class Backstop:
         self.violations[key] = self.violations.get(key, 0) + 1
         self.total_violations += 1
         owners = owners or {}
+        region = claim.regions[i]
         try:
-            region_used = claim.regions[i].used if claim.regions[i] else 0
+            region_used = region.used if region else 0
         except ValueError:  # the claim went away while we looked (its region is closed)
             region_used = 0
-        message = (f"processes of the claim hold {held} bytes on GPU {claim.gpus[i]['uuid']} (NVML), above the "
+        message = (f"processes of the claim hold {held} bytes on GPU {claim.gpus[i].uuid} (NVML), above the "
                    f"limit {limit}; the library accounted {region_used} (memory allocated around it)")
         log.warning("claim above its memory limit", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid,
-                    gpu=claim.gpus[i]["uuid"], held=held, limit=limit, accounted=region_used,
+                    gpu=claim.gpus[i].uuid, held=held, limit=limit, accounted=region_used,
                     pids=sorted(process_memory), enforce=self.enforce)
         if self.enforce == "kill":
             killed = self._kill(claim, i, limit, process_memory, owners)
@@ -201,7 +209,7 @@ class Backstop:
         pods = {o.pod for pid, o in owners.items() if pid in process_memory and o.pod}
         self._events.put((claim, message, sorted(pods)))
 
-    def _kill(self, claim, i: int, limit: int, process_memory: dict[int, int],
+    def _kill(self, claim: ClaimView, i: int, limit: int, process_memory: dict[int, int],
               owners: dict[int, Owner]) -> list[int]:
         """Largest first, a whole container (cgroup) at a time, until the rest fits."""
         units: dict[str, list[int]] = {}  # cgroup text (or the pid for host processes) -> pids on the GPU
@@ -228,7 +236,7 @@ class Backstop:
             self.total_kills += len(gone)
             log.warning("killed a container above its claim's memory limit (--enforce=kill)", pids=gone,
                         bytes=sum(process_memory[p] for p in pids), claim=f"{claim.namespace}/{claim.name}",
-                        uid=claim.uid, gpu=claim.gpus[i]["uuid"])
+                        uid=claim.uid, gpu=claim.gpus[i].uuid)
         return killed
 
     # ---- Events ---------------------------------------------------------------------------------
@@ -243,7 +251,7 @@ class Backstop:
                     self._event(claim, {"apiVersion": "v1", "kind": "Pod", "name": name,
                                         "namespace": claim.namespace, "uid": pod}, message)
 
-    def _event(self, claim, involved: dict[str, str], message: str) -> None:
+    def _event(self, claim: ClaimView, involved: dict[str, str], message: str) -> None:
         body = warning_event(involved, REASON, message, namespace=claim.namespace, component="gpushare-dra-agent",
                              reporting_component="gpushare.dev/agent", host=self.node,
                              name=f"{involved['name']}.{uuid.uuid4().hex[:16]}")

@@ -11,16 +11,22 @@ Shares of the GPU are ratios 0..1 (`*_ratio`), by Prometheus convention.
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from .agent import Agent
 
 CLAIM = ["namespace", "claim", "gpu"]
 
 
 class AgentCollector:
-    def __init__(self, agent):
+    def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         a = self.agent
         g = {name: GaugeMetricFamily(f"gpushare_claim_{name}", doc, labels=CLAIM) for name, doc in (
             ("memory_limit_bytes", "The claim's memory limit on the GPU"),
@@ -41,16 +47,16 @@ class AgentCollector:
             gpus = list(a.gpus)
             for cl in claims:
                 for i, gpu in enumerate(cl.gpus):
-                    labels = [cl.namespace, cl.name, gpu["uuid"]]
+                    labels = [cl.namespace, cl.name, gpu.uuid]
                     region = cl.regions[i]
                     share = cl.shares[i]
-                    g["memory_limit_bytes"].add_metric(labels, gpu["memoryLimit"])
+                    g["memory_limit_bytes"].add_metric(labels, gpu.memory_limit)
                     g["memory_used_bytes"].add_metric(labels, region.used if region else 0)
                     g["memory_nvml_bytes"].add_metric(labels, sum(cl.process_memory[i].values()))
-                    g["compute_limit_ratio"].add_metric(labels, gpu["computeLimit"] / 100)
+                    g["compute_limit_ratio"].add_metric(labels, gpu.compute_limit / 100)
                     g["utilization_ratio"].add_metric(labels, round(share.measured, 4))
                     g["pace_rate_ratio"].add_metric(labels, round(share.rate, 4) if share.rate
-                                                    else gpu["computeLimit"] / 100)
+                                                    else gpu.compute_limit / 100)
                     c["paced_seconds"].add_metric(labels, (region.paced_ns if region else 0) / 1e9)
                     c["oom_refusals"].add_metric(labels, region.oom_refusals if region else 0)
                     c["backstop_violations"].add_metric(labels, a.backstop.violations.get((cl.uid, i), 0))

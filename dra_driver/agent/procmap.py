@@ -11,11 +11,12 @@ anything a tenant can write (docs/security.md, "The trusted layer"):
    container) is resolved to the container: the container ID at the end of the cgroup path
    against the pod's status.containerStatuses, and the container's resources.claims in its
    spec (the agent reads the pod; the API server's word, like reservedFor).
-2. Outside kubelet pods (podman, tests), or before the pod is read: the process's mount table (/proc/<pid>/mountinfo, written by the kernel). The claim's limits
-   file reaches the container as a bind mount whose source shows there as (device, path in
-   that filesystem) = `<state-dir>/claims/<uid>/limits` on the host, wherever the image puts
-   its mount point (`/var/run` a link to `/run` included). The agent computes the same pair
-   from its own mount table. A tenant cannot create a bind mount of a file it cannot reach,
+2. Outside kubelet pods (podman, tests), or before the pod is read: the process's mount table
+   (/proc/<pid>/mountinfo, written by the kernel). The claim's limits file reaches the
+   container as a bind mount whose source shows there as (device, path in that filesystem) =
+   `<state-dir>/claims/<uid>/limits` on the host, wherever the image puts its mount point
+   (`/var/run` a link to `/run` included). The agent computes the same pair from its own
+   mount table. A tenant cannot create a bind mount of a file it cannot reach,
    so it can only hide this (chroot, a new mount namespace), never point it at another claim.
 3. Host processes only (root = the agent's root: tests, ProcessRunner, hack scripts using the
    library's GPUSHARE_RUN_DIR mode): $GPUSHARE_RUN_DIR/limits matched by inode, else the pids
@@ -30,6 +31,10 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .regions import Slot
 
 CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -141,7 +146,7 @@ class ProcessMap:
         self.unknown_pods: set[str] = set()                # pods on a GPU in no claim's reservedFor
         self.unresolved_pods: set[str] = set()             # pods with several claims, container unknown
 
-    def update(self, limits_files: dict[str, str], slots: dict[str, list],
+    def update(self, limits_files: dict[str, str], slots: dict[str, list[Slot]],
                reserved: dict[str, set[str]] | None = None, containers: dict[str, str] | None = None) -> None:
         """limits_files: uid -> host limits path; slots: uid -> the region slots of the claim;
         reserved: uid -> UIDs of the pods in the claim's status.reservedFor; containers:
@@ -149,7 +154,7 @@ class ProcessMap:
         containers = containers or {}
         by_limits = {k: uid for uid, path in limits_files.items() if (k := _key(path))}
         table = mounts("self")
-        by_mount = {k: uid for uid, path in limits_files.items() if (k := mount_source(path, table))}
+        by_mount = {m: uid for uid, path in limits_files.items() if (m := mount_source(path, table))}
         by_pod: dict[str, list[str]] = {}
         for uid, pods in (reserved or {}).items():
             for pod in pods:
@@ -190,7 +195,7 @@ class ProcessMap:
         cgroup = _read(f"/proc/{pid}/cgroup")
         own = cgroup is None or cgroup == self._cgroup  # the agent's own cgroup: never kill it whole
         pod = pod_uid(cgroup) if cgroup and not own else None
-        by_mount = {self._by_mount.get((dev, root)) for dev, root, _ in mounts(pid)} - {None}
+        by_mount = {uid for dev, root, _ in mounts(pid) if (uid := self._by_mount.get((dev, root)))}
         if pod:
             candidates = self._by_pod.get(pod, [])
             if len(candidates) == 1:
@@ -198,9 +203,9 @@ class ProcessMap:
             if not candidates:
                 self.unknown_pods.add(pod)
             else:  # several claims in one pod: the container tells which
-                uid = self._by_container.get(container_id(cgroup) or "")
-                if uid in candidates:
-                    return Owner(uid, pod, cgroup)
+                by_id = self._by_container.get(container_id(cgroup or "") or "")
+                if by_id in candidates:
+                    return Owner(by_id, pod, cgroup)
                 self.unresolved_pods.add(pod)
                 by_mount &= set(candidates)  # until the pod is read, its mounts if they show
         if len(by_mount) == 1:
@@ -208,9 +213,9 @@ class ProcessMap:
         if _key(f"/proc/{pid}/root") != self._root:
             return None
         run_dir = _run_dir(pid)
-        uid = self._by_limits.get(_key(os.path.join(run_dir, "limits"))) if run_dir else None
-        uid = uid or self._by_slot.get(key)
-        return Owner(uid, None, None) if uid else None
+        limits = _key(os.path.join(run_dir, "limits")) if run_dir else None
+        found = (self._by_limits.get(limits) if limits else None) or self._by_slot.get(key)
+        return Owner(found, None, None) if found else None
 
     def forget_except(self, pids: set[int]) -> None:
         """Drop cache entries of processes no longer on any GPU."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -43,7 +45,11 @@ def load_simulated_nvml(sim_dir: str, env: dict[str, str]) -> None:
     ctypes.CDLL(os.path.join(sim_dir, "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
 
 
-def _optional(fn, *args):
+T = TypeVar("T")
+Handle = Any  # an NVML device handle (pynvml has no types)
+
+
+def _optional(fn: Callable[..., T], *args: Any) -> T | None:
     """A value NVML may not have on this GPU (temperature, power): None when unsupported."""
     try:
         return fn(*args)
@@ -51,7 +57,7 @@ def _optional(fn, *args):
         return None
 
 
-def _process_memory(h) -> dict[int, int]:
+def _process_memory(h: Handle) -> dict[int, int]:
     out: dict[int, int] = {}
     for p in _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []:
         out[p.pid] = out.get(p.pid, 0) + (p.usedGpuMemory or 0)
@@ -68,7 +74,7 @@ class Sampler:
     def sample(self) -> list[GpuSample]:
         return [self._sample(i, h) for i, h in enumerate(self._handles)]
 
-    def _sample(self, index: int, h) -> GpuSample:
+    def _sample(self, index: int, h: Handle) -> GpuSample:
         mem = pynvml.nvmlDeviceGetMemoryInfo(h)
         util = _optional(pynvml.nvmlDeviceGetUtilizationRates, h)
         power = _optional(pynvml.nvmlDeviceGetPowerUsage, h)
@@ -88,7 +94,7 @@ class Sampler:
 
     def process_memory(self) -> dict[str, dict[int, int]]:
         """The backstop's cheap query: per GPU uuid, host pid -> bytes (one NVML call per GPU)."""
-        return {uuid: _process_memory(h) for uuid, h in zip(self._uuids, self._handles)}
+        return {uuid: _process_memory(h) for uuid, h in zip(self._uuids, self._handles, strict=True)}
 
     def close(self) -> None:
         try:

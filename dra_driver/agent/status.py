@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from kubernetes import client
 
 from dra_driver.log import get_logger
+from kubeletplugin.prepared import PreparedClaim
 
 log = get_logger("agent.status")
 
@@ -20,26 +22,29 @@ STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 RETRY_S = (1, 2, 5, 10, 30)
 
 
-def device_entries(driver: str, prepared: dict) -> list[dict]:
+Patch = list[dict[str, Any]]
+
+
+def device_entries(driver: str, claim: PreparedClaim) -> Patch:
     """One status entry per prepared device, with the limits of its GPU in `data`."""
-    gpus = {g["index"]: g for g in prepared["gpus"]}
     entries = []
-    for d in prepared["devices"]:
-        gpu = gpus[int(d["deviceName"].split("-")[1])]
-        entry = {"driver": driver, "pool": d["poolName"], "device": d["deviceName"],
-                 "data": {"uuid": gpu["uuid"], "memoryLimit": str(gpu["memoryLimit"]),
-                          "computeLimit": gpu["computeLimit"], "computePolicy": gpu.get("computePolicy", "Hard")}}
-        if d.get("shareID"):
-            entry["shareID"] = d["shareID"]
+    for d in claim.devices:
+        gpu = claim.gpu_of(d)
+        entry: dict[str, Any] = {
+            "driver": driver, "pool": d.pool_name, "device": d.device_name,
+            "data": {"uuid": gpu.uuid, "memoryLimit": str(gpu.memory_limit), "computeLimit": gpu.compute_limit,
+                     "computePolicy": gpu.compute_policy}}
+        if d.share_id:
+            entry["shareID"] = d.share_id
         entries.append(entry)
     return entries
 
 
 class StatusWriter:
-    def __init__(self, api: client.ApiClient, driver: str):
+    def __init__(self, api: client.ApiClient, driver: str) -> None:
         self.resource_api = client.ResourceV1Api(api)
         self.driver = driver
-        self._pending: dict[str, tuple[str, str, list[dict], int, float]] = {}  # uid -> ns, name, patch, tries, due
+        self._pending: dict[str, tuple[str, str, Patch, int, float]] = {}  # uid -> ns, name, patch, tries, due
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="agent-status", daemon=True)
@@ -54,21 +59,17 @@ class StatusWriter:
             self._cond.notify()
         self._thread.join(timeout=5)
 
-    def prepared(self, prepared: dict) -> None:
-        self._queue(prepared, device_entries(self.driver, prepared))
+    def prepared(self, claim: PreparedClaim) -> None:
+        self._queue(claim, device_entries(self.driver, claim))
 
-    def unprepared(self, prepared: dict) -> None:
-        self._queue(prepared, [{**{k: e[k] for k in ("driver", "pool", "device")}, "$patch": "delete"}
-                               for e in device_entries(self.driver, prepared)])
+    def unprepared(self, claim: PreparedClaim) -> None:
+        self._queue(claim, [{**{k: e[k] for k in ("driver", "pool", "device")}, "$patch": "delete"}
+                            for e in device_entries(self.driver, claim)])
 
-    def _queue(self, prepared: dict, patch: list[dict]) -> None:
+    def _queue(self, claim: PreparedClaim, patch: Patch) -> None:
         with self._cond:  # a newer change of the same claim replaces an unwritten older one
-            self._pending[prepared["uid"]] = (prepared["namespace"], prepared["name"], patch, 0, 0.0)
+            self._pending[claim.uid] = (claim.namespace, claim.name, patch, 0, 0.0)
             self._cond.notify()
-
-    def idle(self) -> bool:
-        with self._cond:
-            return not self._pending
 
     def _run(self) -> None:
         while True:
@@ -82,7 +83,8 @@ class StatusWriter:
                                                         if p[4] <= time.monotonic())
             ok = self._write(ns, name, uid, patch)
             with self._cond:
-                if self._pending.get(uid, (None, None, None))[2] is patch:  # not replaced meanwhile
+                pending = self._pending.get(uid)
+                if pending is not None and pending[2] is patch:  # not replaced meanwhile
                     if ok:
                         del self._pending[uid]
                     else:
@@ -93,7 +95,7 @@ class StatusWriter:
         now = time.monotonic()
         return any(p[4] <= now for p in self._pending.values())
 
-    def _write(self, ns: str, name: str, uid: str, patch: list[dict]) -> bool:
+    def _write(self, ns: str, name: str, uid: str, patch: Patch) -> bool:
         body = {"metadata": {"uid": uid}, "status": {"devices": patch}}  # uid: never patch a recreated claim
         try:
             self.resource_api.patch_namespaced_resource_claim_status(name, ns, body, _content_type=STRATEGIC_MERGE)

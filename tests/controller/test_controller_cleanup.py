@@ -86,7 +86,8 @@ def test_cleanup_node_state(node_files):
 def node_files(tmp_path):
     """A node's files as a plugin leaves them: one prepared claim, its CDI spec, installed libraries."""
     from dra_driver.install import install_versioned
-    from kubeletplugin.checkpoint import PREPARE_COMPLETED, Checkpoint
+    from kubeletplugin.checkpoint import PREPARE_COMPLETED, Checkpoint, Entry
+    from kubeletplugin.prepared import PreparedClaim, PreparedDevice, PreparedGpu
 
     uid = "3f1c2a9e-6f0b-4d5e-9a43-2f5c0b7d9e11"
     state, cdi_root, hook = tmp_path / "state", tmp_path / "cdi", tmp_path / "hook"
@@ -94,7 +95,9 @@ def node_files(tmp_path):
     (state / "claims" / uid / "limits").write_text("GPUSHARE_LIMITS_VERSION=1\n")
     (state / "sim.state").write_bytes(b"")
     cp = Checkpoint(str(state / "checkpoint.json"), None)
-    cp.set(uid, {"state": PREPARE_COMPLETED, "namespace": "default", "name": "c", "prepared": {"uid": uid}})
+    prepared = PreparedClaim("default", "c", uid, (PreparedGpu(0, "GPU-0", 0, 1 << 30, 50),),
+                             (PreparedDevice(("gpu",), "node-a", "gpu-0"),))
+    cp.set(uid, Entry(PREPARE_COMPLETED, "default", "c", prepared))
     cdi_root.mkdir()
     (cdi_root / f"k8s.gpushare.dev-claim_{uid}.json").write_text("{}")
     (cdi_root / "nvidia.yaml").write_text("kind: nvidia.com/gpu\n")

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_prepare_started_is_rolled_back(prepared, start_plugin, dirs):
     plugin.stop(grace=1)
 
     def interrupt(claims, boot):
-        claims[claim.uid].update(state=ckpt.PREPARE_STARTED, prepared=None)
+        claims[claim.uid] = replace(claims[claim.uid], state=ckpt.PREPARE_STARTED, prepared=None)
 
     edit_checkpoint(dirs, interrupt)
     plugin = start_plugin()
@@ -87,7 +88,8 @@ def test_prepare_started_is_rolled_back(prepared, start_plugin, dirs):
 def test_unprepare_started_is_finished(prepared, start_plugin, dirs):
     plugin, kubelet, claim, _ = prepared
     plugin.stop(grace=1)
-    edit_checkpoint(dirs, lambda claims, boot: claims[claim.uid].update(state=ckpt.UNPREPARE_STARTED))
+    edit_checkpoint(dirs, lambda claims, boot: claims.update({claim.uid: replace(claims[claim.uid],
+                                                                                state=ckpt.UNPREPARE_STARTED)}))
     plugin = start_plugin()
     assert os.listdir(dirs.cdi) == [] and os.listdir(os.path.join(dirs.state, "claims")) == []
     assert kubelet.unprepare(claim).claims[claim.uid].error == ""

@@ -89,7 +89,7 @@ def on_disk(dirs, uid) -> tuple[bool, bool, str | None]:
     except FileNotFoundError:
         claims = {}
     entry = claims.get(uid)
-    return spec, folder, entry["state"] if entry else None
+    return spec, folder, entry.state if entry else None
 
 
 def assert_prepared_once(dirs, uid):
@@ -181,7 +181,7 @@ def assert_exactly(dirs, prepared: set[str]) -> None:
     assert set(os.listdir(dirs.state)) <= {"checkpoint.json", "claims", "sim.state"}, os.listdir(dirs.state)
     with open(os.path.join(dirs.state, "checkpoint.json"), "rb") as f:
         claims, _ = ckpt.decode(f.read())
-    assert {uid: e["state"] for uid, e in claims.items()} == {uid: ckpt.PREPARE_COMPLETED for uid in prepared}
+    assert {uid: e.state for uid, e in claims.items()} == {uid: ckpt.PREPARE_COMPLETED for uid in prepared}
     for uid in prepared:
         assert sorted(os.listdir(os.path.join(dirs.state, "claims", uid))) == \
             ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]
