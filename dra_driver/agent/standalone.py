@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 
 from dra_driver.hooklayout import CONTROL_SIZE
 from dra_driver.log import get_logger
+from dra_driver.runloop import serve
 
 from .control import Control
 from .regions import Region
@@ -63,22 +65,40 @@ def tick(claims: list[RunDirClaim], seconds: float) -> None:
             control.set_slot(PERIOD_US, share.start_us, share.length_us)
 
 
-def run(args: argparse.Namespace) -> int:
-    claims = [RunDirClaim(d) for d in args.run_dirs]  # in the order given: the slots' order
-    log.info("share agent running", claims=len(claims), interval=args.interval)
-    last = time.monotonic()
-    try:
-        while True:
-            time.sleep(args.interval)
+class ShareAgent:
+    """Runs `tick` every `interval` seconds on a thread; `stop` zeroes every rate and slot, so
+    the claims' processes run unpaced once the agent is gone (docs/interfaces.md)."""
+
+    def __init__(self, claims: list[RunDirClaim], interval: float) -> None:
+        self.claims = claims
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="share-agent", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.interval):
             now = time.monotonic()
-            tick(claims, now - last)
+            tick(self.claims, now - last)
             last = now
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        for c in claims:
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for c in self.claims:
             for _, _, region, control in c.gpus:
                 control.rate_ppm = 0
                 control.set_slot(0, 0, 0)
                 control.close()
                 region.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    def start() -> ShareAgent:
+        claims = [RunDirClaim(d) for d in args.run_dirs]  # in the order given: the slots' order
+        log.info("share agent running", claims=len(claims), interval=args.interval)
+        return ShareAgent(claims, args.interval)
+
+    # SIGTERM (bench-share, gpu-validate.sh) and Ctrl-C both stop it through `stop`.
+    return serve(start, log, "share agent stopping")

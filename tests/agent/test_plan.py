@@ -1,5 +1,11 @@
 """The agent's slot layout (dra_driver/agent/shares.py), without processes."""
+import signal
+import subprocess
+import sys
+
 from dra_driver.agent.shares import PERIOD_US, Share, plan_gpu
+from dra_driver.hooklayout import CONTROL, REGION_SIZE
+from tests.support import wait_for
 
 
 def share(limit, burst=False, busy=False):
@@ -31,14 +37,10 @@ def test_idle_burst_claim_keeps_its_own_slot_and_burst_claims_go_last():
     assert layout([share(0.3, burst=True), share(0.7)]) == [(14000, 6000, 0.3), (0, 14000, 0.7)]
 
 
-def test_share_agent_writes_slots_into_run_dirs(tmp_path):
-    """`gpushare-dra share-agent`'s period over claims laid out with GPUSHARE_RUN_DIR: control
-    files created and given consecutive slots, in the order given."""
-    from dra_driver.agent.standalone import RunDirClaim, tick
-    from dra_driver.hooklayout import CONTROL, REGION_SIZE
-
+def run_dirs(tmp_path, limits):
+    """Claims laid out as GPUSHARE_RUN_DIR: a limits file and a zeroed region each."""
     dirs = []
-    for i, (limit, policy) in enumerate([(30, "Hard"), (50, "Burst"), (100, "Hard")]):
+    for i, (limit, policy) in enumerate(limits):
         d = tmp_path / f"c{i}"
         (d / "region").mkdir(parents=True)
         (d / "limits").write_text(f"GPUSHARE_LIMITS_VERSION=1\nGPUSHARE_GPU_COUNT=1\nGPUSHARE_DEVICE_UUID_0=GPU-x\n"
@@ -47,10 +49,39 @@ def test_share_agent_writes_slots_into_run_dirs(tmp_path):
         with open(d / "region" / "0", "wb") as f:
             f.truncate(REGION_SIZE)
         dirs.append(d)
+    return dirs
+
+
+def control_fields(d):
+    return {f: CONTROL[f].read((d / "control" / "0").read_bytes()) for f in CONTROL}
+
+
+def test_share_agent_writes_slots_into_run_dirs(tmp_path):
+    """`gpushare-dra share-agent`'s period over claims laid out with GPUSHARE_RUN_DIR: control
+    files created and given consecutive slots, in the order given."""
+    from dra_driver.agent.standalone import RunDirClaim, tick
+
+    dirs = run_dirs(tmp_path, [(30, "Hard"), (50, "Burst"), (100, "Hard")])
     claims = [RunDirClaim(str(d)) for d in dirs]
     tick(claims, 0.25)
-    got = [{f: CONTROL[f].read((d / "control" / "0").read_bytes()) for f in CONTROL} for d in dirs[:2]]
+    got = [control_fields(d) for d in dirs[:2]]
     # slot = start | length << 32
     assert [(g["rate_ppm"], g["slot"] & 0xFFFFFFFF, g["slot"] >> 32, g["period_us"]) for g in got] == [
         (300_000, 0, 6000, PERIOD_US), (500_000, 6000, 10000, PERIOD_US)]
     assert not (dirs[2] / "control").exists()  # limit 100: never paced
+
+
+def test_share_agent_zeroes_rates_and_slots_on_sigterm(tmp_path):
+    """bench-share and gpu-validate.sh stop the agent with SIGTERM: the claims must run unpaced
+    after it, not stay held to a slot nobody moves."""
+    dirs = run_dirs(tmp_path, [(30, "Hard")])
+    agent = subprocess.Popen([sys.executable, "-m", "dra_driver.cli", "share-agent", "--interval", "0.05",
+                              "--log-level", "warning", str(dirs[0])], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (dirs[0] / "control" / "0").exists() and control_fields(dirs[0])["rate_ppm"] == 300_000)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=10) == 0, agent.stderr.read() if agent.stderr else ""
+    finally:
+        agent.kill()
+    got = control_fields(dirs[0])
+    assert (got["rate_ppm"], got["slot"], got["period_us"]) == (0, 0, 0), got
