@@ -34,7 +34,9 @@ from kubernetes import client
 
 from kubeletplugin.claimref import ClaimRef
 
+from ..devicemodel import whole_gpu_device
 from ..quantity import format_bytes
+from .claims import DRIVER
 from .containers import Workload, parse_kv
 
 if TYPE_CHECKING:  # imported where used: `demo --help` stays quick
@@ -46,7 +48,6 @@ if TYPE_CHECKING:  # imported where used: `demo --help` stays quick
 
 GiB = 1 << 30
 MiB = 1 << 20
-DRIVER = "gpushare.dev"
 NODE = "demo-node"
 NAMESPACE = "default"
 # Bodies are the API's JSON; the client sends a dict as it is (its methods are typed for its models).
@@ -239,7 +240,7 @@ class Demo:
                "CUDA driver reports, so limits find their device by UUID.")
         gpus = make_backend("mock", self.mock_gpus).discover()
         for g in gpus:
-            s.show(f"gpu-{g.index}: {g.product_name}, {format_bytes(g.memory_bytes)}, {g.uuid}")
+            s.show(f"{whole_gpu_device(g.index)}: {g.product_name}, {format_bytes(g.memory_bytes)}, {g.uuid}")
         self.gpu_memory = gpus[0].memory_bytes
         self.hook_dir = self._hook_dir()
         self.runner = self._choose_runner()
