@@ -299,12 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     from .kube import KubeConfigError
     from .log import configure
 
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
 
     def usage_error(message: str) -> int:
         # A human line even when stderr is not a terminal: logs may be JSON, CLI errors never are.
         print(f"gpushare-dra {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+    if unknown:  # named with the subcommand, whose --help lists what it accepts
+        return usage_error(f"unrecognized arguments: {' '.join(unknown)} (see gpushare-dra {args.command} --help)")
 
     if hasattr(args, "log_level"):
         configure(args.log_level, args.log_format)

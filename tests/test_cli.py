@@ -88,6 +88,11 @@ def refused(argv, env=None):
     return res.stderr.rstrip("\n")
 
 
+def test_unknown_arguments_are_named_with_their_subcommand():
+    assert refused(["top", "--once", "extra", "--x=1"]) == (
+        "gpushare-dra top: error: unrecognized arguments: extra --x=1 (see gpushare-dra top --help)")
+
+
 ADDR_ACCEPTED = "(accepted: HOST:PORT such as :9400, 127.0.0.1:9400 or [::1]:9400; empty disables)"
 URL_ACCEPTED = "(accepted: HOST:PORT such as 127.0.0.1:9400, or a URL such as http://HOST:PORT/metrics)"
 PORT_ACCEPTED = "(accepted: 0..65535)"
@@ -153,8 +158,9 @@ def test_missing_node_name_is_one_line(monkeypatch):
 def test_argparse_errors_are_one_line_too():
     line = refused(["kubelet-plugin", "--sharing-mode", "slices"])
     assert line.startswith("gpushare-dra kubelet-plugin: error: --sharing-mode: invalid choice: 'slices'"), line
-    assert refused(["kubelet-plugin", "--no-such-flag"]) == \
-        "gpushare-dra: error: unrecognized arguments: --no-such-flag"
+    assert refused(["kubelet-plugin", "--no-such-flag"]) == (
+        "gpushare-dra kubelet-plugin: error: unrecognized arguments: --no-such-flag "
+        "(see gpushare-dra kubelet-plugin --help)")
 
 
 @pytest.fixture
