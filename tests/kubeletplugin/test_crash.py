@@ -39,7 +39,8 @@ class PluginProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, fault: str | None = None) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "GPUSHARE_FAULT_POINT"}
+        # faulthandler: a plugin that hangs is sent SIGABRT and prints every thread's stack
+        env = {k: v for k, v in os.environ.items() if k != "GPUSHARE_FAULT_POINT"} | {"PYTHONFAULTHANDLER": "1"}
         if fault:
             env["GPUSHARE_FAULT_POINT"] = fault
         flags = self.dirs.flags(self.hook_dir)
@@ -59,12 +60,21 @@ class PluginProcess:
             time.sleep(0.05)
         raise AssertionError("plugin did not start")
 
+    def _wait(self, what: str) -> int:
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(timeout=10)
+            stderr = self.proc.stderr.read().decode(errors="replace")
+            raise AssertionError(f"the plugin did not {what} within 30 s; its last output:\n{stderr[-6000:]}") from None
+
     def wait_killed(self) -> None:
-        assert self.proc.wait(timeout=30) == -signal.SIGKILL
+        assert self._wait("reach its fault point") == -signal.SIGKILL
 
     def terminate(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
+        return self._wait("stop on SIGTERM")
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
