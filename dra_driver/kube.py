@@ -10,6 +10,9 @@ from typing import Any
 from kubernetes import client, config
 
 JSON = dict[str, Any]  # an object as the API server's JSON, not the client's model
+# A background thread's API call gives up after this long: a hung API server must not hold the
+# node agent's threads, or the plugin's shutdown (which joins them), for ever.
+BACKGROUND_API_TIMEOUT_S = 10
 
 
 class KubeConfigError(RuntimeError):

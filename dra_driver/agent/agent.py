@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S
 from dra_driver.log import get_logger
 from kubeletplugin.cdispec import SimDriver
 from kubeletplugin.prepared import PreparedClaim, PreparedGpu
@@ -279,7 +280,8 @@ class Agent:
     def _reserved_for(self, namespace: str, name: str, uid: str) -> dict[str, str]:
         """The pods in the claim's status.reservedFor (the scheduler's word), UID -> name."""
         try:
-            resp: Any = self.resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+            resp: Any = self.resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=BACKGROUND_API_TIMEOUT_S)
             raw: dict[str, Any] = json.loads(resp.data)
         except Exception as e:  # the mount table still maps the claim's containers
             log.warning("cannot read the claim's reservedFor", claim=f"{namespace}/{name}", error=str(e))
@@ -296,7 +298,8 @@ class Agent:
         if ref is None:
             return {}
         try:
-            resp: Any = self.core.read_namespaced_pod(ref[1], ref[0], _preload_content=False)
+            resp: Any = self.core.read_namespaced_pod(ref[1], ref[0], _preload_content=False,
+                                                   _request_timeout=BACKGROUND_API_TIMEOUT_S)
             pod: dict[str, Any] = json.loads(resp.data)
         except Exception as e:  # the containers' mounts still tell, when they show
             log.warning("cannot read the pod", pod=f"{ref[0]}/{ref[1]}", error=str(e))

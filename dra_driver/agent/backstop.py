@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from kubernetes import client
 
-from dra_driver.kube import plain, warning_event
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, plain, warning_event
 from dra_driver.log import get_logger
 
 from .procmap import Owner
@@ -256,7 +256,7 @@ class Backstop:
                              reporting_component="gpushare.dev/agent", host=self.node,
                              name=f"{involved['name']}.{uuid.uuid4().hex[:16]}")
         try:
-            self.core.create_namespaced_event(claim.namespace, plain(body))
+            self.core.create_namespaced_event(claim.namespace, plain(body), _request_timeout=BACKGROUND_API_TIMEOUT_S)
         except Exception as e:  # the metric and the log line still tell
             log.error("cannot create the Event", object=f"{involved['kind']} {claim.namespace}/{involved['name']}",
                       error=str(e))

@@ -13,6 +13,7 @@ from typing import Any
 
 from kubernetes import client
 
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S
 from dra_driver.log import get_logger
 from kubeletplugin.prepared import PreparedClaim
 
@@ -98,7 +99,8 @@ class StatusWriter:
     def _write(self, ns: str, name: str, uid: str, patch: Patch) -> bool:
         body = {"metadata": {"uid": uid}, "status": {"devices": patch}}  # uid: never patch a recreated claim
         try:
-            self.resource_api.patch_namespaced_resource_claim_status(name, ns, body, _content_type=STRATEGIC_MERGE)
+            self.resource_api.patch_namespaced_resource_claim_status(name, ns, body, _content_type=STRATEGIC_MERGE,
+                                                                    _request_timeout=BACKGROUND_API_TIMEOUT_S)
             log.debug("claim status written", claim=f"{ns}/{name}", uid=uid)
             return True
         except client.ApiException as e:
