@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from tests.support import MiB, wait_for
+from tests.support import MiB, wait_exec, wait_for
 
 UNHOOKED = ("-u", "LD_PRELOAD")  # argv of /usr/bin/env before the probe
 
@@ -72,6 +72,7 @@ def test_process_to_claim_mapping(node, tmp_path):
     (tmp_path / "limits").write_bytes(open(node.plugin.driver.files.limits_path(ref.uid), "rb").read())
     forged = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(tmp_path)})
     try:
+        wait_exec(forged, program="sleep")
         assert procs.claim_of(forged.pid) is None
     finally:
         forged.kill()

@@ -8,6 +8,7 @@ import subprocess
 from dra_driver.agent import procmap
 from dra_driver.agent.backstop import _inside, _paths, killable
 from dra_driver.agent.procmap import ProcessMap, mount_source, pod_uid
+from tests.support import wait_exec
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
@@ -52,6 +53,7 @@ def test_host_process_maps_by_slot_or_run_dir_never_by_a_copy(tmp_path):
     p = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(fake)})
     q = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(real.parent)})
     try:
+        wait_exec(p, q, program="sleep")
         assert m.owner(p.pid) is None
         owner = m.owner(q.pid)
         assert owner and owner.uid == "u1" and owner.cgroup is None  # never the agent's own cgroup

@@ -7,6 +7,8 @@ conftest (tests/test_layout.py checks it). No product code imports this package.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,3 +31,9 @@ def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.
             assert value, f"timed out after {timeout} s waiting; last value {value!r}"
             return value
         time.sleep(interval)
+
+
+def wait_exec(*procs: subprocess.Popen[bytes], program: str) -> None:
+    """Wait until each child runs `program`: before its exec, /proc/<pid>/environ and cgroup are
+    still the forked test's, so a check on them would pass or fail by luck."""
+    wait_for(lambda: all(os.readlink(f"/proc/{p.pid}/exe").endswith("/" + program) for p in procs))
