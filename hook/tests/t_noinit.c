@@ -21,6 +21,19 @@ static int count_dir(const char *path)
 
 static void *nothing(void *a) { return a; }
 
+/* pthread_join returns once the thread's tid is cleared, which the kernel does before it
+ * removes the task from /proc/self/task: wait (up to 2 s) for the count to settle, so an
+ * exited thread is not counted, while one that stays (a thread of the library) still is. */
+static int settled_threads(void)
+{
+    int n = count_dir("/proc/self/task");
+    for (int i = 0; i < 200 && n > 1; i++) {
+        usleep(10000);
+        n = count_dir("/proc/self/task");
+    }
+    return n;
+}
+
 int main(void)
 {
     if (!dlsym(RTLD_DEFAULT, "printf")) return 2;
@@ -37,6 +50,6 @@ int main(void)
         mapped += strstr(line, "libcuda") || strstr(line, "nvidia-ml") || strstr(line, "/region/");
     fclose(f);
     printf("fds=%d threads=%d driver_or_region_mappings=%d\n", count_dir("/proc/self/fd"),
-           count_dir("/proc/self/task"), mapped);
+           settled_threads(), mapped);
     return 0;
 }

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dra_driver.playground.claims import gpushare_config, opaque_config
-from tests.support import wait_for
+from tests.support import CPU_TIMED, wait_for
 
 SECONDS = "4"
 
@@ -22,6 +22,7 @@ def measured(node, ref, periods: int = 3) -> float:
     return sum(got) / len(got)
 
 
+@CPU_TIMED
 @pytest.mark.parametrize("share", [10, 30, 50, 90])
 def test_single_claim_holds_its_share(node, share):
     ref, ids = node.claim(compute=share)
@@ -55,6 +56,7 @@ def mean(values) -> float:
     return sum(values) / len(values)
 
 
+@CPU_TIMED
 def test_two_tenants_30_70_within_3_points(node):
     """Large kernels (the H100's 4096 matmul, 2.65 ms) under 2.5 ms time slices: the agent's
     slots hold the shares; NVML, sampled, only agrees roughly."""
@@ -69,6 +71,7 @@ def test_two_tenants_30_70_within_3_points(node):
     assert abs(got[0] - 30) <= 3 and abs(got[1] - 70) <= 3, (got, outs)
 
 
+@CPU_TIMED
 def test_burst_borrows_idle_time_and_hands_it_back(node):
     burst = [opaque_config(gpushare_config(computePolicy="Burst"))]
     a, ids_a = node.claim(compute=30, config=burst)

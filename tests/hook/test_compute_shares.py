@@ -12,6 +12,7 @@ import time
 import pytest
 
 from dra_driver.hooklayout import HEADER_SIZE, REGION_HEADER
+from tests.support import CPU_TIMED
 from tests.support.hook import kv
 
 SECONDS = 6
@@ -55,6 +56,7 @@ def run_claims(make_claim, limits, kernel_us, seconds=SECONDS):
     ([20, 30, 50], [LARGE_US] * 3, 3),
     ([30, 70], [TINY_US, TINY_US], 6),
 ])
+@CPU_TIMED
 def test_shares_hold_and_the_gpu_stays_busy(make_claim, limits, kernel_us, bound):
     shares, outs = run_claims(make_claim, limits, kernel_us)
     for got, limit in zip(shares, limits, strict=True):
@@ -62,6 +64,7 @@ def test_shares_hold_and_the_gpu_stays_busy(make_claim, limits, kernel_us, bound
     assert sum(shares) >= 90 - bound, (shares, outs)  # work conserving: time slicing alone does 100
 
 
+@CPU_TIMED
 def test_alone_at_30_gets_30_of_solo(make_claim):
     shares, outs = run_claims(make_claim, [30], [LARGE_US], seconds=4)
     assert abs(shares[0] - 30) <= 2, outs
@@ -99,19 +102,30 @@ def serve(claim, preload=True):
     return float(out["p50_ms"]), float(out["p99_ms"]), out
 
 
+def paced_ms(claim):
+    """Wall time the claim's launches slept to hold its share (the region's paced_ns)."""
+    return REGION_HEADER["paced_ns"].read(claim.region(0).read_bytes()) / 1e6
+
+
 def test_claim_under_its_share_is_not_paced(make_claim):
-    """An inference-like client at 50 (uses about 15 %) beside a busy neighbour at 50: its p50
-    within 1.2x solo; its p99 at most one neighbour time slice (2.5 ms) over solo, which is what
-    plain time slicing costs on the H100 (docs/compute.md: the simulated client submits a request
-    at once, so plain time slicing rarely makes it wait there). Margin: CPU load."""
+    """An inference-like client at 50 (uses about 12 %) beside a busy neighbour at 50 is never
+    held by the library once its kernel cost is measured, and its p50 stays within 1.2x solo.
+
+    What the library adds is the time it sleeps (paced_ns), so that is what is checked: nothing
+    from the second second on. Its first cost samples, taken while the neighbour's slice runs,
+    count that slice, so the client can be held for a few periods at start-up (40-80 ms seen;
+    docs/compute.md). The p99 that time slicing itself costs depends on the CPU here and is a
+    speed figure: hack/bench-share prints it beside solo and plain time slicing."""
     client, neighbour = start_claims(make_claim, [50, 50])
     solo = serve(client, preload=False)
-    busy = neighbour.popen("gpushare-probe", "launch", "--seconds", 4, "--kernel-us", LARGE_US,
-                           env={"LD_PRELOAD": ""})
-    plain = serve(client, preload=False)
+    busy = neighbour.popen("gpushare-probe", "launch", "--seconds", 5, "--kernel-us", LARGE_US)
+    p = client.popen("gpushare-probe", "serve", "--seconds", 3)
+    time.sleep(1)
+    warm = paced_ms(client)
+    paced = kv(p.communicate(timeout=60)[0])
     busy.communicate(timeout=60)
-    busy = neighbour.popen("gpushare-probe", "launch", "--seconds", 4, "--kernel-us", LARGE_US)
-    paced = serve(client)
-    busy.communicate(timeout=60)
-    assert paced[0] <= 1.2 * solo[0] + 0.05, (solo, plain, paced)
-    assert paced[1] <= solo[1] + 2.5 + 1.5, (solo, plain, paced)
+    after = paced_ms(client)
+    assert paced_ms(neighbour) > 1000, "the neighbour was not paced: the check below proves nothing"
+    assert after - warm == 0, (warm, after, paced)
+    assert warm < 500, (warm, paced)
+    assert float(paced["p50_ms"]) <= 1.2 * solo[0] + 0.05, (solo, paced)

@@ -4,7 +4,7 @@ import struct
 import pytest
 
 from dra_driver.hooklayout import REGION_HEADER
-from tests.support import MiB
+from tests.support import CPU_TIMED, MiB
 from tests.support.hook import kv
 
 SECONDS = "2.5"
@@ -15,6 +15,7 @@ def busy(claim, **kw):
     return float(out["busy_share"]), out
 
 
+@CPU_TIMED
 @pytest.mark.parametrize("share", [10, 30, 50, 90])
 def test_pacing_within_5_points(make_claim, share):
     c = make_claim(memory=64 * MiB, compute=share)
@@ -22,12 +23,14 @@ def test_pacing_within_5_points(make_claim, share):
     assert abs(got - share) <= 5, out
 
 
+@CPU_TIMED
 def test_limit_100_is_not_paced(make_claim):
     c = make_claim(memory=64 * MiB, compute=100)
     got, out = busy(c)
     assert got >= 95, out
 
 
+@CPU_TIMED
 def test_node_agent_rate_lowers_share(make_claim):
     c = make_claim(memory=64 * MiB, compute=50)
     c.run("gpushare-probe", "meminfo")  # initialise the region
@@ -38,6 +41,7 @@ def test_node_agent_rate_lowers_share(make_claim):
     assert abs(got - 20) <= 5, out
 
 
+@CPU_TIMED
 @pytest.mark.parametrize("control", [False, True])
 def test_tenant_cannot_raise_rate_under_hard_policy(make_claim, control):
     """The region is tenant-writable: its rate stays capped at the limit, also beside a control
@@ -53,6 +57,7 @@ def test_tenant_cannot_raise_rate_under_hard_policy(make_claim, control):
     assert abs(got - 30) <= 5, out
 
 
+@CPU_TIMED
 def test_share_is_per_claim_not_per_process(make_claim):
     """two processes of one claim at 40 % get 40 % together"""
     c = make_claim(memory=64 * MiB, compute=40)
@@ -63,6 +68,7 @@ def test_share_is_per_claim_not_per_process(make_claim):
     assert abs(total - 40) <= 5, outs
 
 
+@CPU_TIMED
 def test_control_rate_may_exceed_the_limit(make_claim):
     """The control file is root-owned and read-only in the container: its rate is trusted,
     above the limit too (the agent holds the measured share to the limit), and beats the region's."""

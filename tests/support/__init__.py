@@ -14,10 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "hook" / "build"  # `make hook`: libgpushare.so, the simulated driver (sim/), the probes
 GiB = 1 << 30
 MiB = 1 << 20
+
+# For tests that measure a compute share from wall-clock launches. On a shared 2-core CI machine
+# a CPU stall of the launching process can push one run past its bound, so such a test runs
+# again, at most twice (pytest-rerunfailures; the summary line counts reruns). A broken pacing
+# design misses in every run (the one before agent slots gave a 30 % claim 21 %).
+CPU_TIMED = pytest.mark.flaky(reruns=2, reruns_delay=1)
 
 T = TypeVar("T")
 
