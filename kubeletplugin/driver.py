@@ -371,9 +371,6 @@ class Driver:
         return {uid: e.prepared for uid, e in self.checkpoint.items()
                 if e.state == ckpt.PREPARE_COMPLETED and e.prepared is not None}
 
-    def prepared_uids(self) -> set[str]:
-        return set(self.prepared_claims())
-
 
 def _nvidia_device_nodes(gpus: tuple[PreparedGpu, ...]) -> tuple[str, ...]:
     nodes = [f"/dev/nvidia{g.minor}" for g in gpus]

@@ -82,7 +82,7 @@ def test_prepare_started_is_rolled_back(prepared, start_plugin, dirs):
     assert plugin.driver.checkpoint.get(claim.uid) is None
     # The kubelet retries: prepared once, from scratch.
     assert kubelet.prepare(claim).claims[claim.uid].error == ""
-    assert plugin.driver.prepared_uids() == {claim.uid}
+    assert set(plugin.driver.prepared_claims()) == {claim.uid}
 
 
 def test_unprepare_started_is_finished(prepared, start_plugin, dirs):
@@ -107,7 +107,7 @@ def test_corrupt_checkpoint_is_moved_aside_and_rebuilt(api, prepared, start_plug
         f.write(b"garbage")
     plugin = start_plugin()
     assert len(glob.glob(path + ".corrupt-*")) == 1
-    assert plugin.driver.prepared_uids() == {claim.uid}
+    assert set(plugin.driver.prepared_claims()) == {claim.uid}
     assert kubelet.prepare(claim) == answer
     assert not os.path.exists(spec_path(dirs, orphan.uid))
     with open(path, "rb") as f:
@@ -120,7 +120,7 @@ def test_v1_checkpoint_is_migrated(start_plugin, dirs, hook_dir):
     shutil.copy(os.path.join(FIXTURES, "checkpoint-v1.json"), os.path.join(dirs.state, "checkpoint.json"))
     uid = "6b1e3c2a-9f0d-4e5b-8a7c-1d2e3f405162"
     plugin = start_plugin()
-    assert plugin.driver.prepared_uids() == {uid}
+    assert set(plugin.driver.prepared_claims()) == {uid}
     spec = load_spec(dirs, uid)
     assert spec["devices"][0]["name"] == f"{uid}-gpu-0-share-0"
     with open(os.path.join(dirs.state, "claims", uid, "limits")) as f:
@@ -184,7 +184,7 @@ def test_missing_checkpoint_is_rebuilt_from_the_claim_folders(prepared, start_pl
     plugin.stop(grace=1)
     os.unlink(os.path.join(dirs.state, "checkpoint.json"))
     plugin = start_plugin()
-    assert plugin.driver.prepared_uids() == {claim.uid}
+    assert set(plugin.driver.prepared_claims()) == {claim.uid}
     assert load_spec(dirs, claim.uid) == before
     # The next Prepare (a new pod of the claim) gets the same answer and the same region:
     # pods before and after the restart share one budget.
@@ -208,7 +208,7 @@ def test_claim_missing_from_an_older_checkpoint_is_adopted(api, prepared, start_
     with open(path, "wb") as f:
         f.write(older)
     plugin = start_plugin()
-    assert plugin.driver.prepared_uids() == {claim.uid, second.uid}
+    assert set(plugin.driver.prepared_claims()) == {claim.uid, second.uid}
     assert kubelet.prepare(second) == second_answer and kubelet.prepare(claim) == answer
     assert read_usage(dirs, second.uid) == b"usage of running pods"
 
@@ -237,7 +237,7 @@ def test_folder_without_any_record_is_kept_and_reused_by_the_next_prepare(prepar
     os.unlink(os.path.join(dirs.state, "checkpoint.json"))
     os.unlink(os.path.join(dirs.state, "claims", claim.uid, "prepared.json"))
     plugin = start_plugin()
-    assert plugin.driver.prepared_uids() == set()
+    assert set(plugin.driver.prepared_claims()) == set()
     assert os.path.exists(region(dirs, claim.uid)) and os.path.exists(spec_path(dirs, claim.uid))
     assert kubelet.prepare(claim) == answer
     assert read_usage(dirs, claim.uid) == b"usage of running pods"

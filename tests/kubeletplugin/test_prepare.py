@@ -225,7 +225,7 @@ def test_64_claims_in_parallel(api, kubelet, dirs, plugin):
         answers = list(pool.map(lambda c: kubelet.prepare(c).claims[c.uid], claims))
     assert all(a.error == "" and len(a.devices) == 1 for a in answers)
     assert len(os.listdir(dirs.cdi)) == 64
-    assert len(plugin.driver.prepared_uids()) == 64
+    assert len(plugin.driver.prepared_claims()) == 64
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda c: kubelet.unprepare(c).claims[c.uid], claims))
     assert all(a.error == "" for a in answers)

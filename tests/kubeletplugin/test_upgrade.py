@@ -78,7 +78,7 @@ def test_rolling_upgrade_keeps_prepared_claims(api, dirs, builds):
     assert old_build.exists() and os.path.realpath(builds.dir / "libgpushare.so") == str(new_build)
     plugin, kubelet = start()
     try:
-        assert uid in plugin.driver.prepared_uids()
+        assert uid in plugin.driver.prepared_claims()
         after = snapshot(dirs, uid)
         assert after["spec"] == before["spec"]
         changed = [path for path in before["files"] if after["files"][path] != before["files"][path]]
