@@ -19,6 +19,9 @@ CAPACITY = "capacity"
 PARTITION = "partition"
 FULL_COMPUTE = 100  # compute capacity of a whole GPU, in percent
 
+# the parser's bounds, which the builders keep too: a name built here always parses back
+MAX_GPU_INDEX = 999_999
+MAX_SHARE = 9_999
 _DEVICE_NAME = re.compile(r"gpu-(0|[1-9][0-9]{0,5})(?:-share-(0|[1-9][0-9]{0,3}))?")  # fullmatch only
 
 
@@ -30,12 +33,18 @@ class DeviceRef:
     share: int | None  # None: the whole GPU (capacity mode)
 
 
+def _in_range(what: str, value: int, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise ValueError(f"{what} must be an integer from 0 to {most} (got {value!r})")
+    return value
+
+
 def whole_gpu_device(index: int) -> str:
-    return f"gpu-{index}"
+    return f"gpu-{_in_range('GPU index', index, MAX_GPU_INDEX)}"
 
 
 def share_device(index: int, share: int) -> str:
-    return f"gpu-{index}-share-{share}"
+    return f"gpu-{_in_range('GPU index', index, MAX_GPU_INDEX)}-share-{_in_range('share', share, MAX_SHARE)}"
 
 
 def cdi_device_name(claim_uid: str, device: str, share_id: str | None = None) -> str:

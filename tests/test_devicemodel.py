@@ -3,6 +3,8 @@ in one place, and the names it refuses."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dra_driver.devicemodel import DeviceRef, cdi_device_name, parse_device_name, share_device, whole_gpu_device
@@ -26,6 +28,19 @@ def test_partition_mode_names_shares():
 def test_every_built_name_parses_back(index, share):
     assert parse_device_name(whole_gpu_device(index)) == DeviceRef(index, None)
     assert parse_device_name(share_device(index, share)) == DeviceRef(index, share)
+
+
+@pytest.mark.parametrize("index,share,bad", [
+    (-1, 0, "GPU index"), (1_000_000, 0, "GPU index"), (1, -1, "share"), (1, 10_000, "share"),
+    (True, 0, "GPU index"), (1.0, 0, "GPU index"), ("1", 0, "GPU index"),
+])
+def test_builders_refuse_what_the_parser_would_not_read_back(index, share, bad):
+    got = re.escape(repr(share if bad == "share" else index))
+    with pytest.raises(ValueError, match=f"^{bad} must be an integer from 0 to [0-9]+ \\(got {got}\\)$"):
+        share_device(index, share)
+    if bad == "GPU index":
+        with pytest.raises(ValueError, match="^GPU index must be"):
+            whole_gpu_device(index)
 
 
 def test_cdi_device_name_is_claim_uid_device_and_share_id():
