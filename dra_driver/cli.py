@@ -154,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--health-recovery-seconds", type=_positive_float, default=300.0,
                    help="a GPU marked unhealthy by an event is healthy again after this long without a new "
                         "critical event, once NVML reaches it with no page retirement or row remapping pending")
+    g.add_argument("--health-ignore-xids", metavar="LIST", type=flags.xid_list,
+                   default=os.environ.get("GPUSHARE_HEALTH_IGNORE_XIDS", ""),
+                   help="XIDs that never mark a GPU unhealthy, added to the built-in application XIDs "
+                        "13,31,43,45,68,109: comma-separated numbers such as 63,92 for XIDs harmless on "
+                        "your fleet, or 'all' to ignore every XID (double-bit ECC errors still count); "
+                        "empty adds none (default empty; env GPUSHARE_HEALTH_IGNORE_XIDS)")
     _add_devices(p)
     _add_logging(p)
     p.set_defaults(run=_lazy("kubeletplugin.main", "run"))

@@ -14,10 +14,13 @@ import os
 import re
 import socket
 import urllib.parse
+from typing import Literal
 
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[^:\[\]/\s]*):(?P<port>[^:]*)$")
 HOST_PORT_ACCEPTED = "accepted: HOST:PORT such as :9400, 127.0.0.1:9400 or [::1]:9400; empty disables"
 URL_ACCEPTED = "accepted: HOST:PORT such as 127.0.0.1:9400, or a URL such as http://HOST:PORT/metrics"
+XID_MAX = 2**32 - 1
+XIDS_ACCEPTED = f"accepted: XID numbers 0..{XID_MAX} separated by commas such as 63,92, or all alone; empty adds none"
 
 
 class FlagError(ValueError):
@@ -76,6 +79,22 @@ def metrics_url(text: str) -> str:
     if url is None or url.scheme not in ("http", "https") or not url.hostname:
         raise argparse.ArgumentTypeError(f"{text!r} is not a metrics URL ({URL_ACCEPTED})")
     return urllib.parse.urlunsplit(url._replace(path=url.path if url.path not in ("", "/") else "/metrics"))
+
+
+def xid_list(text: str) -> frozenset[int] | Literal["all"]:
+    """argparse type: XIDs the GPU health monitor ignores besides the application ones; "all"
+    ignores every XID. Spaces around items are dropped (an env var or YAML list often has them)."""
+    if text.strip() == "all":
+        return "all"
+    if not text.strip():
+        return frozenset()
+    items = [item.strip() for item in text.split(",")]
+    for item in items:
+        # ASCII digits only: str.isdigit() also takes other scripts' digits, and int() reads them.
+        if not (item.isascii() and item.isdigit() and int(item) <= XID_MAX):
+            where = repr(text) if len(items) == 1 else f"{item!r} in {text!r}"
+            raise argparse.ArgumentTypeError(f"{where} is not an XID ({XIDS_ACCEPTED})")
+    return frozenset(int(item) for item in items)
 
 
 def existing_file(text: str) -> str:

@@ -4,8 +4,8 @@ A critical event marks its GPU unhealthy: the ResourceSlice controller taints th
 (NoSchedule, or NoExecute with --unhealthy-taint-effect) and the kubelet hears it through the
 DRA health service (kubeletplugin/healthservice.py), so pods using the GPU show it in their
 status. Critical: a double-bit ECC error, and every XID except the ones an application causes
-by itself (the same list NVIDIA's device plugin skips). Single-bit ECC errors are corrected by
-the GPU and not watched.
+by itself (the same list NVIDIA's device plugin skips) and those the operator adds with
+--health-ignore-xids (or `all`). Single-bit ECC errors are corrected by the GPU and not watched.
 
 Recovery: NVML sends no "healthy again" event. A mark clears once `recovery_s` passed without
 a new critical event on the GPU *and* the GPU answers NVML again with no page retirement or
@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .discovery import DeviceBackend, GpuInfo
 from .log import get_logger
@@ -39,12 +39,15 @@ WATCHED_EVENTS = EVENT_DOUBLE_BIT_ECC | EVENT_XID
 # or killed context (43, 45), a video decoder error (68), a context-switch timeout (109).
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
+# XIDs the operator ignores besides APPLICATION_XIDS (--health-ignore-xids): a set, or "all".
+IgnoredXids = frozenset[int] | Literal["all"]
 
-def classify(event_type: int, data: int) -> str | None:
+
+def classify(event_type: int, data: int, ignored: IgnoredXids = frozenset()) -> str | None:
     """The reason a GPU is unhealthy after this event, or None when the event is not critical."""
-    if event_type & EVENT_DOUBLE_BIT_ECC:
+    if event_type & EVENT_DOUBLE_BIT_ECC:  # even with every XID ignored: the memory is damaged
         return "double-bit ECC error"
-    if event_type & EVENT_XID and data not in APPLICATION_XIDS:
+    if event_type & EVENT_XID and not (ignored == "all" or data in APPLICATION_XIDS or data in ignored):
         return f"XID {data}"
     return None
 
@@ -52,8 +55,10 @@ def classify(event_type: int, data: int) -> str | None:
 class HealthMonitor:
     """Waits for NVML events on every GPU in its own thread; `apply()` marks discovered GPUs."""
 
-    def __init__(self, recovery_s: float = 300.0, wait_ms: int = 500, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, recovery_s: float = 300.0, wait_ms: int = 500, clock: Callable[[], float] = time.monotonic,
+                 ignored_xids: IgnoredXids = frozenset()):
         self.recovery_s = recovery_s
+        self.ignored_xids = ignored_xids  # besides APPLICATION_XIDS
         self.wait_ms = wait_ms  # also how often recovery is checked
         self.clock = clock
         self.listeners: list[Callable[[], None]] = []  # told when a GPU's health changes
@@ -73,7 +78,8 @@ class HealthMonitor:
             pynvml.nvmlInit()
             self._nvml = pynvml
             self._set = pynvml.nvmlEventSetCreate()
-            for i in range(pynvml.nvmlDeviceGetCount()):
+            count = pynvml.nvmlDeviceGetCount()
+            for i in range(count):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 try:
                     wanted = pynvml.nvmlDeviceGetSupportedEventTypes(handle) & WATCHED_EVENTS
@@ -85,6 +91,10 @@ class HealthMonitor:
             log.error("GPU health events unavailable; only discovery failures taint GPUs", error=str(e))
             self._close_nvml()
             return False
+        extra = self.ignored_xids
+        log.info("watching GPU health events", gpus=count, recovery_s=self.recovery_s,
+                 ignored_xids="all" if extra == "all" else sorted(APPLICATION_XIDS | extra),
+                 added_by_flag="all" if extra == "all" else sorted(extra))
         self._thread = threading.Thread(target=self._run, name="gpu-health", daemon=True)
         self._thread.start()
         return True
@@ -123,7 +133,7 @@ class HealthMonitor:
     # ---- state ----------------------------------------------------------------------------------
     def record(self, uuid: str, event_type: int, data: int) -> bool:
         """Take one event; True when it marked the GPU unhealthy."""
-        reason = classify(event_type, data)
+        reason = classify(event_type, data, self.ignored_xids)
         if reason is None:
             log.info("GPU event, not critical", gpu=uuid, event_type=hex(event_type), data=data)
             return False

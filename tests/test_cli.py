@@ -98,6 +98,8 @@ URL_ACCEPTED = "(accepted: HOST:PORT such as 127.0.0.1:9400, or a URL such as ht
 PORT_ACCEPTED = "(accepted: 0..65535)"
 KUBECONFIG_ACCEPTED = "(accepted: a kubeconfig file path; leave it unset inside a pod)"
 ANY_FREE = "(accepted: a free port, or 0 for any free one)"
+XIDS_ACCEPTED = ("(accepted: XID numbers 0..4294967295 separated by commas such as 63,92, or all alone; "
+                 "empty adds none)")
 BELOW_1GI = "is below 1Gi (accepted: 1Gi or more, with its unit: 80Gi)"
 
 
@@ -141,9 +143,47 @@ def kube_versions():
     (["discover", "--device-backend", "mock", "--mock-gpus", "0x80Gi"],
      f"gpushare-dra discover: error: --mock-gpus: count in '0x80Gi' is below 1 ({MOCK_ACCEPTED})"),
     (["demo", "--mock-gpus", "2x80"], f"gpushare-dra demo: error: --mock-gpus memory: '80' in '2x80' {BELOW_1GI}"),
+    (["kubelet-plugin", "--health-ignore-xids", "abc"],
+     f"gpushare-dra kubelet-plugin: error: --health-ignore-xids: 'abc' is not an XID {XIDS_ACCEPTED}"),
+    (["kubelet-plugin", "--health-ignore-xids", "-3"],
+     f"gpushare-dra kubelet-plugin: error: --health-ignore-xids: '-3' is not an XID {XIDS_ACCEPTED}"),
+    (["kubelet-plugin", "--health-ignore-xids", "1,,2"],
+     f"gpushare-dra kubelet-plugin: error: --health-ignore-xids: '' in '1,,2' is not an XID {XIDS_ACCEPTED}"),
+    (["kubelet-plugin", "--health-ignore-xids", "all,13"],
+     f"gpushare-dra kubelet-plugin: error: --health-ignore-xids: 'all' in 'all,13' is not an XID {XIDS_ACCEPTED}"),
+    (["kubelet-plugin", "--health-ignore-xids=79,4294967296"],
+     "gpushare-dra kubelet-plugin: error: --health-ignore-xids: '4294967296' in '79,4294967296' is not an XID "
+     + XIDS_ACCEPTED),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(argv, line):
     assert refused(argv) == (line.format(versions=kube_versions()) if "{versions}" in line else line)
+
+
+@pytest.mark.parametrize("given, ignored", [
+    ("", frozenset()),
+    ("79", frozenset({79})),
+    (" 79, 94,79 ", frozenset({79, 94})),
+    ("0,4294967295", frozenset({0, 2**32 - 1})),
+    ("all", "all"),
+])
+def test_health_ignore_xids_values(given, ignored):
+    assert parse("kubelet-plugin", "--health-ignore-xids", given).health_ignore_xids == ignored
+
+
+def test_health_ignore_xids_default_and_env(monkeypatch):
+    monkeypatch.delenv("GPUSHARE_HEALTH_IGNORE_XIDS", raising=False)
+    assert parse("kubelet-plugin").health_ignore_xids == frozenset()
+    monkeypatch.setenv("GPUSHARE_HEALTH_IGNORE_XIDS", "79,94")
+    assert parse("kubelet-plugin").health_ignore_xids == frozenset({79, 94})
+    assert parse("kubelet-plugin", "--health-ignore-xids", "all").health_ignore_xids == "all"  # the flag wins
+
+
+def test_a_bad_health_ignore_xids_env_is_one_line_naming_the_flag():
+    import os
+
+    env = dict(os.environ, GPUSHARE_HEALTH_IGNORE_XIDS="79;94")
+    assert refused(["kubelet-plugin"], env=env) == (
+        f"gpushare-dra kubelet-plugin: error: --health-ignore-xids: '79;94' is not an XID {XIDS_ACCEPTED}")
 
 
 def test_missing_node_name_is_one_line(monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -16,6 +17,7 @@ from dra_driver.health import (
     HealthMonitor,
     classify,
 )
+from dra_driver.log import configure
 from tests.support import wait_for
 from tests.support.nvml import fake_pynvml
 
@@ -30,6 +32,27 @@ from tests.support.nvml import fake_pynvml
 ])
 def test_classify(event_type, data, reason):
     assert classify(event_type, data) == reason
+
+
+@pytest.mark.parametrize("event_type, data, reason", [
+    (EVENT_XID, 79, None),                  # added by the operator
+    (EVENT_XID, 13, None),                  # the application list still applies
+    (EVENT_XID, 94, "XID 94"),              # not added
+    (EVENT_DOUBLE_BIT_ECC, 0, "double-bit ECC error"),
+])
+def test_classify_with_added_xids(event_type, data, reason):
+    assert classify(event_type, data, frozenset({79, 48})) == reason
+
+
+@pytest.mark.parametrize("event_type, data, reason", [
+    (EVENT_XID, 79, None),
+    (EVENT_XID, 48, None),
+    (EVENT_XID, 2**32 - 1, None),
+    (EVENT_DOUBLE_BIT_ECC, 0, "double-bit ECC error"),  # not an XID: still critical
+    (EVENT_XID | EVENT_DOUBLE_BIT_ECC, 48, "double-bit ECC error"),
+])
+def test_classify_with_all_xids_ignored(event_type, data, reason):
+    assert classify(event_type, data, "all") == reason
 
 
 class Clock:
@@ -120,3 +143,37 @@ def test_no_nvml_events_is_logged_not_fatal(monkeypatch):
     m = HealthMonitor()
     assert m.start() is False
     m.stop()
+
+
+@pytest.mark.parametrize("ignored, gpu1", [
+    (frozenset({79}), None),
+    ("all", None),
+    (frozenset({94}), "XID 79"),
+])
+def test_ignored_xids_leave_the_gpu_healthy(nvml, ignored, gpu1):
+    m = HealthMonitor(recovery_s=60, wait_ms=20, ignored_xids=ignored)
+    assert m.start()
+    try:
+        nvml.events.put((1, EVENT_XID, 79))
+        nvml.events.put((0, EVENT_DOUBLE_BIT_ECC, 0))  # after the XID: once GPU 0 is marked, the XID was taken
+        wait_for(lambda: "GPU-real-0" in m.unhealthy())
+        expected = {"GPU-real-0": "double-bit ECC error"} | ({"GPU-real-1": gpu1} if gpu1 else {})
+        assert m.unhealthy() == expected
+    finally:
+        m.stop()
+
+
+@pytest.mark.parametrize("ignored, logged, added", [
+    (frozenset(), [13, 31, 43, 45, 68, 109], []),
+    (frozenset({94, 79}), [13, 31, 43, 45, 68, 79, 94, 109], [79, 94]),
+    ("all", "all", "all"),
+])
+def test_start_logs_the_ignored_xids(nvml, capsys, ignored, logged, added):
+    configure("info", "json")
+    m = HealthMonitor(ignored_xids=ignored)
+    assert m.start()
+    m.stop()
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    started = [entry for entry in lines if entry["event"] == "watching GPU health events"]
+    assert len(started) == 1, lines
+    assert (started[0]["ignored_xids"], started[0]["added_by_flag"], started[0]["gpus"]) == (logged, added, 2)

@@ -81,3 +81,20 @@ def test_xid_taints_and_reports_then_recovers(api, node_factory):
         assert "gpushare_gpu_unhealthy" not in node.scrape()  # no series while every GPU is healthy
     finally:
         stream.close()
+
+
+def test_ignored_xid_leaves_the_gpu_healthy(api, node_factory):
+    """--health-ignore-xids through the simulated NVML: XID 79 on GPU 1 is ignored, XID 94 on GPU 2
+    still taints it."""
+    node = node_factory("--publish-slices", "--sharing-mode", "partition", "--health-ignore-xids", "79,48")
+    assert node.plugin.slices.wait_synced(20)
+    with open(os.path.join(node.dirs.state, "sim.state.events"), "a") as f:
+        f.write("1 xid 79\n")  # ignored: GPU 1 stays healthy
+        f.write("2 xid 94\n")  # not ignored; the monitor reads the file in order, so GPU 1's came first
+    gpu2 = [f"gpu-2-share-{j}" for j in range(4)]
+    wait_for(lambda: all(taints(api, "node-a")[d] == [("gpushare.dev/unhealthy", "XID-94", "NoSchedule")]
+                         for d in gpu2), timeout=20)
+    assert all(t == [] for d, t in taints(api, "node-a").items() if d not in gpu2)
+    uuid = "GPU-5ea1c0de-0000-4000-8000-000000000002"
+    assert node.scrape()["gpushare_gpu_critical_events_total"] == {(("gpu", uuid), ("reason", "XID 94")): 1}
+    assert node.plugin.gpu_health.unhealthy() == {uuid: "XID 94"}
