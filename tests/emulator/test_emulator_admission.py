@@ -171,3 +171,19 @@ def test_unsupported_binding_features_fail_closed(emu):
     code, _, answer = http(emu, "POST", CONFIGMAPS, configmap("c"))
     assert code == 422 and answer["message"].endswith(
         "denied request: failed to configure binding: the API emulator does not support matchResources")
+
+
+@pytest.mark.parametrize("resources, main_refused, status_refused", [
+    (["resourceclaims"], True, False), (["resourceclaims/status"], False, True),
+    (["*"], True, False), (["*/*"], True, True), (["resourceclaims/*"], False, True)])
+def test_resource_rules_and_subresources(emu, resources, main_refused, status_refused):
+    assert http(emu, "POST", CLAIMS, claim_body("c"))[0] == 201
+    deny_all = policy("none", "false")
+    deny_all["spec"]["matchConstraints"]["resourceRules"] = [{
+        "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"], "operations": ["*"], "resources": resources}]
+    create(emu, deny_all)
+    create(emu, binding("none"))
+    labelled = {**claim_body("c"), "metadata": {"name": "c", "labels": {"a": "b"}}}
+    assert http(emu, "PUT", f"{CLAIMS}/c", labelled)[0] == (422 if main_refused else 200)
+    status = {**claim_body("c"), "status": {"devices": []}}
+    assert http(emu, "PUT", f"{CLAIMS}/c/status", status)[0] == (422 if status_refused else 200)
