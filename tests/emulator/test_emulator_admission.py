@@ -187,3 +187,25 @@ def test_resource_rules_and_subresources(emu, resources, main_refused, status_re
     assert http(emu, "PUT", f"{CLAIMS}/c", labelled)[0] == (422 if main_refused else 200)
     status = {**claim_body("c"), "status": {"devices": []}}
     assert http(emu, "PUT", f"{CLAIMS}/c/status", status)[0] == (422 if status_refused else 200)
+
+
+def refused(emu, doc):
+    plural = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+              "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[doc["kind"]]
+    code, _, answer = http(emu, "POST", f"{VAP}/{plural}", doc)
+    assert (code, answer["reason"]) == (422, "Invalid"), answer
+    return [(c["field"], c["message"]) for c in answer["details"]["causes"]]
+
+
+def test_malformed_policies_and_bindings_are_refused_on_write(emu):
+    assert refused(emu, policy("p", "true", failure_policy="Sometimes")) == [
+        ("spec.failurePolicy", 'Unsupported value: "Sometimes": supported values: "Fail", "Ignore"')]
+    (cause,) = refused(emu, policy("p", "object.data ==", messageExpression="'fine'"))
+    assert cause[0] == "spec.validations[0].expression"
+    assert cause[1].startswith('Invalid value: "object.data ==": compilation failed: ')
+    no_expression = policy("p", "true")
+    del no_expression["spec"]["validations"][0]["expression"]
+    assert refused(emu, no_expression) == [("spec.validations[0].expression", "Required value")]
+    assert refused(emu, binding("p", actions=("Deny", "Block"))) == [
+        ("spec.validationActions[1]", 'Unsupported value: "Block": supported values: "Audit", "Deny", "Warn"')]
+    assert http(emu, "GET", f"{VAP}/validatingadmissionpolicies")[2]["items"] == []

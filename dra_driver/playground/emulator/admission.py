@@ -75,6 +75,15 @@ def _program(expression: str):
         raise ExpressionError(f"compilation error: {e}") from None
 
 
+def compile_error(expression: str) -> str | None:
+    """Why expression does not compile, or None (the real server refuses such a policy)."""
+    try:
+        _program(expression)
+    except ExpressionError as e:
+        return str(e).removeprefix("compilation error: ")
+    return None
+
+
 def evaluate(expression: str, activation: dict):
     """The value of expression; ExpressionError when it cannot be had."""
     try:
