@@ -29,6 +29,7 @@ SERVER_OWNED_METADATA = ("uid", "creationTimestamp", "generation", "deletionTime
 
 # Kinds whose spec cannot change after create (the real update validation refuses it).
 IMMUTABLE_SPEC = ("ResourceClaim", "ResourceClaimTemplate")
+# Where validating admission finds its policies and their bindings.
 POLICIES = BY_PATH[(admission.POLICY_GROUP, "v1", "validatingadmissionpolicies")]
 BINDINGS = BY_PATH[(admission.POLICY_GROUP, "v1", "validatingadmissionpolicybindings")]
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
