@@ -1,20 +1,17 @@
-"""deploy/base/admission.yaml: the ValidatingAdmissionPolicy's CEL, evaluated with cel-python, refuses
-exactly the GpuShareConfigs Prepare refuses, with Prepare's message (path prefix aside)."""
+"""deploy/base/admission.yaml: the ValidatingAdmissionPolicy's CEL, evaluated as the API emulator
+enforces it (dra_driver/playground/emulator/admission.py, on cel-python), refuses exactly the
+GpuShareConfigs Prepare refuses, with Prepare's message (path prefix aside)."""
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal
 from pathlib import Path
 
-import celpy
 import kubernetes_validate
 import pytest
 import yaml
-from celpy import celtypes
-from kubernetes.utils import parse_quantity
 
 from dra_driver.playground.claims import DRIVER
+from dra_driver.playground.emulator import admission
 from kubeletplugin.allocation import _configs
 from kubeletplugin.claimref import ClaimError
 
@@ -23,53 +20,14 @@ DOCS = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
 POLICY = next(d for d in DOCS if d["kind"] == "ValidatingAdmissionPolicy")
 HEAD = {"apiVersion": "gpushare.dev/v1alpha1", "kind": "GpuShareConfig"}
 
-# Kubernetes' CEL quantity library (isQuantity, quantity(), sign(), isInteger()), which cel-python
-# lacks: the grammar of resource.ParseQuantity, values by the kubernetes client's parser.
-_QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)"
-                       r"(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))?$")
-
-
-class Quantity(celtypes.StringType):
-    def amount(self) -> Decimal:
-        return parse_quantity(str(self))
-
-
-def _quantity(text):
-    if not _QUANTITY.match(str(text)):
-        raise ValueError(f"not a quantity: {text!r}")
-    return Quantity(text)
-
-
-FUNCTIONS = {
-    "isQuantity": lambda text: celtypes.BoolType(bool(_QUANTITY.match(str(text)))),
-    "quantity": _quantity,
-    "sign": lambda q: celtypes.IntType((q.amount() > 0) - (q.amount() < 0)),
-    "isInteger": lambda q: celtypes.BoolType(q.amount() == q.amount().to_integral_value()
-                                             and -2**63 <= q.amount() < 2**63),
-}
-_ENV = celpy.Environment()
-
-
-def _program(expression: str):
-    return _ENV.program(_ENV.compile(expression), functions=FUNCTIONS)
-
-
-VARIABLES = [(v["name"], _program(v["expression"])) for v in POLICY["spec"]["variables"]]
-(VALIDATION,) = POLICY["spec"]["validations"]
-CHECK, MESSAGE = _program(VALIDATION["expression"]), _program(VALIDATION["messageExpression"])
-
 
 def admit(resource: str, obj: dict) -> str | None:
-    """None when the policy admits `obj`, else its message."""
-    variables: dict = {}
-    activation = {"object": celpy.json_to_cel(obj), "request": celpy.json_to_cel({"resource": {
-        "group": "resource.k8s.io", "version": "v1", "resource": resource}})}
-    for name, program in VARIABLES:  # variables see the ones before them
-        variables[name] = program.evaluate({**activation, "variables": celtypes.MapType(variables)})
-    activation["variables"] = celtypes.MapType(variables)
-    if CHECK.evaluate(activation):
-        return None
-    return str(MESSAGE.evaluate(activation))
+    """None when the policy admits `obj`, else its message (the emulator's evaluation)."""
+    request = admission.request_attributes("resource.k8s.io", "v1", resource, "Kind", "CREATE",
+                                           "default", "x")
+    decisions = admission.validate(POLICY["spec"], admission.activation(POLICY["spec"], obj, None, request))
+    assert len(decisions) == 1 and not decisions[0].error, decisions
+    return decisions[0].message if decisions[0].denied else None
 
 
 def configs(*params, driver=DRIVER) -> list[dict]:

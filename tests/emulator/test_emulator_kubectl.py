@@ -255,3 +255,23 @@ def test_uninstall(kubectl, deployed):
                    "deviceclasses,validatingadmissionpolicies,validatingadmissionpolicybindings",
                    "-A", "-o", "name")
     assert left == ""
+
+
+def test_shipped_admission_policy_refuses_a_bad_config(kubectl):
+    """With deploy/base/admission.yaml applied (`apply -k` applies it too), kubectl prints the
+    policy's refusal as it does the real server's (422, a cause without a field)."""
+    policy = DEPLOY / "base" / "admission.yaml"
+    body = claim("over-limit")
+    body["spec"]["devices"]["config"] = [{"opaque": {"driver": "gpushare.dev", "parameters": {
+        "apiVersion": "gpushare.dev/v1alpha1", "kind": "GpuShareConfig", "computeLimit": 120}}}]
+    kubectl("apply", "-f", policy)
+    try:
+        out = kubectl.run("apply", "-f", "-", input=yaml.safe_dump(body), check=False)
+    finally:
+        kubectl("delete", "-f", policy)
+    assert out.returncode != 0, out.stdout
+    assert out.stderr.strip() == (
+        'The resourceclaims "over-limit" is invalid: : ValidatingAdmissionPolicy \'gpushare.dev-config\' '
+        "with binding 'gpushare.dev-config' denied request: spec.devices.config[0].opaque.parameters."
+        "computeLimit: must be a percentage from 1 to 100 (got 120)")
+    assert kubectl.run("get", "resourceclaim", "over-limit", check=False).stdout == ""

@@ -7,10 +7,10 @@ import random
 import uuid
 from dataclasses import dataclass, field
 
-from . import features
+from . import admission, features
 from .errors import ApiError, FieldError, bad_request, conflict, invalid
 from .patch import APPLY_PATCH, apply_patch, strategic_merge_patch
-from .resources import RESOURCE_TYPES
+from .resources import BY_PATH, RESOURCE_TYPES
 from .selectors import Selection
 from .store import Store
 from .validation import field_path
@@ -29,6 +29,9 @@ SERVER_OWNED_METADATA = ("uid", "creationTimestamp", "generation", "deletionTime
 
 # Kinds whose spec cannot change after create (the real update validation refuses it).
 IMMUTABLE_SPEC = ("ResourceClaim", "ResourceClaimTemplate")
+# Where validating admission finds its policies and their bindings.
+POLICIES = BY_PATH[(admission.POLICY_GROUP, "v1", "validatingadmissionpolicies")]
+BINDINGS = BY_PATH[(admission.POLICY_GROUP, "v1", "validatingadmissionpolicybindings")]
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
 
 
@@ -133,6 +136,17 @@ class Registry:
             raise invalid(rt, rt.kind, obj["metadata"].get("name", ""), errors)
         return obj
 
+    def _admit(self, rt, operation, obj, old, subresource, write):
+        """Validating admission, after the object validated (as on the real server)."""
+        policies = self.store.all(POLICIES)
+        if not policies:
+            return
+        metadata = obj["metadata"]
+        request = admission.request_attributes(
+            rt.group, rt.version, rt.plural, rt.kind, operation, metadata.get("namespace", ""),
+            metadata.get("name", ""), subresource or "", write.dry_run)
+        admission.admit(policies, self.store.all(BINDINGS), obj, old, request, write.warnings)
+
     # --- verbs --------------------------------------------------------------------------
 
     def create(self, rt, namespace, body, write=None):
@@ -158,6 +172,7 @@ class Registry:
             if status is not None:
                 obj["status"] = dict(status)
         obj = self._finish(rt, obj, write)
+        self._admit(rt, "CREATE", obj, None, None, write)
         return self.store.create(rt, obj, dry_run=write.dry_run)
 
     def _updater(self, rt, namespace, name, make_body, subresource, write):
@@ -200,6 +215,7 @@ class Registry:
                     and new.get("spec") != old.get("spec"):
                 raise invalid(rt, rt.kind, name, [FieldError("spec", "Invalid",
                                                              "field is immutable")])
+            self._admit(rt, "UPDATE", new, old, subresource, write)  # no-op updates too
             return old if new == old else new
         return compute
 

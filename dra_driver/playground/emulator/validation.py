@@ -12,6 +12,7 @@ from kubernetes.utils import parse_quantity
 from referencing import Registry, Resource
 
 from ..allocator.cel import compile_error
+from . import admission
 from .errors import FieldError, bad_request
 
 SCHEMA_ROOT = pathlib.Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
@@ -248,7 +249,54 @@ def semantic_errors(obj, rt):
         return errors
     if rt.kind == "Pod":
         return pod_claim_errors(obj)
+    if rt.kind == "ValidatingAdmissionPolicy":
+        return _policy_errors(obj.get("spec") or {})
+    if rt.kind == "ValidatingAdmissionPolicyBinding":
+        return _binding_errors(obj.get("spec") or {})
     return []
+
+
+def _unsupported_value(field, value, supported):
+    quoted = ", ".join(f'"{s}"' for s in supported)
+    return FieldError(field, "Unsupported", f"supported values: {quoted}", value, True)
+
+
+def _policy_errors(spec):
+    """What the real server checks of a policy that admission relies on: a known
+    failurePolicy, at least one validation, and CEL that compiles."""
+    errors: list[FieldError] = []
+    if spec.get("failurePolicy") not in (None, "Fail", "Ignore"):
+        errors.append(_unsupported_value("spec.failurePolicy", spec["failurePolicy"],
+                                         ("Fail", "Ignore")))
+    if not spec.get("validations") and not spec.get("auditAnnotations"):
+        errors.append(FieldError("spec.validations", "Required",
+                                 "validations or auditAnnotations must contain at least one item"))
+    expressions = [(f"spec.variables[{i}].expression", v.get("expression"))
+                   for i, v in enumerate(spec.get("variables") or [])]
+    for i, validation in enumerate(spec.get("validations") or []):
+        expressions += [(f"spec.validations[{i}].{key}", validation.get(key))
+                        for key in ("expression", "messageExpression")]
+    for field, expression in expressions:
+        problem = isinstance(expression, str) and admission.compile_error(expression)
+        if problem:
+            errors.append(FieldError(field, "Invalid", f"compilation failed: {problem}",
+                                     expression, True))
+    return errors
+
+
+def _binding_errors(spec):
+    errors: list[FieldError] = []
+    if not spec.get("policyName"):
+        errors.append(FieldError("spec.policyName", "Required"))
+    actions = spec.get("validationActions") or []
+    if not actions:
+        errors.append(FieldError("spec.validationActions", "Required",
+                                 "at least one validation action is required"))
+    for i, action in enumerate(actions):
+        if action not in ("Audit", "Deny", "Warn"):
+            errors.append(_unsupported_value(f"spec.validationActions[{i}]", action,
+                                             ("Audit", "Deny", "Warn")))
+    return errors
 
 
 QUANTITY_DEFINITION = "io.k8s.apimachinery.pkg.api.resource.Quantity"
@@ -327,6 +375,10 @@ def definition_name(kube_version, rt):
                  if gvk in schema.get("x-kubernetes-group-version-kind", [])), None)
 
 
+# Admission evaluates these, so a malformed one is refused on write, not met at admission.
+SCHEMA_CHECKED_POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+
 def field_path(path):
     """('spec', 'devices', 0, 'bogus') -> 'spec.devices[0].bogus'."""
     return _field_path("", path)
@@ -345,11 +397,12 @@ class Validator:
         return decode_problems(obj, rt, self.kube_version)
 
     def errors(self, obj, rt):
-        """Every FieldError for obj; schemas are applied to resource.k8s.io objects only."""
+        """Every FieldError for obj; schemas are applied to resource.k8s.io objects and to the
+        admission policies the emulator enforces."""
         errors = metadata_errors(obj)
         if not self.enabled:
             return errors
-        if rt.group == "resource.k8s.io":
+        if rt.group == "resource.k8s.io" or rt.kind in SCHEMA_CHECKED_POLICY_KINDS:
             schema_problems = schema_errors(obj, rt, self.kube_version)
             if schema_problems:  # semantic checks assume a well-typed object
                 return errors + schema_problems
