@@ -55,8 +55,10 @@ def test_enforce_kill_is_the_default(node):
     w = escape(node, ids, read=False)
     w.proc.wait(timeout=10)
     assert w.proc.returncode == -9
-    assert node.claim_metric("gpushare_claim_backstop_kills_total", ref) == 1
-    assert node.scrape()["gpushare_backstop_kills_total"][()] == 1  # the node total outlives the claim
+    # the counters follow the kill: the tenant can be dead (and reaped here) before they move
+    # (the node total outlives the claim)
+    wait_for(lambda: node.claim_metric("gpushare_claim_backstop_kills_total", ref) == 1
+             and node.scrape()["gpushare_backstop_kills_total"][()] == 1)
     evs = wait_for(lambda: events(node, ref))
     assert f"killed pid(s) {w.proc.pid}" in evs[0].message
 

@@ -143,7 +143,9 @@ def test_repeated_10ms_holds_between_polls_are_caught(node_factory, runner):
         lines = w.wait(timeout=120)
         holds = sum(line.startswith("allocated=") for line in lines)
         print(f"backstop: repeated 10 ms holds caught after {holds} hold(s)")
-        assert holds >= 1 and w.proc.returncode != 0
+        # the loop never ends by itself: an exit is the kill (of its shell, pid 1). No `holds >= 1`:
+        # a poll can see an allocation before the probe prints its line, and kill it first.
+        assert w.proc.returncode != 0
         assert node.claim_metric("gpushare_claim_backstop_violations_total", ref) == 1
     finally:
         for r in node.refs:
