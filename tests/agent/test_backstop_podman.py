@@ -131,7 +131,10 @@ def test_pod_container_is_found_by_cgroup_and_the_pod_gets_an_event(node_factory
 def test_repeated_10ms_holds_between_polls_are_caught(node_factory, runner):
     """Over-limit allocations held 10 ms each, 100 ms apart: a 50 ms poll sees each one with a
     chance of about 1 in 5, so the container is killed after a few of them (not one: a single
-    hold shorter than the poll interval can pass unseen, docs/security.md)."""
+    hold shorter than the poll interval can pass unseen, docs/security.md). The first hold seen
+    kills the whole container (every process of its cgroup; the loop's shell among them), so there
+    is exactly one violation: a second would be a hold after that kill (a tenant surviving it) or
+    one episode counted twice."""
     node = node_factory(cdi_root=CDI_ROOT)
     node.refs = []
     try:
