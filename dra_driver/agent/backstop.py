@@ -177,7 +177,8 @@ class Backstop:
                         owners[pid] = owner
         for c in claims.values():
             for i, gpu in enumerate(c.gpus):
-                self.check(c, i, gpu.memory_limit, held.get((c.uid, i), {}), owners)
+                if gpu.uuid in memory:  # a GPU NVML did not answer for is unread, not empty: its episodes go on
+                    self.check(c, i, gpu.memory_limit, held.get((c.uid, i), {}), owners)
 
     def check(self, claim: ClaimView, i: int, limit: int, process_memory: dict[int, int],
               owners: dict[int, Owner] | None = None) -> None:

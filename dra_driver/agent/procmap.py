@@ -75,6 +75,23 @@ def start_time(pid: int) -> int | None:
     return int(data[data.rindex(b")") + 2:].split()[19])
 
 
+PF_EXITING = 0x4  # the task flag do_exit() sets first, before the task leaves its namespaces
+V1_AT_ROOT = re.compile(r"^[0-9]+:[^:\n]+:/$", re.M)  # a cgroup v1 hierarchy's line at its root
+
+
+def exiting(pid: int) -> bool:
+    """The process has begun to exit (PF_EXITING, field 9 of /proc/<pid>/stat), or is gone. From
+    then on its cgroup v1 paths read as the root (the kernel shows exiting tasks there; v2 keeps
+    the path) while its mount table still reads as its container's. (Only the leader's flag: a
+    process whose main thread exited and whose other threads run on keeps its v2 mapping.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return True
+    return bool(int(data[data.rindex(b")") + 2:].split()[6]) & PF_EXITING)
+
+
 def pod_uid(cgroup: str) -> str | None:
     """The kubelet pod UID in a /proc/<pid>/cgroup text (the deepest one), or None."""
     found = POD_UID.findall(cgroup)
@@ -193,6 +210,8 @@ class ProcessMap:
 
     def _lookup(self, pid: int, key: tuple[int, int]) -> Owner | None:
         cgroup = _read(f"/proc/{pid}/cgroup")
+        if cgroup and V1_AT_ROOT.search(cgroup) and exiting(pid):  # (asked after the read)
+            return None  # not its container's paths: mapped, it would be killed alone and its container live on
         own = cgroup is None or cgroup == self._cgroup  # the agent's own cgroup: never kill it whole
         pod = pod_uid(cgroup) if cgroup and not own else None
         by_mount = {uid for dev, root, _ in mounts(pid) if (uid := self._by_mount.get((dev, root)))}

@@ -58,8 +58,12 @@ def _optional(fn: Callable[..., T], *args: Any) -> T | None:
 
 
 def _process_memory(h: Handle) -> dict[int, int]:
+    return _sum_by_pid(_optional(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or [])
+
+
+def _sum_by_pid(procs: list[Any]) -> dict[int, int]:
     out: dict[int, int] = {}
-    for p in _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []:
+    for p in procs:
         out[p.pid] = out.get(p.pid, 0) + (p.usedGpuMemory or 0)
     return out
 
@@ -93,8 +97,16 @@ class Sampler:
         return s
 
     def process_memory(self) -> dict[str, dict[int, int]]:
-        """The backstop's cheap query: per GPU uuid, host pid -> bytes (one NVML call per GPU)."""
-        return {uuid: _process_memory(h) for uuid, h in zip(self._uuids, self._handles, strict=True)}
+        """The backstop's cheap query: per GPU uuid, host pid -> bytes (one NVML call per GPU).
+        A GPU whose query failed is left out: unread is not empty (docs/agent.md)."""
+        out: dict[str, dict[int, int]] = {}
+        for uuid, h in zip(self._uuids, self._handles, strict=True):
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except pynvml.NVMLError:
+                continue
+            out[uuid] = _sum_by_pid(procs)
+        return out
 
     def close(self) -> None:
         try:

@@ -1,6 +1,7 @@
 /* Simulated NVML (libnvidia-ml.so.1) over the same state as the simulated driver. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,12 +172,18 @@ static int32_t find_pid(uint64_t pidns, int32_t nspid)
     return found;
 }
 
+/* One caller at a time: the agent's period and its backstop ask from two threads, and a
+ * reader seeing the new key before find_pid() filled `seen` answered the slot's previous
+ * occupant (a dead pid: the new process's memory unowned for that poll). */
+static pthread_mutex_t g_pid_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static unsigned caller_pid(struct sim_proc *p)
 {
     static uint64_t mine;
     if (!mine) mine = sim_pidns();
     if (!p->pidns || p->pidns == mine) return (unsigned)p->pid;
     int slot = (int)(p - sim->proc);
+    pthread_mutex_lock(&g_pid_cache_lock);
     if (g_pid_cache[slot].start_ns != p->start_ns || g_pid_cache[slot].pidns != p->pidns ||
         g_pid_cache[slot].pid != p->pid) {
         g_pid_cache[slot].start_ns = p->start_ns;
@@ -184,7 +191,9 @@ static unsigned caller_pid(struct sim_proc *p)
         g_pid_cache[slot].pid = p->pid;
         g_pid_cache[slot].seen = find_pid(p->pidns, p->pid);
     }
-    return (unsigned)g_pid_cache[slot].seen;
+    unsigned seen = (unsigned)g_pid_cache[slot].seen;
+    pthread_mutex_unlock(&g_pid_cache_lock);
+    return seen;
 }
 
 static nvmlReturn_t running(nvmlDevice_t d, unsigned int *count, void *infos, size_t stride)

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from types import SimpleNamespace
 
+import pynvml
+
+from dra_driver.agent.backstop import Backstop
+from dra_driver.agent.procmap import Owner
+from dra_driver.agent.sampler import Sampler
 from tests.support import MiB, wait_exec, wait_for
 
 UNHOOKED = ("-u", "LD_PRELOAD")  # argv of /usr/bin/env before the probe
@@ -55,8 +61,10 @@ def test_enforce_kill_is_the_default(node):
     w = escape(node, ids, read=False)
     w.proc.wait(timeout=10)
     assert w.proc.returncode == -9
-    assert node.claim_metric("gpushare_claim_backstop_kills_total", ref) == 1
-    assert node.scrape()["gpushare_backstop_kills_total"][()] == 1  # the node total outlives the claim
+    # the counters follow the kill: the tenant can be dead (and reaped here) before they move
+    # (the node total outlives the claim)
+    wait_for(lambda: node.claim_metric("gpushare_claim_backstop_kills_total", ref) == 1
+             and node.scrape()["gpushare_backstop_kills_total"][()] == 1)
     evs = wait_for(lambda: events(node, ref))
     assert f"killed pid(s) {w.proc.pid}" in evs[0].message
 
@@ -102,3 +110,48 @@ def test_pod_containers_are_told_apart_by_the_pod_object(node):
         c.pods = {pod.metadata.uid: "two"}
     assert agent._containers_of(pod.metadata.uid, claims) == {"a" * 64: a.uid, "b" * 64: b.uid}
     assert agent._containers_of("no-such-pod", claims) == {}
+
+
+class _Agent:
+    """What Backstop.poll reads of the agent: one claim of 256 MiB on GPU-a, its process 10 held
+    (pid -> Owner), and one NVML answer per poll (a GPU left out: its query failed)."""
+
+    def __init__(self, *reads):
+        gpu = SimpleNamespace(uuid="GPU-a", memory_limit=256 * MiB)
+        self.claims = {"u1": SimpleNamespace(uid="u1", namespace="ns", name="c1", gpus=(gpu,), regions=[None],
+                                             pods={})}
+        self.procs = SimpleNamespace(owner=lambda pid: Owner("u1", None, None) if pid == 10 else None)
+        self.reads = list(reads)
+
+    def refresh_if_needed(self):
+        pass
+
+    def sampler_process_memory(self):
+        return self.reads.pop(0)
+
+
+def test_a_failed_nvml_read_does_not_end_the_episode():
+    """A poll whose NVML query failed for the GPU saw nothing, it did not see the claim within its
+    limit: the process still over after it is the same episode (one violation, one Event), and
+    back within the limit ends it."""
+    over, within, unread = {"GPU-a": {10: 512 * MiB}}, {"GPU-a": {}}, {}
+    agent = _Agent(over, unread, over, within, over)
+    b = Backstop(None, "node", "report", "mock")
+    for _ in range(3):
+        b.poll(agent)
+    assert b.violations == {("u1", 0): 1} and b._events.qsize() == 1
+    b.poll(agent)  # within: the episode ends
+    b.poll(agent)  # over again: a new one
+    assert b.violations == {("u1", 0): 2} and b._events.qsize() == 2
+
+
+def test_sampler_leaves_out_a_gpu_whose_query_failed(monkeypatch):
+    def running(h):
+        if h == "bad":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return [SimpleNamespace(pid=10, usedGpuMemory=MiB), SimpleNamespace(pid=10, usedGpuMemory=2 * MiB)]
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", running)
+    s = Sampler.__new__(Sampler)
+    s._uuids, s._handles = ["GPU-a", "GPU-b"], ["good", "bad"]
+    assert s.process_memory() == {"GPU-a": {10: 3 * MiB}}

@@ -131,7 +131,10 @@ def test_pod_container_is_found_by_cgroup_and_the_pod_gets_an_event(node_factory
 def test_repeated_10ms_holds_between_polls_are_caught(node_factory, runner):
     """Over-limit allocations held 10 ms each, 100 ms apart: a 50 ms poll sees each one with a
     chance of about 1 in 5, so the container is killed after a few of them (not one: a single
-    hold shorter than the poll interval can pass unseen, docs/security.md)."""
+    hold shorter than the poll interval can pass unseen, docs/security.md). The first hold seen
+    kills the whole container (every process of its cgroup; the loop's shell among them), so there
+    is exactly one violation: a second would be a hold after that kill (a tenant surviving it) or
+    one episode counted twice."""
     node = node_factory(cdi_root=CDI_ROOT)
     node.refs = []
     try:
@@ -143,7 +146,9 @@ def test_repeated_10ms_holds_between_polls_are_caught(node_factory, runner):
         lines = w.wait(timeout=120)
         holds = sum(line.startswith("allocated=") for line in lines)
         print(f"backstop: repeated 10 ms holds caught after {holds} hold(s)")
-        assert holds >= 1 and w.proc.returncode != 0
+        # the loop never ends by itself: an exit is the kill (of its shell, pid 1). No `holds >= 1`:
+        # a poll can see an allocation before the probe prints its line, and kill it first.
+        assert w.proc.returncode != 0
         assert node.claim_metric("gpushare_claim_backstop_violations_total", ref) == 1
     finally:
         for r in node.refs:

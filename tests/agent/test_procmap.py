@@ -94,3 +94,50 @@ def test_pod_with_two_claims_is_resolved_by_its_container(monkeypatch):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_process_that_has_begun_to_exit_is_not_mapped_to_be_killed_alone(monkeypatch, tmp_path):
+    """Once a process begins to exit (PF_EXITING) the kernel shows its cgroup v1 paths at the root,
+    while its mount table still shows the claim's mount. Mapped then (a poll that read NVML just
+    before the process freed and left), its unit was not killable: the process alone was killed
+    and its container's shell loop lived on to allocate again. It is not mapped then; before, the
+    mapping keeps the container's cgroup."""
+    limits = tmp_path / "limits"
+    limits.write_text("")
+    dev, root = mount_source(str(limits))
+    container = "4:memory:/libpod_parent/libpod-1\n0::/libpod_parent/libpod-1\n"
+    leaving = "4:memory:/\n0::/libpod_parent/libpod-1\n"  # what the kernel shows once it exits
+    p = subprocess.Popen(["sleep", "30"])
+    now = {"cgroup": container, "exiting": False}
+    real_read = procmap._read
+    monkeypatch.setattr(procmap, "_read", lambda path: now["cgroup"] if path == f"/proc/{p.pid}/cgroup"
+                        else real_read(path))
+    monkeypatch.setattr(procmap, "exiting", lambda pid: now["exiting"], raising=False)
+    try:
+        m = ProcessMap()
+        m.update({"u1": str(limits)}, {})
+        monkeypatch.setattr(procmap, "mounts", lambda pid: [(dev, root, "/run/gpushare/limits")])
+        owner = m.owner(p.pid)
+        assert owner == procmap.Owner("u1", None, container) and killable(container, None)
+        now.update(cgroup=leaving, exiting=True)
+        m.forget_except(set())  # looked up again
+        owner = m.owner(p.pid)
+        assert owner is None or (owner.cgroup is not None and killable(owner.cgroup, None)), owner
+        v2 = "0::/libpod_parent/libpod-1\n"  # cgroup v2 keeps an exiting task's path: still mapped
+        now.update(cgroup=v2)  # (a main thread that exited while the others run on, say)
+        m.forget_except(set())
+        assert m.owner(p.pid) == procmap.Owner("u1", None, v2)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_exiting_reads_the_flag_of_a_live_process_and_of_a_zombie():
+    p = subprocess.Popen(["sleep", "30"])
+    wait_exec(p, program="sleep")
+    assert not procmap.exiting(p.pid)
+    p.kill()
+    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # a zombie, not reaped: PF_EXITING
+    assert procmap.exiting(p.pid)
+    p.wait()
+    assert procmap.exiting(p.pid)  # gone
