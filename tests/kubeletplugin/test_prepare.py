@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import uuid
@@ -319,14 +320,18 @@ def test_liveness_on_tcp_for_the_kubelet_probe(start_plugin):
 
 def test_mock_nodes_give_containers_the_simulated_driver(api, start_plugin, dirs, hook_dir):
     """With sim/ beside the library, every container of a mock node gets libcuda.so.1 and one shared sim state."""
-    os.makedirs(os.path.join(hook_dir, "sim"), exist_ok=True)
+    sim = os.path.join(hook_dir, "sim")
+    os.makedirs(sim, exist_ok=True)
     for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
-        open(os.path.join(hook_dir, "sim", name), "ab").close()
-    start_plugin()
-    k = Kubelet(dirs.dra_socket, dirs.reg_socket)
-    claim = make_claim(api, [result("gpu-1-share-0")])
-    assert k.prepare(claim).claims[claim.uid].error == ""
-    k.close()
+        open(os.path.join(sim, name), "ab").close()
+    try:
+        start_plugin()
+        k = Kubelet(dirs.dra_socket, dirs.reg_socket)
+        claim = make_claim(api, [result("gpu-1-share-0")])
+        assert k.prepare(claim).claims[claim.uid].error == ""
+        k.close()
+    finally:  # the hook dir is the session's: empty libraries left there would reach later plugins
+        shutil.rmtree(sim)
     edits = load_spec(dirs, claim.uid)["containerEdits"]
     mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
     assert mounts["/usr/local/gpushare/sim/libcuda.so.1"] == os.path.join(hook_dir, "sim", "libcuda.so.1")
@@ -359,8 +364,10 @@ def test_other_host_users_cannot_open_a_region(api, kubelet, dirs):
     assert kubelet.prepare(claim).claims[claim.uid].error == ""
     os.chmod(dirs.root, 0o755)  # the test's own temporary folder must not be what stops them
     region = os.path.join(dirs.state, "claims", claim.uid, "region-0")
-    proc = subprocess.run(["sh", "-c", f"echo forged 1<> {region}"], user=65534, group=65534, extra_groups=[],
-                          capture_output=True, text=True)
+    # setpriv, not subprocess's user=: that makes Python fork() rather than vfork(), and the fork
+    # runs gRPC's atfork handlers in the child (this process serves gRPC), which crashed it once
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           "sh", "-c", f"echo forged 1<> {region}"], capture_output=True, text=True)
     assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc
     with open(region, "rb") as f:
         assert f.read(6) == bytes(6)
