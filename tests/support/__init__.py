@@ -42,6 +42,18 @@ def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.
 
 
 def wait_exec(*procs: subprocess.Popen[bytes], program: str) -> None:
-    """Wait until each child runs `program`: before its exec, /proc/<pid>/environ and cgroup are
-    still the forked test's, so a check on them would pass or fail by luck."""
-    wait_for(lambda: all(os.readlink(f"/proc/{p.pid}/exe").endswith("/" + program) for p in procs))
+    """Wait until each child runs `program` with its own environment: before its exec,
+    /proc/<pid>/environ and cgroup are still the forked test's, and for a moment after
+    /proc/<pid>/exe names the new program, environ reads empty (the kernel sets it up later in the
+    exec), so a check on them would pass or fail by luck."""
+
+    def ready(p: subprocess.Popen[bytes]) -> bool:
+        try:  # exe first: environ opened before the exec would read the old memory
+            if not os.readlink(f"/proc/{p.pid}/exe").endswith("/" + program):
+                return False
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                return bool(f.read())
+        except OSError:
+            return False
+
+    wait_for(lambda: all(ready(p) for p in procs))
