@@ -65,14 +65,20 @@ def _read(path: str) -> str | None:
         return None
 
 
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (clock ticks after boot), as the library records it."""
+def _stat_field(pid: int, field: int) -> int | None:
+    """Numeric field `field` (1-based, as in proc(5)) of /proc/<pid>/stat; None when it is gone.
+    Fields are counted after the command name, which may itself hold spaces and parentheses."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    return int(data[data.rindex(b")") + 2:].split()[19])
+    return int(data[data.rindex(b")") + 2:].split()[field - 3])
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot), as the library records it."""
+    return _stat_field(pid, 22)
 
 
 PF_EXITING = 0x4  # the task flag do_exit() sets first, before the task leaves its namespaces
@@ -84,12 +90,8 @@ def exiting(pid: int) -> bool:
     then on its cgroup v1 paths read as the root (the kernel shows exiting tasks there; v2 keeps
     the path) while its mount table still reads as its container's. (Only the leader's flag: a
     process whose main thread exited and whose other threads run on keeps its v2 mapping.)"""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return True
-    return bool(int(data[data.rindex(b")") + 2:].split()[6]) & PF_EXITING)
+    flags = _stat_field(pid, 9)
+    return flags is None or bool(flags & PF_EXITING)
 
 
 def pod_uid(cgroup: str) -> str | None:
