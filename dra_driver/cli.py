@@ -300,9 +300,6 @@ def _run_hook_path(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .discovery import DiscoveryError
-    from .hookpath import NativeFilesMissing
-    from .kube import KubeConfigError
     from .log import configure
 
     args, unknown = build_parser().parse_known_args(argv)
@@ -319,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         configure(args.log_level, args.log_format)
     try:
         return int(args.run(args) or 0)
-    except (flags.FlagError, DiscoveryError, KubeConfigError, NativeFilesMissing) as e:
+    except flags.StartupError as e:
         return usage_error(str(e))
     except KeyboardInterrupt:
         return 130

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from .flags import StartupError
 from .quantity import QuantityError, format_bytes, parse_bytes
 
 # Identity of simulated GPUs; must stay equal to the defaults of hook/sim (docs/interfaces.md).
@@ -35,7 +36,7 @@ _NVML_ARCHITECTURES = {
 }
 
 
-class DiscoveryError(RuntimeError):
+class DiscoveryError(StartupError, RuntimeError):
     """GPUs could not be discovered; the message explains what to check."""
 
 

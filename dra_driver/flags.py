@@ -23,7 +23,15 @@ XID_MAX = 2**32 - 1
 XIDS_ACCEPTED = f"accepted: XID numbers 0..{XID_MAX} separated by commas such as 63,92, or all alone; empty adds none"
 
 
-class FlagError(ValueError):
+class StartupError(Exception):
+    """A command cannot start (bad flag, no GPUs, no cluster config, native files missing).
+
+    The CLI prints it as one line. Each module's error subclasses it, so the CLI catches them
+    all without importing those modules (share-agent must not need the kubernetes client).
+    """
+
+
+class FlagError(StartupError, ValueError):
     """A flag value the process cannot start with; str() is '--flag: what is wrong'."""
 
     def __init__(self, flag: str, problem: str):

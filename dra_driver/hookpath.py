@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .flags import StartupError
+
 _FILES = {
     "library": "libgpushare.so",
     "sim_cuda": "sim/libcuda.so.1",
@@ -15,7 +17,7 @@ _FILES = {
 }
 
 
-class NativeFilesMissing(FileNotFoundError):
+class NativeFilesMissing(StartupError, FileNotFoundError):
     """The native files are not built or not installed; the message says where it looked."""
 
 

@@ -9,13 +9,15 @@ from typing import Any
 
 from kubernetes import client, config
 
+from .flags import StartupError
+
 JSON = dict[str, Any]  # an object as the API server's JSON, not the client's model
 # A background thread's API call gives up after this long: a hung API server must not hold the
 # node agent's threads, or the plugin's shutdown (which joins them), for ever.
 BACKGROUND_API_TIMEOUT_S = 10
 
 
-class KubeConfigError(RuntimeError):
+class KubeConfigError(StartupError, RuntimeError):
     """No usable cluster configuration; the message says which source failed."""
 
 

@@ -14,7 +14,8 @@
 #      under the library at 50/50
 #   5. launch overhead with and without the library
 # Prints a table; exits non-zero if a check fails. Usage: hack/gpu-validate.sh [GPU index]
-# (SECONDS=15 by default: the window of each share measurement)
+# (SHARE_SECONDS=15 by default: the window of each share measurement; not SECONDS, which bash
+# sets to the shell's age)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,7 +24,7 @@ LIMIT=$((2 * 1024 * 1024 * 1024))     # 2 GiB
 WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 PY=${PYTHON:-python3}
-SECONDS_SHARE=${SECONDS:-15}
+SECONDS_SHARE=${SHARE_SECONDS:-15}
 
 make -s -C "$REPO/hook"
 LIB=$REPO/hook/build/libgpushare.so
@@ -165,16 +166,26 @@ elif kind == "serve":  # batch-1 fp16 MLP of 8 x 4096, a request every ~2.4 ms, 
     print(f"requests={len(lat)} p50_ms={lat[len(lat) // 2]:.3f} p99_ms={lat[int(len(lat) * 0.99)]:.3f}")
 PYEOF
 work() { "$PY" "$WORK/work.py" "$@"; }                       # without the library
-rate() { awk -v i="$(echo "$1" | val iters)" -v s="$(echo "$1" | val seconds)" 'BEGIN { printf "%.3f", i / s }'; }
+rate() {  # iterations per second of a work.py output; a run that did no work stops the script
+    local i s; i=$(echo "$1" | val iters); s=$(echo "$1" | val seconds)
+    [[ "$i" =~ ^[1-9][0-9]*$ && "$s" =~ ^[0-9.]+$ ]] || { echo "gpu-validate: a work run did no work: '$1'" >&2; exit 2; }
+    awk -v i="$i" -v s="$s" 'BEGIN { printf "%.3f", i / s }'
+}
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", 100 * a / b }'; }
-within() { awk -v g="$1" -v t="$2" -v b="$3" 'BEGIN { print (g >= t - b && g <= t + b) ? 1 : 0 }'; }
+within() { awk -v g="$1" -v t="$2" -v b="$3" 'BEGIN { print ((g >= t - b && g <= t + b) ? 1 : 0) }'; }
 declare -A SOLO   # iterations per second of each kind alone on the GPU, without the library
 KINDS="matmul elementwise graph compile"
 for kind in jax triton; do "$PY" -c "import $kind" 2>/dev/null && KINDS="$KINDS $kind"; done
-for kind in $KINDS; do SOLO[$kind]=$(rate "$(CUDA_VISIBLE_DEVICES=$GPU work "$kind" 5)"); done
+for kind in $KINDS; do
+    SOLO[$kind]=$(rate "$(CUDA_VISIBLE_DEVICES=$GPU work "$kind" 5)")
+    [[ "${SOLO[$kind]}" =~ ^[0-9.]+$ ]] && [ "${SOLO[$kind]}" != 0.000 ] || { echo "gpu-validate: no solo rate for $kind" >&2; exit 2; }
+done
 solo() { echo "${SOLO[$1]}"; }
 AGENT=
-agent() { "$PY" -m dra_driver.cli share-agent --interval 0.25 --log-level warning "$@" & AGENT=$!; sleep 1; }
+agent() {  # a share measurement without the agent's slots means nothing: stop the script
+    "$PY" -m dra_driver.cli share-agent --interval 0.25 --log-level warning "$@" & AGENT=$!; sleep 1
+    kill -0 "$AGENT" 2>/dev/null || { echo "gpu-validate: share-agent exited at start (see above); is this package importable by $PY?" >&2; exit 2; }
+}
 agent_stop() { kill "$AGENT" 2>/dev/null || true; wait "$AGENT" 2>/dev/null || true; }
 
 # pair KIND30 KIND70: two Hard claims at 30 and 70, each claim's speed as a share of its solo speed
@@ -187,7 +198,7 @@ pair() {
     local sa sb; sa=$(pct "$(rate "$(cat "$d/a.out")")" "$(solo "$1")"); sb=$(pct "$(rate "$(cat "$d/b.out")")" "$(solo "$2")")
     check "30/70 $1 vs $2: claim 30 within 3 points" "$(within "$sa" 30 3)" "claim 30 at ${sa}% of solo"
     check "30/70 $1 vs $2: claim 70 within 3 points" "$(within "$sb" 70 3)" "claim 70 at ${sb}% of solo"
-    check "30/70 $1 vs $2: together >= 90% of solo" "$(awk -v a="$sa" -v b="$sb" 'BEGIN { print a + b >= 90 ? 1 : 0 }')" \
+    check "30/70 $1 vs $2: together >= 90% of solo" "$(awk -v a="$sa" -v b="$sb" 'BEGIN { print ((a + b >= 90) ? 1 : 0) }')" \
         "together $(awk -v a="$sa" -v b="$sb" 'BEGIN { print a + b }')%"
 }
 pair matmul matmul
@@ -208,7 +219,7 @@ for kind in graph compile jax triton; do
     else check "$kind alone at 50" 0 "$got"; fi
 done
 got=$(alone matmul 30 Burst)
-check "Burst 30 alone >= 90% of solo" "$(awk -v g="$got" 'BEGIN { print g >= 90 ? 1 : 0 }')" "${got}% of solo"
+check "Burst 30 alone >= 90% of solo" "$(awk -v g="$got" 'BEGIN { print ((g >= 90) ? 1 : 0) }')" "${got}% of solo"
 
 # latency of an inference-like client at 50 beside a busy matmul neighbour at 50
 claim "$WORK/lc" 50; claim "$WORK/ln" 50
@@ -221,9 +232,9 @@ lat_plain=$(CUDA_VISIBLE_DEVICES=$GPU work serve 8); wait $nb
 lat_lib=$(cat "$WORK/lat.out")
 p50s=$(echo "$lat_solo" | val p50_ms); p50l=$(echo "$lat_lib" | val p50_ms)
 p99p=$(echo "$lat_plain" | val p99_ms); p99l=$(echo "$lat_lib" | val p99_ms)
-check "client under its share: p50 within 1.2x solo" "$(awk -v a="$p50l" -v b="$p50s" 'BEGIN { print a <= 1.2 * b ? 1 : 0 }')" \
+check "client under its share: p50 within 1.2x solo" "$(awk -v a="$p50l" -v b="$p50s" 'BEGIN { print ((a <= 1.2 * b) ? 1 : 0) }')" \
     "p50 solo $p50s, library $p50l ms"
-check "client p99 no worse than plain time-slicing" "$(awk -v a="$p99l" -v b="$p99p" 'BEGIN { print a <= b ? 1 : 0 }')" \
+check "client p99 no worse than plain time-slicing" "$(awk -v a="$p99l" -v b="$p99p" 'BEGIN { print ((a <= b) ? 1 : 0) }')" \
     "p99 solo $(echo "$lat_solo" | val p99_ms), time-slicing $p99p, library $p99l ms"
 
 # 5. launch overhead (tiny kernels): probe launch rate without and with the library (limit 100)
@@ -233,7 +244,7 @@ claim "$WORK/c50" 50
 paced=$(under "$WORK/c50" "$PROBE" launch --seconds 3 --kernel-us 200 | val busy_share)
 check "launch rate, 1 us kernels: without / with library" 1 "$plain / $hooked launches/s"
 check "probe busy share at compute limit 50" \
-    "$(awk -v s="$paced" 'BEGIN { print (s >= 45 && s <= 55) ? 1 : 0 }')" "busy_share=$paced"
+    "$(awk -v s="$paced" 'BEGIN { print ((s >= 45 && s <= 55) ? 1 : 0) }')" "busy_share=$paced"
 
 echo
 printf '%-52s %-4s %s\n' "check" "" "detail"
