@@ -189,12 +189,14 @@ class PodmanRunner:
                 return f"{tool} not installed (apt-get install -y podman runc)"
         return None
 
-    def __init__(self, probe: str | None = None, libraries: tuple[str, ...] = ()):
+    def __init__(self, probe: str | None = None, libraries: tuple[str, ...] = (), rootfs: str | None = None):
+        """Containers on a root filesystem built here from the host's files (the probe, the
+        libraries it needs, busybox), or on `rootfs`, a distribution's own, used as it is."""
         why = self.available()
         if why:
             raise RuntimeError(f"podman runner unavailable: {why}")
         self.work = tempfile.mkdtemp(prefix="gspodman")
-        self.rootfs = build_rootfs(os.path.join(self.work, "rootfs"), probe, libraries)
+        self.rootfs = rootfs or build_rootfs(os.path.join(self.work, "rootfs"), probe, libraries)
         wrapper = os.path.join(self.work, "runc-wrapper")
         Path(wrapper).write_text(_RUNC_WRAPPER.format(python=sys.executable, runc=shutil.which("runc")))
         os.chmod(wrapper, 0o755)

@@ -32,14 +32,35 @@ struct CUstream_st {
 
 static int g_inited;
 static struct CUctx_st g_primary[SIM_MAX_DEV];
-static __thread CUcontext t_cur;
-static __thread CUcontext t_stack[16];
-static __thread int t_depth;
 static struct gs_ptrmap g_allocs = GS_PTRMAP_INIT;
 static uint64_t g_next_handle;
 static uint64_t g_nlaunch[SIM_MAX_DEV];                /* launches so far, per device */
 static uint64_t g_ends[SIM_MAX_DEV][QUEUE_KERNELS];    /* queue positions of the last ones */
 static pthread_once_t g_fork_once = PTHREAD_ONCE_INIT;
+
+/* What the driver keeps per thread. A pthread key, not __thread: dynamic TLS would make the
+ * library depend on ld-linux-x86-64.so.2 by name (__tls_get_addr), which no other C library
+ * has, and the simulated driver must load wherever a client of it does (docs/images.md). */
+struct sim_thread {
+    CUcontext cur;                /* the current context */
+    CUcontext stack[16];          /* cuCtxPushCurrent's */
+    int depth;
+    struct CUstream_st ptds;      /* the per-thread default stream */
+};
+static pthread_key_t g_thread_key;
+static pthread_once_t g_thread_key_once = PTHREAD_ONCE_INIT;
+static void make_thread_key(void) { pthread_key_create(&g_thread_key, free); }
+
+static struct sim_thread *me(void)
+{
+    pthread_once(&g_thread_key_once, make_thread_key);
+    struct sim_thread *t = pthread_getspecific(g_thread_key);
+    if (!t) {
+        t = calloc(1, sizeof *t);
+        if (!t || pthread_setspecific(g_thread_key, t) != 0) abort(); /* a simulator out of memory */
+    }
+    return t;
+}
 
 static void fork_child(void)
 {
@@ -55,7 +76,7 @@ static void register_fork(void) { pthread_atfork(NULL, NULL, fork_child); }
 #define NEED_CTX()                                                    \
     do {                                                              \
         NEED_INIT();                                                  \
-        if (!t_cur) return CUDA_ERROR_INVALID_CONTEXT;                \
+        if (!me()->cur) return CUDA_ERROR_INVALID_CONTEXT;                \
     } while (0)
 #define VALID_DEV(d)                                                  \
     do {                                                              \
@@ -167,7 +188,7 @@ SIM_API CUresult cuCtxCreate_v2(CUcontext *pc, unsigned int flags, CUdevice d)
     CUcontext c = malloc(sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = d;
-    *pc = t_cur = c;
+    *pc = me()->cur = c;
     return CUDA_SUCCESS;
 }
 SIM_API CUresult cuCtxCreate_v4(CUcontext *pc, void *params, unsigned int flags, CUdevice d)
@@ -179,34 +200,34 @@ SIM_API CUresult cuCtxDestroy_v2(CUcontext c)
 {
     NEED_INIT();
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    if (t_cur == c) t_cur = NULL;
+    if (me()->cur == c) me()->cur = NULL;
     if (c < &g_primary[0] || c > &g_primary[SIM_MAX_DEV - 1]) free(c);
     return CUDA_SUCCESS;
 }
-SIM_API CUresult cuCtxSetCurrent(CUcontext c) { NEED_INIT(); t_cur = c; return CUDA_SUCCESS; }
-SIM_API CUresult cuCtxGetCurrent(CUcontext *c) { NEED_INIT(); *c = t_cur; return CUDA_SUCCESS; }
+SIM_API CUresult cuCtxSetCurrent(CUcontext c) { NEED_INIT(); me()->cur = c; return CUDA_SUCCESS; }
+SIM_API CUresult cuCtxGetCurrent(CUcontext *c) { NEED_INIT(); *c = me()->cur; return CUDA_SUCCESS; }
 SIM_API CUresult cuCtxPushCurrent_v2(CUcontext c)
 {
     NEED_INIT();
-    if (t_depth >= 16) return CUDA_ERROR_INVALID_VALUE;
-    t_stack[t_depth++] = t_cur;
-    t_cur = c;
+    if (me()->depth >= 16) return CUDA_ERROR_INVALID_VALUE;
+    me()->stack[me()->depth++] = me()->cur;
+    me()->cur = c;
     return CUDA_SUCCESS;
 }
 SIM_API CUresult cuCtxPopCurrent_v2(CUcontext *c)
 {
     NEED_CTX();
-    if (c) *c = t_cur;
-    t_cur = t_depth > 0 ? t_stack[--t_depth] : NULL;
+    if (c) *c = me()->cur;
+    me()->cur = me()->depth > 0 ? me()->stack[--me()->depth] : NULL;
     return CUDA_SUCCESS;
 }
 SIM_API CUresult cuCtxGetDevice(CUdevice *d)
 {
     NEED_CTX();
-    *d = t_cur->dev;
+    *d = me()->cur->dev;
     return CUDA_SUCCESS;
 }
-static void wait_idle(void) { sim_wait(t_cur->dev, sim_position(t_cur->dev)); }
+static void wait_idle(void) { sim_wait(me()->cur->dev, sim_position(me()->cur->dev)); }
 
 /* ---- stream capture: the real driver's rules, stricter for event records ----
  * Work launched into a capturing stream becomes a graph node instead of running. These
@@ -223,14 +244,13 @@ static void wait_idle(void) { sim_wait(t_cur->dev, sim_position(t_cur->dev)); }
 #define MAX_CAPTURES 64
 static struct CUstream_st *g_capt[MAX_CAPTURES];
 static pthread_mutex_t g_capt_lock = PTHREAD_MUTEX_INITIALIZER;
-static __thread struct CUstream_st t_ptds; /* this thread's per-thread default stream */
 static uint64_t g_capture_ids;
 static int g_ncapt; /* active captures: the launch path looks no further while 0 */
 
 /* NULL: the legacy default stream */
 static struct CUstream_st *stream_of(CUstream s, int ptsz)
 {
-    if (s == CU_STREAM_PER_THREAD || (s == NULL && ptsz)) return &t_ptds;
+    if (s == CU_STREAM_PER_THREAD || (s == NULL && ptsz)) return &me()->ptds;
     if (s == NULL || s == CU_STREAM_LEGACY) return NULL;
     return s;
 }
@@ -444,7 +464,7 @@ static CUresult stream_query(CUstream s, int ptsz)
     NEED_CTX();
     CUresult rc = stream_check(s, ptsz);
     if (rc != CUDA_SUCCESS) return rc;
-    return sim_done(t_cur->dev, sim_position(t_cur->dev)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return sim_done(me()->cur->dev, sim_position(me()->cur->dev)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 SIM_API CUresult cuStreamQuery(CUstream s) { return stream_query(s, 0); }
 SIM_API CUresult cuStreamQuery_ptsz(CUstream s) { return stream_query(s, 1); }
@@ -463,7 +483,7 @@ static CUresult event_record(CUevent e, CUstream s, int ptsz)
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
     CUresult rc = capture_use(stream_of(s, ptsz), 0, 1);
     if (rc != GO) return rc;
-    int dev = t_cur->dev;
+    int dev = me()->cur->dev;
     e->dev = dev;
     e->rec_t = sim_now_ns();
     /* A record is a command of the context, timestamped when the context runs it: 1 ns of
@@ -596,7 +616,7 @@ static CUresult sim_free(int kind, uint64_t key)
 SIM_API CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot)
 {
     NEED_CTX();
-    struct sim_dev *d = &sim->dev[t_cur->dev];
+    struct sim_dev *d = &sim->dev[me()->cur->dev];
     uint64_t used = __atomic_load_n(&d->used, __ATOMIC_RELAXED);
     *tot = d->total;
     *fr = used < d->total ? d->total - used : 0;
@@ -606,7 +626,7 @@ SIM_API CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot)
 SIM_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size)
 {
     NEED_CTX();
-    return sim_alloc(t_cur->dev, size, GS_KIND_PTR, p);
+    return sim_alloc(me()->cur->dev, size, GS_KIND_PTR, p);
 }
 SIM_API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flags)
 {
@@ -618,7 +638,7 @@ SIM_API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, siz
     NEED_CTX();
     if (!pitch || w == 0 || h == 0 || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
     size_t pw = w > SIZE_MAX - 511 ? SIZE_MAX : (w + 511) & ~(size_t)511;
-    CUresult rc = sim_alloc(t_cur->dev, gs_mul_sat(pw, h), GS_KIND_PTR, p);
+    CUresult rc = sim_alloc(me()->cur->dev, gs_mul_sat(pw, h), GS_KIND_PTR, p);
     if (rc == CUDA_SUCCESS) *pitch = pw;
     return rc;
 }
@@ -687,7 +707,7 @@ SIM_API CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
     NEED_CTX();
     if (!a || !d) return CUDA_ERROR_INVALID_VALUE;
     unsigned long long key;
-    CUresult rc = sim_alloc(t_cur->dev, gs_array_bytes(d), GS_KIND_ARRAY, &key);
+    CUresult rc = sim_alloc(me()->cur->dev, gs_array_bytes(d), GS_KIND_ARRAY, &key);
     if (rc == CUDA_SUCCESS) *a = (CUarray)(uintptr_t)key;
     return rc;
 }
@@ -696,7 +716,7 @@ SIM_API CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d
     NEED_CTX();
     if (!a || !d) return CUDA_ERROR_INVALID_VALUE;
     unsigned long long key;
-    CUresult rc = sim_alloc(t_cur->dev, gs_array3d_bytes(d, 1), GS_KIND_ARRAY, &key);
+    CUresult rc = sim_alloc(me()->cur->dev, gs_array3d_bytes(d, 1), GS_KIND_ARRAY, &key);
     if (rc == CUDA_SUCCESS) *a = (CUarray)(uintptr_t)key;
     return rc;
 }
@@ -706,7 +726,7 @@ SIM_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_
     NEED_CTX();
     if (!m || !d) return CUDA_ERROR_INVALID_VALUE;
     unsigned long long key;
-    CUresult rc = sim_alloc(t_cur->dev, gs_array3d_bytes(d, levels), GS_KIND_MIPMAP, &key);
+    CUresult rc = sim_alloc(me()->cur->dev, gs_array3d_bytes(d, levels), GS_KIND_MIPMAP, &key);
     if (rc == CUDA_SUCCESS) *m = (CUmipmappedArray)(uintptr_t)key;
     return rc;
 }
@@ -738,7 +758,7 @@ static CUresult launch(CUstream s, int ptsz, uint64_t ns)
     CUresult rc = capture_use(stream_of(s, ptsz), ns, 0);
     if (rc != GO) return rc;
     if (ns == 0) return CUDA_SUCCESS;
-    int dev = t_cur->dev;
+    int dev = me()->cur->dev;
     uint64_t n = __atomic_fetch_add(&g_nlaunch[dev], 1, __ATOMIC_RELAXED);
     uint64_t *slot = &g_ends[dev][n % QUEUE_KERNELS];
     if (n >= QUEUE_KERNELS) sim_wait(dev, __atomic_load_n(slot, __ATOMIC_RELAXED)); /* the queue is full */

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "../src/cuda_abi.h"
+#include "../src/rawstat.h"
 #include "sim_state.h"
 
 struct nvmlDevice_st { int index; };
@@ -156,7 +157,7 @@ static int32_t find_pid(uint64_t pidns, int32_t nspid)
         if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
         struct stat st;
         snprintf(path, sizeof path, "/proc/%s/ns/pid", e->d_name);
-        if (stat(path, &st) != 0 || (uint64_t)st.st_ino != pidns) continue;
+        if (gs_stat(path, &st) != 0 || (uint64_t)st.st_ino != pidns) continue;
         snprintf(path, sizeof path, "/proc/%s/status", e->d_name);
         FILE *f = fopen(path, "re");
         if (!f) continue;

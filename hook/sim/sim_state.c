@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../src/liveness.h"
+#include "../src/rawstat.h"
 
 struct sim_state *sim;
 struct sim_proc *sim_me;
@@ -117,7 +118,7 @@ static int map_state(void)
     }
     flock(fd, LOCK_EX);
     struct stat st;
-    int fresh = fstat(fd, &st) == 0 && st.st_size < (off_t)STATE_SIZE;
+    int fresh = gs_fstat(fd, &st) == 0 && st.st_size < (off_t)STATE_SIZE;
     int empty = fresh && st.st_size == 0;
     if (fresh && ftruncate(fd, STATE_SIZE) != 0) {
         flock(fd, LOCK_UN);
@@ -140,7 +141,7 @@ static int map_state(void)
 uint64_t sim_pidns(void)
 {
     struct stat st;
-    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+    return gs_stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
 int sim_open(void)

@@ -23,6 +23,7 @@
 #include "cuda_abi.h"
 #include "limits.h"
 #include "log.h"
+#include "rawstat.h"
 #include "ptrmap.h"
 #include "region.h"
 #include "dlsym.h"
@@ -229,8 +230,24 @@ static void atfork_child(void)
     }
 }
 
+/* Under a C library other than glibc (musl) the library passes every call through: the usage
+ * region's mutexes are glibc's, so a musl process could not take part in the claim's shared
+ * budget safely. The node's backstop still holds the claim's memory (docs/images.md). Said once
+ * per process, at its first driver call, so programs that never touch the GPU print nothing. */
+static void say_inactive(void)
+{
+    static int said;
+    if (__atomic_exchange_n(&said, 1, __ATOMIC_ACQ_REL)) return;
+    gs_log("the claim's library is not active in this program (its C library is not glibc): the node "
+           "still holds the claim's memory limit; compute is not paced and memory queries show the whole GPU");
+}
+
 static void init_once(void)
 {
+    if (!gs_libc_is_glibc()) {
+        say_inactive(); /* g_limits stays GS_MODE_NONE: everything passes through */
+        return;
+    }
     gs_limits_load(&g_limits);
     if (g_limits.mode == GS_MODE_RUN_DIR) { /* test-only fault hooks, never in a container */
         const char *f = getenv("GPUSHARE_TEST_FAULT");
@@ -299,7 +316,7 @@ static const struct gs_control *open_control(int i)
     }
     struct stat st;
     void *p = MAP_FAILED;
-    if (fstat(fd, &st) != 0 || st.st_size != GS_CONTROL_SIZE)
+    if (gs_fstat(fd, &st) != 0 || st.st_size != GS_CONTROL_SIZE)
         gs_log("control file %s has size %lld, expected %u; ignored", path, (long long)st.st_size,
                GS_CONTROL_SIZE);
     else if ((p = mmap(NULL, GS_CONTROL_SIZE, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
@@ -1226,6 +1243,10 @@ NO_SANITIZE void *gs_hooked_symbol(void *handle, const char *name)
 {
     const struct hook *e = find_hook(name);
     if (!e) return NULL;
+    if (UNLIKELY(!gs_libc_is_glibc())) {
+        say_inactive(); /* the driver's own function, untouched */
+        return NULL;
+    }
     void *addr = gs_real_dlsym()(handle, name);
     if (!addr || addr == e->hook) return addr;
     Dl_info info;

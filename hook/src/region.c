@@ -32,6 +32,7 @@
 
 #include "liveness.h"
 #include "log.h"
+#include "rawstat.h"
 
 uint64_t gs_now_ns(void)
 {
@@ -132,7 +133,7 @@ int gs_region_open(struct gs_region *r, const char *path)
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size != GS_REGION_SIZE) {
+    if (gs_fstat(fd, &st) != 0 || st.st_size != GS_REGION_SIZE) {
         gs_log("region %s has size %lld, expected %u; failing closed for this GPU", path,
                (long long)st.st_size, GS_REGION_SIZE);
         close(fd);
@@ -341,7 +342,7 @@ static int register_locked(struct gs_region *r)
         struct stat st;
         s->pid = getpid();
         s->start_time = proc_start_time();
-        s->pidns = stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+        s->pidns = gs_stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
         take_slot(r, i);
         return 0;
     }

@@ -1,0 +1,118 @@
+"""The images users run: real distribution roots under podman with the CDI spec the plugin wrote.
+
+Each root comes from Debian's package registry (tests/support/roots.py), and the container gets
+nothing of the host's /lib: only the root itself and what the claim's spec mounts (the library,
+/etc/ld.so.preload, limits, regions, the simulated driver). In each glibc root (2.31, 2.36,
+2.41) the shell starts with the library preloaded and LD_PRELOAD set, and the probe (built to
+the glibc 2.17 baseline) is held to the claim: OOM at the limit, the limit in cuMemGetInfo and
+NVML, one budget shared by two containers, and its launches paced. In the musl root (Debian's
+musl, as Alpine has it) the library stays out of the way: the program starts and exits 0, says
+once on stderr that the claim's library is not active, and the node's backstop kills it when it
+holds more than the claim.
+
+Needs root, podman, runc, debootstrap, musl and musl-tools (CI installs them); a cold run builds
+the three roots first (about 30 s each here), a warm one reuses them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+
+from dra_driver.playground.containers import PodmanRunner, parse_kv
+from tests.support import CPU_TIMED, MiB, roots
+
+pytestmark = pytest.mark.podman
+
+CDI_ROOT = "/var/run/cdi"  # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi
+LIMIT = 256 * MiB
+KILL_BOUND_S = 5.0  # as tests/agent/test_backstop_podman.py: the promise is 200 ms, CI is loaded
+INACTIVE = "the claim's library is not active in this program"
+
+if os.geteuid() != 0 or PodmanRunner.available() or roots.why_not():
+    pytest.skip(f"image matrix: {roots.why_not() or PodmanRunner.available() or 'needs root'}",
+                allow_module_level=True)
+
+
+@pytest.fixture
+def claimed(node_factory):
+    """A node and one claim of 256Mi at compute 50; unprepared at the end."""
+    node = node_factory(cdi_root=CDI_ROOT)
+    ref, ids = node.claim(memory="256Mi", compute=50)
+    yield node, ids
+    node.kubelet.unprepare(ref)
+
+
+def run(runner: PodmanRunner, ids: list[str], argv: list[str]):
+    proc = runner.run(ids, argv)
+    assert proc.returncode == 0, f"{argv}: exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
+    return proc
+
+
+def lines_kv(text: str) -> dict[str, str]:
+    """Every key=value of every line (later lines win)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        out.update(parse_kv(line))
+    return out
+
+
+@CPU_TIMED
+@pytest.mark.parametrize("suite", sorted(roots.GLIBC_SUITES))
+def test_glibc_image_holds_the_claim(claimed, suite):
+    node, ids = claimed
+    runner = PodmanRunner(rootfs=str(roots.glibc_root(suite)))
+    try:
+        # the shell starts under the preloaded library, on the root's own glibc
+        proc = run(runner, ids, ["/bin/sh", "-c", 'echo "preload=$LD_PRELOAD"; cat /etc/ld.so.preload; '
+                                 "ldd --version | head -n 1; " + roots.PROBE + " meminfo"])
+        assert f") {roots.GLIBC_SUITES[suite]}\n" in proc.stdout, proc.stdout  # ldd (Debian GLIBC ...) 2.31
+        assert "preload=/usr/local/gpushare/lib/libgpushare.so" in proc.stdout
+        info = lines_kv(proc.stdout)
+        assert int(info["cu_total"]) == LIMIT and int(info["nvml_total"]) == LIMIT, info
+
+        # OOM exactly at the limit
+        out = lines_kv(run(runner, ids, [roots.PROBE, "alloc", "--chunk", "64Mi", "--max", "1Gi"]).stdout)
+        assert out["result"] == "oom" and int(out["allocated"]) == LIMIT, out
+
+        # one budget across containers: a second container gets what the first left
+        holder = runner.start_command(f"hold{uuid.uuid4().hex[:6]}", ids,
+                                      [roots.PROBE, "alloc", "--chunk", "192Mi", "--max", "192Mi", "--hold", "30"])
+        node.workloads.append(holder)
+        assert int(holder.read_until("allocated=", timeout=60)["allocated"]) == 192 * MiB
+        out = lines_kv(run(runner, ids, [roots.PROBE, "alloc", "--chunk", "32Mi", "--max", "1Gi"]).stdout)
+        assert out["result"] == "oom" and int(out["allocated"]) == 64 * MiB, out
+        holder.stop()
+
+        # paced to the claim's 50 % (unpaced, the probe keeps the simulated GPU busy all the time)
+        out = lines_kv(run(runner, ids, [roots.PROBE, "launch", "--seconds", "4"]).stdout)
+        assert 35 <= float(out["busy_share"]) <= 65, out
+    finally:
+        runner.close()
+
+
+def test_musl_image_runs_and_the_backstop_holds_its_memory(claimed):
+    node, ids = claimed
+    runner = PodmanRunner(rootfs=str(roots.musl_root()))
+    try:
+        # starts, exits 0, says once that the library is not active; memory queries unchanged
+        proc = run(runner, ids, [roots.PROBE, "meminfo"])
+        assert proc.stderr.count(INACTIVE) == 1, proc.stderr
+        info = lines_kv(proc.stdout)
+        assert int(info["cu_total"]) > LIMIT, info  # the whole simulated GPU: no limit in queries
+
+        # the backstop: more than the claim through the simulated driver, and the container dies
+        w = runner.start_command(f"musl{uuid.uuid4().hex[:6]}", ids,
+                                 [roots.PROBE, "alloc", "--chunk", "512Mi", "--max", "512Mi", "--hold", "60"])
+        node.workloads.append(w)
+        assert int(w.read_until("allocated=", timeout=60)["allocated"]) == 512 * MiB
+        seen = time.monotonic()
+        w.proc.wait(timeout=60)
+        took = time.monotonic() - seen
+        print(f"backstop (musl image): allocation line -> container gone in {took * 1000:.0f} ms")
+        assert w.proc.returncode != 0 and took < KILL_BOUND_S, (w.proc.returncode, took)
+    finally:
+        runner.close()

@@ -1,0 +1,96 @@
+"""Root filesystems of real distributions, for the image matrix (tests/agent/test_image_matrix.py).
+
+Built from Debian's package registry, never from the host's own /lib:
+
+- `glibc_root(suite)`: `debootstrap --variant=minbase` of bullseye (glibc 2.31), bookworm (2.36)
+  or trixie (2.41), with the probe (built to the glibc 2.17 baseline, hook/src/baseline.h)
+  copied in;
+- `musl_root()`: Debian's `musl` package (its loader and libc, as an Alpine image has them) and
+  the probe compiled for musl with the package's `musl-gcc` (musl-tools).
+
+Each debootstrap root is built once, in `.cache/roots/<suite>` under the repository (or
+`$GPUSHARE_TEST_ROOTS`), under a lock, into a temporary folder renamed when complete: a killed
+build is never taken for a root. A cold build takes about 30 s per suite here; later runs reuse
+it. `GPUSHARE_DEBIAN_MIRROR` names another mirror.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import BUILD, REPO
+
+# suite -> the glibc version its libc6 has (what the image matrix expects to find inside)
+GLIBC_SUITES = {"bullseye": "2.31", "bookworm": "2.36", "trixie": "2.41"}
+CACHE = Path(os.environ.get("GPUSHARE_TEST_ROOTS") or REPO / ".cache" / "roots")
+MIRROR = os.environ.get("GPUSHARE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PROBE = "/usr/local/bin/gpushare-probe"  # where each root has the probe
+MUSL_LOADER = "/lib/ld-musl-x86_64.so.1"
+# the probe for musl: the same source, without the glibc baseline (musl has no symbol versions)
+PROBE_SOURCE = REPO / "hook" / "tools" / "gpushare-probe.c"
+
+
+def why_not() -> str | None:
+    """None when roots can be built here, else why not (the tests skip with it)."""
+    if os.geteuid() != 0:
+        return "building root filesystems needs root (debootstrap)"
+    missing = [tool for tool in ("debootstrap", "musl-gcc") if shutil.which(tool) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed (apt-get install -y debootstrap musl-tools)"
+    if not os.path.exists(MUSL_LOADER):
+        return f"{MUSL_LOADER} missing (apt-get install -y musl)"
+    return None
+
+
+@contextmanager
+def _locked():
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def glibc_root(suite: str) -> Path:
+    """The suite's minbase root with the current probe in it."""
+    root = CACHE / suite
+    with _locked():
+        if not root.is_dir():
+            tmp = CACHE / f"{suite}.partial"
+            shutil.rmtree(tmp, ignore_errors=True)
+            proc = subprocess.run(["debootstrap", "--variant=minbase", suite, str(tmp), MIRROR],
+                                  capture_output=True, text=True, timeout=1200)
+            if proc.returncode != 0:
+                tail = (proc.stdout + proc.stderr)[-2000:]
+                raise RuntimeError(f"debootstrap {suite} from {MIRROR} failed ({proc.returncode}):\n{tail}")
+            tmp.rename(root)
+        _install(BUILD / "gpushare-probe", root)
+    return root
+
+
+def musl_root() -> Path:
+    """Debian's musl loader and libc, and the probe compiled against them; nothing else."""
+    root = CACHE / "musl"
+    with _locked():
+        shutil.rmtree(root, ignore_errors=True)  # seconds to make: always from the current sources
+        for d in ("bin", "etc", "proc", "sys", "dev", "tmp", "var/run", "usr/local/bin"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        files = subprocess.run(["dpkg", "-L", "musl"], capture_output=True, text=True, check=True).stdout.split()
+        for f in files:  # the loader, libc.so and the loader's path file
+            if os.path.isfile(f) and not f.startswith("/usr/share/"):
+                target = root / f.lstrip("/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, target, follow_symlinks=False)
+        subprocess.run(["musl-gcc", "-std=gnu11", "-O2", "-o", str(root / PROBE.lstrip("/")), str(PROBE_SOURCE)],
+                       check=True, capture_output=True, text=True)
+    return root
+
+
+def _install(program: Path, root: Path) -> None:
+    target = root / PROBE.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(program, target)
