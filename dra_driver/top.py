@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[str, dict[tuple[str, ...], float]]  # see scrape()
 
-COLUMNS = ("NAMESPACE/CLAIM", "GPU", "MEM LIMIT", "MEM USED", "NVML MEM", "COMPUTE", "UTIL", "RATE", "PACED", "OOM")
+COLUMNS = ("NAMESPACE/CLAIM", "GPU", "MEM LIMIT", "MEM USED", "NVML MEM", "COMPUTE", "UTIL", "RATE", "PACED", "OOM",
+           "LIBRARY")  # LIBRARY: processes on the GPU the library holds / all (the rest: backstop only)
 
 
 def human_bytes(n: float) -> str:
@@ -25,7 +26,8 @@ def human_bytes(n: float) -> str:
 
 
 def scrape(url: str, timeout: float = 5.0) -> Samples:
-    """metric sample name -> {(namespace, claim, gpu) or (gpu, index) or (): value}"""
+    """metric sample name -> {(namespace, claim, gpu) or (gpu, index) or (): value}; a sample with an
+    `enforcement` label goes under "<name>:<enforcement>"."""
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         text = resp.read().decode()
     out: Samples = {}
@@ -33,7 +35,8 @@ def scrape(url: str, timeout: float = 5.0) -> Samples:
         for s in family.samples:
             key = tuple(s.labels.get(k, "") for k in ("namespace", "claim", "gpu")) if "claim" in s.labels else \
                 tuple(s.labels.get(k, "") for k in ("gpu", "index"))
-            out.setdefault(s.name, {})[key] = s.value
+            name = f"{s.name}:{s.labels['enforcement']}" if "enforcement" in s.labels else s.name
+            out.setdefault(name, {})[key] = s.value
     return out
 
 
@@ -44,6 +47,7 @@ def frame(m: Samples) -> str:
     rows = []
     for key in sorted(m.get("gpushare_claim_memory_limit_bytes", {})):
         ns, claim, gpu = key
+        library = get("gpushare_claim_processes:library", key)
         rows.append((f"{ns}/{claim}", gpu[-12:],
                      human_bytes(get("gpushare_claim_memory_limit_bytes", key)),
                      human_bytes(get("gpushare_claim_memory_used_bytes", key)),
@@ -52,7 +56,8 @@ def frame(m: Samples) -> str:
                      f"{get('gpushare_claim_utilization_ratio', key):.1%}",
                      f"{get('gpushare_claim_pace_rate_ratio', key):.1%}",
                      f"{get('gpushare_claim_paced_seconds_total', key):.1f}s",
-                     f"{get('gpushare_claim_oom_refusals_total', key):.0f}"))
+                     f"{get('gpushare_claim_oom_refusals_total', key):.0f}",
+                     f"{library:.0f}/{library + get('gpushare_claim_processes:backstop', key):.0f}"))
     widths = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in [COLUMNS, *rows]]
     gpus = []

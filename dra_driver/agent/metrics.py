@@ -3,7 +3,8 @@ sample at scrape time (registered in the plugin's one registry, kubeletplugin/me
 
 Per claim and GPU (labels namespace, claim, gpu = uuid): limits, memory used (the region's
 accounting), NVML memory of its processes, measured utilization, pacing rate, paced time,
-out-of-memory refusals, backstop violations and kills. Per GPU: NVML memory, utilization,
+out-of-memory refusals, backstop violations and kills, and its processes by enforcement (the
+library, or the backstop alone: docs/images.md). Per GPU: NVML memory, utilization,
 temperature and power where NVML has them. Per node: prepared claims, the agent period, the
 backstop's violations and kills (totals that outlive the claims) and its last poll's time.
 Shares of the GPU are ratios 0..1 (`*_ratio`), by Prometheus convention.
@@ -16,10 +17,19 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .procmap import slot_key
+from .regions import Slot
+
 if TYPE_CHECKING:
     from .agent import Agent
 
 CLAIM = ["namespace", "claim", "gpu"]
+
+
+def under_library(pids: dict[int, int] | set[int], slots: list[Slot]) -> int:
+    """How many of these host pids hold one of the region's usage slots (the library is active in them)."""
+    taken = {(s.pidns, s.pid, s.start_time) for s in slots}
+    return sum(1 for pid in pids if slot_key(pid) in taken)
 
 
 class AgentCollector:
@@ -42,6 +52,11 @@ class AgentCollector:
             ("backstop_violations", "Times the claim's processes held more memory than its limit (NVML)"),
             ("backstop_kills", "Processes of the claim killed by the backstop (--enforce=kill)"),
         )}
+        processes = GaugeMetricFamily(
+            "gpushare_claim_processes", "The claim's processes holding GPU memory (NVML), by what holds them: "
+            "enforcement=library (the claim's library took a usage slot: limit, pacing, memory queries) or "
+            "enforcement=backstop (musl or static programs, private loaders: the node's memory backstop only). "
+            "Informational: a tenant can write its usage region", labels=[*CLAIM, "enforcement"])
         with a.lock:
             claims = list(a.claims.values())
             gpus = list(a.gpus)
@@ -61,8 +76,12 @@ class AgentCollector:
                     c["oom_refusals"].add_metric(labels, region.oom_refusals if region else 0)
                     c["backstop_violations"].add_metric(labels, a.backstop.violations.get((cl.uid, i), 0))
                     c["backstop_kills"].add_metric(labels, a.backstop.kills.get((cl.uid, i), 0))
+                    library = under_library(cl.process_memory[i], region.slots() if region else [])
+                    processes.add_metric([*labels, "library"], library)
+                    processes.add_metric([*labels, "backstop"], len(cl.process_memory[i]) - library)
         yield from g.values()
         yield from c.values()
+        yield processes
         yield GaugeMetricFamily("gpushare_prepared_claims", "Claims prepared on this node", value=len(claims))
         yield GaugeMetricFamily("gpushare_agent_period_seconds", "Time the agent's last period took",
                                 value=a.last_tick_s)

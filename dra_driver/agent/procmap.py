@@ -81,6 +81,19 @@ def start_time(pid: int) -> int | None:
     return _stat_field(pid, 22)
 
 
+def slot_key(pid: int) -> tuple[int, int, int] | None:
+    """(pid namespace inode, pid in that namespace, start time) of a host pid: what the library
+    writes into the usage slot it takes, so a slot with this key is this process's. None when the
+    process is gone."""
+    status = _read(f"/proc/{pid}/status")
+    ns = _key(f"/proc/{pid}/ns/pid")
+    started = start_time(pid)
+    if status is None or ns is None or started is None:
+        return None
+    nspid = next((line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:")), str(pid))
+    return ns[1], int(nspid), started
+
+
 PF_EXITING = 0x4  # the task flag do_exit() sets first, before the task leaves its namespaces
 V1_AT_ROOT = re.compile(r"^[0-9]+:[^:\n]+:/$", re.M)  # a cgroup v1 hierarchy's line at its root
 

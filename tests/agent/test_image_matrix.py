@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 from dra_driver.playground.containers import PodmanRunner, parse_kv
-from tests.support import CPU_TIMED, MiB, roots
+from tests.support import CPU_TIMED, MiB, roots, wait_for
 
 pytestmark = pytest.mark.podman
 
@@ -50,6 +50,12 @@ def run(runner: PodmanRunner, ids: list[str], argv: list[str]):
     proc = runner.run(ids, argv)
     assert proc.returncode == 0, f"{argv}: exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
     return proc
+
+
+def processes(node, enforcement: str) -> float:
+    """gpushare_claim_processes of the node's one claim for this enforcement."""
+    samples = node.scrape().get("gpushare_claim_processes", {})
+    return sum(v for labels, v in samples.items() if dict(labels)["enforcement"] == enforcement)
 
 
 def lines_kv(text: str) -> dict[str, str]:
@@ -83,6 +89,8 @@ def test_glibc_image_holds_the_claim(claimed, suite):
                                       [roots.PROBE, "alloc", "--chunk", "192Mi", "--max", "192Mi", "--hold", "30"])
         node.workloads.append(holder)
         assert int(holder.read_until("allocated=", timeout=60)["allocated"]) == 192 * MiB
+        # the agent sees which enforcement holds the process: the library took a slot
+        wait_for(lambda: processes(node, "library") == 1 and processes(node, "backstop") == 0, timeout=20)
         out = lines_kv(run(runner, ids, [roots.PROBE, "alloc", "--chunk", "32Mi", "--max", "1Gi"]).stdout)
         assert out["result"] == "oom" and int(out["allocated"]) == 64 * MiB, out
         holder.stop()
@@ -103,6 +111,15 @@ def test_musl_image_runs_and_the_backstop_holds_its_memory(claimed):
         assert proc.stderr.count(INACTIVE) == 1, proc.stderr
         info = lines_kv(proc.stdout)
         assert int(info["cu_total"]) > LIMIT, info  # the whole simulated GPU: no limit in queries
+
+        # under its limit it runs on, and the agent reports it as held by the backstop alone
+        w = runner.start_command(f"musl{uuid.uuid4().hex[:6]}", ids,
+                                 [roots.PROBE, "alloc", "--chunk", "64Mi", "--max", "64Mi", "--hold", "30"])
+        node.workloads.append(w)
+        assert int(w.read_until("allocated=", timeout=60)["allocated"]) == 64 * MiB
+        wait_for(lambda: processes(node, "backstop") == 1 and processes(node, "library") == 0, timeout=20)
+        assert w.running()
+        w.stop()
 
         # the backstop: more than the claim through the simulated driver, and the container dies
         w = runner.start_command(f"musl{uuid.uuid4().hex[:6]}", ids,
