@@ -63,7 +63,8 @@ def _add_cluster(p: argparse.ArgumentParser) -> None:
                    help="this node's name; the ResourceSlice pool is named after it (env NODE_NAME, "
                         "set from the downward API in the DaemonSet)")
     g.add_argument("--kubeconfig", default=None, type=flags.existing_file,
-                   help="kubeconfig file; unset: the in-cluster service account config")
+                   help="kubeconfig file; unset, as kubectl: $KUBECONFIG, then ~/.kube/config if it exists, "
+                        "then the in-cluster service account")
     g.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                    help="DRA driver name: in ResourceSlices, DeviceClass selectors and socket names")
 
@@ -72,9 +73,10 @@ def _add_devices(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("GPUs and sharing")
     g.add_argument("--device-backend", default="nvml", choices=("nvml", "mock"),
                    help="nvml: the node's real GPUs; mock: simulated GPUs described by --mock-gpus")
-    g.add_argument("--mock-gpus", default="1x16Gi",
-                   help="simulated GPUs for the mock backend: COUNTxMEMORY groups (2x80Gi, 1x80Gi,2x40Gi) "
-                        "or a YAML file with a list 'gpus' of {memory, productName, healthy, ...}")
+    g.add_argument("--mock-gpus", default=None,
+                   help="simulated GPUs for the mock backend (default 1x16Gi): COUNTxMEMORY groups (2x80Gi, "
+                        "1x80Gi,2x40Gi) or a YAML file with a list 'gpus' of {memory, productName, healthy, ...}; "
+                        "refused without --device-backend mock")
     g.add_argument("--sharing-mode", default="auto", choices=SHARING_MODES,
                    help="capacity: one device per GPU with consumable memory/compute capacity (needs the "
                         "DRAConsumableCapacity feature gate); partition: each GPU as --partitions equal "
@@ -104,8 +106,22 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def version_text() -> str:
+    """`gpushare-dra --version`: the package version and what it runs on."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mine = version("gpushare-dra")
+    except PackageNotFoundError:
+        mine = "unknown (not installed; run from a source tree)"
+    return (f"gpushare-dra {mine} (Python {platform.python_version()}, {platform.system().lower()} "
+            f"{platform.machine()}; libgpushare.so built for glibc 2.17 and later, docs/images.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpushare-dra", description=DESCRIPTION, formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=version_text(), help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("kubelet-plugin", formatter_class=_Formatter,

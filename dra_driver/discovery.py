@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from .flags import StartupError
+from .flags import FlagError, StartupError
 from .quantity import QuantityError, format_bytes, parse_bytes
 
 # Identity of simulated GPUs; must stay equal to the defaults of hook/sim (docs/interfaces.md).
@@ -266,9 +266,12 @@ def _text(value: str | bytes) -> str:
 
 
 def make_backend(name: str, mock_gpus: str | None = None) -> DeviceBackend:
-    """The backend for `--device-backend` (and `--mock-gpus` for the mock one)."""
+    """The backend for `--device-backend` (and `--mock-gpus` for the mock one, 1x16Gi unset)."""
     if name == "mock":
         return MockBackend(mock_gpus or "1x16Gi")
+    if mock_gpus is not None:  # simulated GPUs asked for on a real backend: a mistake, not a no-op
+        raise FlagError("--mock-gpus", f"only with --device-backend mock (this is --device-backend {name}); "
+                        "remove it, or add --device-backend mock")
     if name == "nvml":
         return NvmlBackend()
     raise DiscoveryError(f"--device-backend: unknown backend {name!r}; choose nvml or mock")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from typing import Any
 
+import yaml
 from kubernetes import client, config
 
 from .flags import StartupError
@@ -21,20 +23,36 @@ class KubeConfigError(StartupError, RuntimeError):
     """No usable cluster configuration; the message says which source failed."""
 
 
+def config_source(kubeconfig: str | None = None) -> tuple[str | None, str]:
+    """(kubeconfig files or None for in-cluster, how it was chosen), in kubectl's order:
+    `--kubeconfig`, then `$KUBECONFIG` (files separated by ':', merged), then ~/.kube/config
+    when it exists, else the pod's service account."""
+    if kubeconfig:
+        return kubeconfig, f"--kubeconfig {kubeconfig}"
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"], f"$KUBECONFIG ({os.environ['KUBECONFIG']})"
+    home = os.path.expanduser("~/.kube/config")
+    if os.path.isfile(home):
+        return home, home
+    return None, "the in-cluster service account (outside a pod: set --kubeconfig or $KUBECONFIG)"
+
+
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """A client from `--kubeconfig`, or the in-cluster service account when unset."""
+    """A client from the configuration config_source() picks."""
+    files, source = config_source(kubeconfig)
     try:
-        if kubeconfig:
+        if files:
             from_file: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig)
+                config_file=files)
             return from_file
         cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         return client.ApiClient(cfg)
-    except (config.ConfigException, OSError) as e:
-        source = (f"--kubeconfig {kubeconfig}" if kubeconfig
-                  else "the in-cluster service account (set --kubeconfig outside a pod)")
+    except (config.ConfigException, OSError, yaml.YAMLError, ValueError) as e:
         raise KubeConfigError(f"cannot load the Kubernetes configuration from {source}: {e}") from None
+    except (TypeError, AttributeError):  # how the client's loader fails on YAML that is no mapping
+        raise KubeConfigError(f"cannot load the Kubernetes configuration from {source}: not a kubeconfig "
+                              "(a YAML mapping with clusters, contexts and users)") from None
 
 
 def json_body(response: Any) -> JSON:
@@ -59,6 +77,16 @@ def status_reason(exc: client.ApiException) -> str:
         return json.loads(exc.body or "{}").get("reason") or str(exc.reason)
     except (ValueError, AttributeError):
         return str(exc.reason)
+
+
+def api_error(exc: client.ApiException) -> str:
+    """`HTTP 422 Invalid: <the server's message>`: what failed, as the API server explains it
+    (which field, which value), for logs and errors."""
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"HTTP {exc.status} {status_reason(exc)}" + (f": {message}" if message else "")
 
 
 def warning_event(involved: dict[str, str], reason: str, message: str, *, namespace: str, component: str,

@@ -28,6 +28,7 @@ from cdi import SpecDir, find_devices_of_kind, remove_temp_files
 from dra_driver.devicemodel import parse_device_name
 from dra_driver.discovery import DeviceBackend, GpuInfo
 from dra_driver.install import LIBRARY_NAME, prune_versions
+from dra_driver.kube import api_error
 from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
@@ -204,8 +205,8 @@ class Driver:
             if e.status == 404:
                 raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: not found",
                                  reason="claim_not_found") from None
-            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: HTTP {e.status} {e.reason}",
-                                 reason="api_error") from None
+            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {api_error(e)}",
+                             reason="api_error") from None
         except Exception as e:  # connection refused, timeouts: the kubelet retries
             raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {e}", reason="api_error") from None
         got = (claim.get("metadata") or {}).get("uid")

@@ -19,7 +19,15 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    make_wsgi_app,
+)
 
 from dra_driver.flags import split_host_port
 
@@ -35,6 +43,9 @@ def version() -> str:
 
 class Metrics:
     def __init__(self) -> None:
+        # no `<counter>_created` series: Prometheus stores each as a series of its own, and no
+        # query here needs a counter's creation time (process-wide setting of the client)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()  # per plugin, so tests can run several in one process
         ProcessCollector(registry=self.registry)
         Gauge("gpushare_build_info", "Always 1; the labels say which build runs",

@@ -143,6 +143,9 @@ def kube_versions():
     (["discover", "--device-backend", "mock", "--mock-gpus", "0x80Gi"],
      f"gpushare-dra discover: error: --mock-gpus: count in '0x80Gi' is below 1 ({MOCK_ACCEPTED})"),
     (["demo", "--mock-gpus", "2x80"], f"gpushare-dra demo: error: --mock-gpus memory: '80' in '2x80' {BELOW_1GI}"),
+    (["discover", "--mock-gpus", "2x80Gi"],
+     "gpushare-dra discover: error: --mock-gpus: only with --device-backend mock (this is --device-backend nvml); "
+     "remove it, or add --device-backend mock"),
     (["kubelet-plugin", "--health-ignore-xids", "abc"],
      f"gpushare-dra kubelet-plugin: error: --health-ignore-xids: 'abc' is not an XID {XIDS_ACCEPTED}"),
     (["kubelet-plugin", "--health-ignore-xids", "-3"],
@@ -258,6 +261,11 @@ def test_demo_without_the_demo_extra_prints_the_install_hint():
     assert (res.returncode, res.stdout) == (2, "")
     assert res.stderr == ("gpushare-dra demo: error: needs the optional 'demo' dependencies (jsonschema is "
                           "missing); install them with: pip install 'gpushare-dra[demo]'\n")
+
+
+def test_version_names_the_package_and_platform():
+    out = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and re.match(r"gpushare-dra \S+ \(Python 3\.\d+", out.stdout), out
 
 
 def test_help_shows_each_default_once():

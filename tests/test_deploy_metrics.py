@@ -80,6 +80,34 @@ def test_servicemonitor_component_selects_the_service(tmp_path):
     assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
     assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in svc["spec"]["ports"]]
     assert "ServiceMonitor" not in {o["kind"] for o in kustomize(DEPLOY)}  # opt-in only
+    # the labels of a claim's series as Prometheus stores them through this ServiceMonitor
+    claim_series = {"namespace": "team-a", "claim": "shared-gpu", "gpu": "GPU-0"}
+    for endpoint in sm["spec"]["endpoints"]:
+        stored = stored_labels(claim_series, endpoint)
+        assert stored["namespace"] == "team-a" and "exported_namespace" not in stored, stored
+
+
+# Labels the Prometheus Operator gives every target of a ServiceMonitor (its generated scrape
+# config); a scraped label of the same name is renamed exported_<name> unless honorLabels is true
+# (Prometheus' honor_labels).
+TARGET_LABELS = {"job": "gpushare", "instance": "10.0.0.1:9400", "namespace": "gpushare-system",
+                 "pod": "gpushare-kubelet-plugin-x", "service": "gpushare", "endpoint": "metrics",
+                 "container": "plugin"}
+
+
+def stored_labels(scraped: dict[str, str], endpoint: dict) -> dict[str, str]:
+    targets = dict(TARGET_LABELS)
+    targets.update({r["targetLabel"]: "node-1" for r in endpoint.get("relabelings", []) if "targetLabel" in r})
+    if endpoint.get("honorLabels"):
+        return {**targets, **scraped}
+    out = dict(targets)
+    for name, value in scraped.items():
+        out[f"exported_{name}" if name in targets else name] = value
+    return out
+
+
+def test_stored_labels_model_renames_without_honor_labels():
+    assert stored_labels({"namespace": "team-a"}, {})["exported_namespace"] == "team-a"
 
 
 def test_every_plugin_env_var_is_read():

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 CLAIM = ["namespace", "claim", "gpu"]
 
 
-def under_library(pids: dict[int, int] | set[int], slots: list[Slot]) -> int:
+def under_library(pids: set[int], slots: list[Slot]) -> int:
     """How many of these host pids hold one of the region's usage slots (the library is active in them)."""
     taken = {(s.pidns, s.pid, s.start_time) for s in slots}
     return sum(1 for pid in pids if slot_key(pid) in taken)
@@ -76,9 +76,10 @@ class AgentCollector:
                     c["oom_refusals"].add_metric(labels, region.oom_refusals if region else 0)
                     c["backstop_violations"].add_metric(labels, a.backstop.violations.get((cl.uid, i), 0))
                     c["backstop_kills"].add_metric(labels, a.backstop.kills.get((cl.uid, i), 0))
-                    library = under_library(cl.process_memory[i], region.slots() if region else [])
+                    holding = {pid for pid, used in cl.process_memory[i].items() if used > 0}
+                    library = under_library(holding, region.slots() if region else [])
                     processes.add_metric([*labels, "library"], library)
-                    processes.add_metric([*labels, "backstop"], len(cl.process_memory[i]) - library)
+                    processes.add_metric([*labels, "backstop"], len(holding) - library)
         yield from g.values()
         yield from c.values()
         yield processes

@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes import client
 
-from dra_driver.kube import BACKGROUND_API_TIMEOUT_S
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_error
 from dra_driver.log import get_logger
 from kubeletplugin.prepared import PreparedClaim
 
@@ -107,7 +107,7 @@ class StatusWriter:
             if e.status in (404, 409) and patch and patch[0].get("$patch") == "delete":
                 return True  # the claim is gone or recreated: nothing of ours to remove
             log.warning("writing claim status failed; will retry", claim=f"{ns}/{name}", uid=uid,
-                        error=f"HTTP {e.status} {e.reason}")
+                        error=api_error(e))
         except Exception as e:  # connection refused, timeouts
             log.warning("writing claim status failed; will retry", claim=f"{ns}/{name}", uid=uid, error=str(e))
         return False

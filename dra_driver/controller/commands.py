@@ -9,7 +9,7 @@ from kubernetes import client
 from ..discovery import make_backend
 from ..flags import FlagError
 from ..kube import api_client as make_api_client
-from ..kube import json_body
+from ..kube import api_error, json_body
 from ..log import get_logger
 from ..runloop import serve
 from .reconciler import REQUEST_TIMEOUT, SliceController
@@ -71,7 +71,7 @@ def run_cleanup(args: argparse.Namespace) -> int:
     try:
         deleted = delete_slices(make_api_client(args.kubeconfig), args.driver_name, node)
     except client.ApiException as e:
-        log.error("cleanup failed", status=e.status, reason=e.reason)
+        log.error("cleanup failed", error=api_error(e))
         return 1
     log.info("deleted ResourceSlices", driver=args.driver_name, node=node or "<all nodes>", count=deleted)
     return 0

@@ -24,7 +24,7 @@ from kubernetes import client, watch
 
 from .. import devicemodel
 from ..discovery import DeviceBackend, DiscoveryError, GpuInfo
-from ..kube import JSON, json_body, plain, status_reason, warning_event
+from ..kube import JSON, api_error, json_body, plain, warning_event
 from ..log import get_logger
 from . import slices
 
@@ -116,7 +116,7 @@ class SliceWatch:
                     log.info("slice watch expired, re-listing", selector=self._selector)
                     resource_version = None
                     continue
-                self._pause(f"HTTP {e.status} {status_reason(e)}")
+                self._pause(api_error(e))
             except Exception as e:  # connection refused, reset, timeouts: the server comes back
                 if self._stopped.is_set():
                     return
@@ -323,7 +323,7 @@ class SliceController:
                 raise  # transient: retry with backoff
             # Refused outright (an admission policy, say): assume the most portable server.
             self.log.warning("server refused the feature probe; assuming no consumable capacity and no "
-                             "device taints", error=f"HTTP {e.status} {status_reason(e)}")
+                             "device taints", error=api_error(e))
             returned = {}
         capacity, taints = slices.kept_features(probe, returned)
         self._set_features(bool(capacity), bool(taints))
@@ -395,5 +395,5 @@ class SliceController:
 
 def _describe(e: Exception) -> str:
     if isinstance(e, client.ApiException):
-        return f"HTTP {e.status} {status_reason(e)}"
+        return api_error(e)
     return f"{type(e).__name__}: {e}"

@@ -29,8 +29,13 @@ def test_metrics_match_what_the_claim_did(node):
     # pacing: a launch loop at 30 % waits most of the time
     node.run("spin", ids, "launch", "--seconds", "1.5").wait(timeout=30)
     assert node.claim_metric("gpushare_claim_paced_seconds_total", ref) > 0.5
+    # the hog's process took a usage slot: the library holds it, not the backstop alone
+    assert wait_for(lambda: node.claim_metric("gpushare_claim_processes", ref) is not None)
+    by = {dict(k)["enforcement"]: v for k, v in node.scrape()["gpushare_claim_processes"].items()}
+    assert by == {"library": 1, "backstop": 0}, by
     m = node.scrape()
     assert m["gpushare_prepared_claims"][()] == 1
+    assert not [name for name in m if name.endswith("_created")]  # Prometheus would store each as a series
     gpu0 = next(v for k, v in m["gpushare_gpu_memory_used_bytes"].items() if dict(k)["index"] == "0")
     assert gpu0 >= 256 * MiB
     assert any(v == 1 for k, v in m["gpushare_kubelet_plugin_claims_total"].items()
