@@ -21,8 +21,8 @@ pytestmark = needs_kubectl
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
-# The README's examples (deploy/examples/e2e is hack/e2e-kind.sh's scenario, with its own
-# claim shared-gpu: the two sets are not meant to be applied together).
+# The README's examples (deploy/examples/e2e is hack/e2e-kind.sh's scenario; no object of one
+# set has the name of another's, so both apply in one go: test_examples_and_e2e_apply_together).
 EXAMPLES = sorted((DEPLOY / "examples").glob("*.yaml"))
 
 
@@ -113,7 +113,7 @@ def test_switching_overlays_patches_the_daemonset_to_the_rendering(kubectl, depl
 
 def test_examples_are_created(deployed):
     lines = deployed["examples"].splitlines()
-    assert "resourceclaim.resource.k8s.io/shared-gpu created" in lines
+    assert "resourceclaim.resource.k8s.io/team-gpu created" in lines
     assert "resourceclaimtemplate.resource.k8s.io/gpu-10gi-30pct created" in lines
     assert "pod/trainer created" in lines
     assert all(line.endswith((" created", " unchanged", " configured")) for line in lines), lines
@@ -123,12 +123,12 @@ def test_get_prints_the_real_servers_columns(kubectl, deployed):
     # An allocation as the scheduler writes it, reserved for a pod: STATE says both.
     status = {"status": {"allocation": {"devices": {"results": [
         {"request": "gpu", "driver": "gpushare.dev", "pool": "node-a", "device": "gpu-0"}]}},
-        "reservedFor": [{"resource": "pods", "name": "shared-gpu-a", "uid": "1d2c0a5e-7a4b-4c3e-9f10-0c4f7a9b2e11"}]}}
-    kubectl("patch", "resourceclaim", "shared-gpu", "--subresource=status", "--type=merge", "-p",
+        "reservedFor": [{"resource": "pods", "name": "team-gpu-a", "uid": "1d2c0a5e-7a4b-4c3e-9f10-0c4f7a9b2e11"}]}}
+    kubectl("patch", "resourceclaim", "team-gpu", "--subresource=status", "--type=merge", "-p",
             json.dumps(status))
     claims = {r["NAME"]: r for r in table(kubectl("get", "resourceclaims"))}
-    assert list(claims["shared-gpu"]) == ["NAME", "STATE", "AGE"]
-    assert claims["shared-gpu"]["STATE"] == "allocated,reserved"
+    assert list(claims["team-gpu"]) == ["NAME", "STATE", "AGE"]
+    assert claims["team-gpu"]["STATE"] == "allocated,reserved"
     assert claims["whole-gpu"]["STATE"] == "pending"
     (slice_row,) = table(kubectl("get", "resourceslices"))
     assert slice_row.pop("AGE").endswith(("s", "m"))
@@ -194,14 +194,22 @@ def test_claim_spec_is_immutable(kubectl, deployed):
     assert "memory: 8Gi" in text
     out = kubectl.run("apply", "-f", "-", input=text.replace("memory: 8Gi", "memory: 4Gi"), check=False)
     assert out.returncode != 0
-    assert 'The ResourceClaim "shared-gpu" is invalid: spec: Invalid value: field is immutable' in out.stderr
-    assert "memory: 8Gi" in kubectl("get", "resourceclaim", "shared-gpu", "-o", "yaml")
+    assert 'The ResourceClaim "team-gpu" is invalid: spec: Invalid value: field is immutable' in out.stderr
+    assert "memory: 8Gi" in kubectl("get", "resourceclaim", "team-gpu", "-o", "yaml")
 
 
 def claim(name, **exactly):
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpushare.dev",
                                                                           **exactly}}]}}}
+
+
+def test_examples_and_e2e_apply_together(kubectl, deployed):
+    """Applying deploy/examples and then its e2e scenario (a reader trying each) never updates or
+    conflicts with an object of the other set."""
+    out = kubectl.run("apply", "-R", "-f", DEPLOY / "examples", check=False)
+    assert out.returncode == 0, out.stderr
+    assert not [line for line in out.stdout.splitlines() if line.endswith(" configured")], out.stdout
 
 
 def test_invalid_objects_are_refused(kubectl, deployed):
