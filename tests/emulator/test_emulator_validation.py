@@ -135,3 +135,16 @@ def test_enabled_features_keep_fields(resource):
     assert device.capacity["memory"].request_policy.default == "1Gi"
     claim = resource.create_namespaced_resource_claim("ns1", claim_body(capacity={"memory": "4Gi"}))
     assert claim.spec.devices.requests[0].exactly.capacity.requests == {"memory": "4Gi"}
+
+
+def test_quantities_are_stored_as_the_real_server_stores_them(emu):
+    """apimachinery's canonical form: a JSON number becomes a string, a value takes the largest
+    suffix of its format that keeps it whole (0.5Gi -> 512Mi, 1000 -> 1k, 1.5 -> 1500m)."""
+    capacity = {"memory": "0.5Gi", "compute": 20, "a": "1000", "b": "1.5", "c": "4G", "d": "1e3", "e": 0.25}
+    code, _, stored = http(emu, "POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+                           claim_body("canonical", capacity=capacity))
+    assert code == 201, stored
+    assert stored["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"] == {
+        "memory": "512Mi", "compute": "20", "a": "1k", "b": "1500m", "c": "4G", "d": "1e3", "e": "250m"}
+    code, _, read = http(emu, "GET", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/canonical")
+    assert read["spec"] == stored["spec"]

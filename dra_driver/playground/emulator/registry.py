@@ -50,6 +50,13 @@ class Write:
                               f'supported: use one of "Ignore", "Warn" or "Strict"')
 
 
+def _set_path(obj, path, value):
+    node = obj
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+
+
 def _drop_path(obj, path):
     node = obj
     for part in path[:-1]:
@@ -113,6 +120,11 @@ class Registry:
         """Unknown fields as the request's fieldValidation asks: refused (Strict, 400),
         dropped with a warning (Warn) or dropped silently (Ignore)."""
         unknown = self.validator.decode(obj, rt)
+        canonical = self.validator.canonical_quantities(obj, rt)
+        if canonical:  # stored as the real server stores quantities
+            obj = copy.deepcopy(obj)
+            for path, text in canonical:
+                _set_path(obj, path, text)
         if not unknown:
             return obj
         names = [f'unknown field "{field_path(p)}"' for p in unknown]

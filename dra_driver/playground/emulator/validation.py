@@ -1,6 +1,7 @@
 """Validation as kube-apiserver does it: the upstream OpenAPI schema (strict: unknown fields are
 refused) plus the semantic checks that the schema cannot express."""
 
+import decimal
 import functools
 import json
 import pathlib
@@ -359,6 +360,53 @@ def decode_problems(obj, rt, kube_version):
     return unknown
 
 
+_DECIMAL_SUFFIXES = {-3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def canonical_quantity(value):
+    """The form the API server stores a Quantity in (apimachinery's CanonicalizeBytes): the
+    value rounded up to a milli-unit, written with the largest suffix of the input's format
+    (binary Ki..Ei, decimal m..E, or an e-exponent) that keeps the mantissa whole. Binary values
+    below 1024 or with a fraction are written decimal. A JSON number (`compute: 20`) is decimal."""
+    text = str(value).strip()
+    number = parse_quantity(text)
+    number = number.quantize(decimal.Decimal("0.001"), rounding=decimal.ROUND_CEILING) \
+        if number >= 0 else -(-number).quantize(decimal.Decimal("0.001"), rounding=decimal.ROUND_CEILING)
+    binary = text.endswith(("i",)) and not isinstance(value, (int, float))
+    exponent_form = isinstance(value, str) and re.search(r"[eE][-+]?[0-9]+$", text) is not None
+    if binary and abs(number) >= 1024 and number == number.to_integral_value():
+        mantissa, power = int(number), 0
+        while power < len(_BINARY_SUFFIXES) - 1 and mantissa % 1024 == 0:
+            mantissa, power = mantissa // 1024, power + 1
+        return f"{mantissa}{_BINARY_SUFFIXES[power]}"
+    mantissa, exponent = int(number * 1000), -3  # whole milli-units
+    while mantissa % 1000 == 0 and exponent < 18 and mantissa != 0:
+        mantissa, exponent = mantissa // 1000, exponent + 3
+    if mantissa == 0:
+        return "0"
+    if exponent_form:
+        return f"{mantissa}e{exponent}" if exponent else str(mantissa)
+    return f"{mantissa}{_DECIMAL_SUFFIXES[exponent]}"
+
+
+def quantities_to_canonicalize(obj, rt, kube_version):
+    """[(path, canonical text)] for each Quantity in obj not already in its stored form."""
+    name = definition_name(kube_version, rt)
+    if name is None:
+        return []
+    changes = []
+    for path, value in _walk(obj, {"$ref": name}, upstream_definitions(kube_version)):
+        if value is UNKNOWN or isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            continue
+        if isinstance(value, str) and not _is_quantity(value):
+            continue  # decode_problems refuses it
+        text = canonical_quantity(value)
+        if text != value:
+            changes.append((path, text))
+    return changes
+
+
 @functools.cache
 def upstream_definitions(kube_version):
     """{name: schema} of every upstream type (the non-strict schemas)."""
@@ -395,6 +443,12 @@ class Validator:
         if not self.enabled:
             return []
         return decode_problems(obj, rt, self.kube_version)
+
+    def canonical_quantities(self, obj, rt):
+        """[(path, stored form)] of obj's quantities written otherwise (`20` -> "20", "0.5Gi" -> "512Mi")."""
+        if not self.enabled:
+            return []
+        return quantities_to_canonicalize(obj, rt, self.kube_version)
 
     def errors(self, obj, rt):
         """Every FieldError for obj; schemas are applied to resource.k8s.io objects and to the
