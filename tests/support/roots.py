@@ -61,9 +61,12 @@ def glibc_root(suite: str) -> Path:
     with _locked():
         if not root.is_dir():
             tmp = CACHE / f"{suite}.partial"
-            shutil.rmtree(tmp, ignore_errors=True)
-            proc = subprocess.run(["debootstrap", "--variant=minbase", suite, str(tmp), MIRROR],
-                                  capture_output=True, text=True, timeout=1200)
+            for _attempt in range(2):  # once more after a mirror's hiccup; a second failure is real
+                shutil.rmtree(tmp, ignore_errors=True)
+                proc = subprocess.run(["debootstrap", "--variant=minbase", suite, str(tmp), MIRROR],
+                                      capture_output=True, text=True, timeout=1200)
+                if proc.returncode == 0:
+                    break
             if proc.returncode != 0:
                 tail = (proc.stdout + proc.stderr)[-2000:]
                 raise RuntimeError(f"debootstrap {suite} from {MIRROR} failed ({proc.returncode}):\n{tail}")
