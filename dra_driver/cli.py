@@ -269,7 +269,50 @@ def build_parser() -> argparse.ArgumentParser:
     from .playground.commands import add_commands
 
     add_commands(sub, _Formatter, _add_logging)
+    for sub_parser in {id(p): p for p in sub.choices.values()}.values():
+        _env_defaults(sub_parser)
     return parser
+
+
+# Flags whose environment variable is not GPUSHARE_<FLAG> (names users already know).
+_ENV_OF = {"--kubeconfig": "KUBECONFIG", "--node-name": "NODE_NAME"}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def env_name(flag: str) -> str:
+    """--health-ignore-xids -> GPUSHARE_HEALTH_IGNORE_XIDS"""
+    return _ENV_OF.get(flag) or "GPUSHARE_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _env_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every flag of a command can be set by its environment variable (a DaemonSet's env or a
+    ConfigMap): the variable replaces the default, the flag still wins, and a bad value is the
+    same one-line error as the flag's. --help names each variable."""
+    for action in parser._actions:
+        flag = next((o for o in action.option_strings if o.startswith("--")), None)
+        if flag is None or action.dest in ("help", "version"):
+            continue
+        name = env_name(flag)
+        if action.help and name not in action.help:
+            action.help += f" (env {name})"
+        value = os.environ.get(name)
+        if value is None or flag in _ENV_OF:  # those two are read where they are used
+            continue
+        if action.nargs == 0:  # on/off flags
+            if value.strip().lower() not in _TRUE + _FALSE:
+                action.default, action.type = value, _refuse(name, value, "is not true or false")
+            else:
+                action.default = value.strip().lower() in _TRUE
+        elif action.choices is not None and value not in action.choices:
+            action.default, action.type = value, _refuse(name, value, f"is not one of {', '.join(action.choices)}")
+        else:
+            action.default = value  # a string default: argparse converts it with the flag's type
+
+
+def _refuse(name: str, value: str, problem: str) -> Callable[[str], object]:
+    def refuse(_: str) -> object:
+        raise argparse.ArgumentTypeError(f"{value!r} from ${name} {problem}")
+    return refuse
 
 
 def _lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:

@@ -366,3 +366,31 @@ def test_discover_snake_case_keys_are_refused(tmp_path):
         f"gpushare-dra discover: error: {f}: gpus[0]: unknown field(s) ['memory_bytes', 'product_name'] "
         "(accepted, camelCase: index, memory, uuid, productName, architecture, cudaComputeCapability, "
         "driverVersion, cudaDriverVersion, healthy, healthReason)")
+
+
+def test_every_flag_has_an_environment_variable(monkeypatch):
+    monkeypatch.setenv("GPUSHARE_PARTITIONS", "4")
+    monkeypatch.setenv("GPUSHARE_SHARING_MODE", "partition")
+    monkeypatch.setenv("GPUSHARE_PUBLISH_SLICES", "false")
+    monkeypatch.setenv("GPUSHARE_AGENT_INTERVAL", "0.5")
+    args = parse("kubelet-plugin")
+    got = (args.partitions, args.sharing_mode, args.publish_slices, args.agent_interval)
+    assert got == (4, "partition", False, 0.5)
+    assert parse("kubelet-plugin", "--partitions", "2", "--publish-slices").partitions == 2  # the flag wins
+    assert parse("kubelet-plugin", "--publish-slices").publish_slices is True
+    help_text = build_parser()._subparsers._group_actions[0].choices["kubelet-plugin"].format_help()
+    assert "GPUSHARE_PARTITIONS" in help_text and "GPUSHARE_CDI_ROOT" in help_text
+
+
+@pytest.mark.parametrize("name, value, line", [
+    ("GPUSHARE_SHARING_MODE", "bogus", "--sharing-mode: 'bogus' from $GPUSHARE_SHARING_MODE is not one of auto, "
+                                       "capacity, partition"),
+    ("GPUSHARE_PUBLISH_SLICES", "maybe", "--publish-slices/--no-publish-slices: 'maybe' from "
+                                         "$GPUSHARE_PUBLISH_SLICES is not true or false"),
+    ("GPUSHARE_PARTITIONS", "0", "--partitions: 0 is out of range 1..128"),
+])
+def test_a_bad_environment_variable_is_one_line(name, value, line):
+    import os
+
+    assert refused(["kubelet-plugin"], env=dict(os.environ, **{name: value})) == \
+        f"gpushare-dra kubelet-plugin: error: {line}"
