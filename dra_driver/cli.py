@@ -50,8 +50,7 @@ def _add_logging(p: argparse.ArgumentParser) -> None:
     from .log import FORMATS, LEVELS
 
     g = p.add_argument_group("logging")
-    g.add_argument("--log-level", default=os.environ.get("GPUSHARE_LOG_LEVEL", "info"), choices=LEVELS,
-                   help="least severe messages to print (env GPUSHARE_LOG_LEVEL)")
+    g.add_argument("--log-level", default="info", choices=LEVELS, help="least severe messages to print")
     g.add_argument("--log-format", default="auto", choices=FORMATS,
                    help="json: one JSON object per line (for log collectors); console: readable; "
                         "auto: json unless stderr is a terminal")
@@ -171,11 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a GPU marked unhealthy by an event is healthy again after this long without a new "
                         "critical event, once NVML reaches it with no page retirement or row remapping pending")
     g.add_argument("--health-ignore-xids", metavar="LIST", type=flags.xid_list,
-                   default=os.environ.get("GPUSHARE_HEALTH_IGNORE_XIDS", ""),
+                   default="",
                    help="XIDs that never mark a GPU unhealthy, added to the built-in application XIDs "
                         "13,31,43,45,68,109: comma-separated numbers such as 63,92 for XIDs harmless on "
                         "your fleet, or 'all' to ignore every XID (double-bit ECC errors still count); "
-                        "empty adds none (default empty; env GPUSHARE_HEALTH_IGNORE_XIDS)")
+                        "empty adds none (default empty)")
     _add_devices(p)
     _add_logging(p)
     p.set_defaults(run=_lazy("kubeletplugin.main", "run"))
@@ -269,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .playground.commands import add_commands
 
     add_commands(sub, _Formatter, _add_logging)
-    for sub_parser in {id(p): p for p in sub.choices.values()}.values():
+    for sub_parser in sub.choices.values():
         _env_defaults(sub_parser)
     return parser
 

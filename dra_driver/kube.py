@@ -71,21 +71,24 @@ def plain(body: JSON) -> Any:
     return body
 
 
+def _status(exc: client.ApiException) -> JSON:
+    """The Status object the server sent with the error ({} when the body is not one)."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 def status_reason(exc: client.ApiException) -> str:
     """The `reason` of a Status body (NotFound, Conflict, ...), or the HTTP status text."""
-    try:
-        return json.loads(exc.body or "{}").get("reason") or str(exc.reason)
-    except (ValueError, AttributeError):
-        return str(exc.reason)
+    return _status(exc).get("reason") or str(exc.reason)
 
 
 def api_error(exc: client.ApiException) -> str:
     """`HTTP 422 Invalid: <the server's message>`: what failed, as the API server explains it
     (which field, which value), for logs and errors."""
-    try:
-        message = json.loads(exc.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
+    message = _status(exc).get("message")
     return f"HTTP {exc.status} {status_reason(exc)}" + (f": {message}" if message else "")
 
 

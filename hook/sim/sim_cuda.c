@@ -76,7 +76,7 @@ static void register_fork(void) { pthread_atfork(NULL, NULL, fork_child); }
 #define NEED_CTX()                                                    \
     do {                                                              \
         NEED_INIT();                                                  \
-        if (!me()->cur) return CUDA_ERROR_INVALID_CONTEXT;                \
+        if (!me()->cur) return CUDA_ERROR_INVALID_CONTEXT;            \
     } while (0)
 #define VALID_DEV(d)                                                  \
     do {                                                              \
@@ -200,7 +200,8 @@ SIM_API CUresult cuCtxDestroy_v2(CUcontext c)
 {
     NEED_INIT();
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    if (me()->cur == c) me()->cur = NULL;
+    struct sim_thread *t = me();
+    if (t->cur == c) t->cur = NULL;
     if (c < &g_primary[0] || c > &g_primary[SIM_MAX_DEV - 1]) free(c);
     return CUDA_SUCCESS;
 }
@@ -209,16 +210,18 @@ SIM_API CUresult cuCtxGetCurrent(CUcontext *c) { NEED_INIT(); *c = me()->cur; re
 SIM_API CUresult cuCtxPushCurrent_v2(CUcontext c)
 {
     NEED_INIT();
-    if (me()->depth >= 16) return CUDA_ERROR_INVALID_VALUE;
-    me()->stack[me()->depth++] = me()->cur;
-    me()->cur = c;
+    struct sim_thread *t = me();
+    if (t->depth >= 16) return CUDA_ERROR_INVALID_VALUE;
+    t->stack[t->depth++] = t->cur;
+    t->cur = c;
     return CUDA_SUCCESS;
 }
 SIM_API CUresult cuCtxPopCurrent_v2(CUcontext *c)
 {
     NEED_CTX();
-    if (c) *c = me()->cur;
-    me()->cur = me()->depth > 0 ? me()->stack[--me()->depth] : NULL;
+    struct sim_thread *t = me();
+    if (c) *c = t->cur;
+    t->cur = t->depth > 0 ? t->stack[--t->depth] : NULL;
     return CUDA_SUCCESS;
 }
 SIM_API CUresult cuCtxGetDevice(CUdevice *d)
@@ -227,7 +230,11 @@ SIM_API CUresult cuCtxGetDevice(CUdevice *d)
     *d = me()->cur->dev;
     return CUDA_SUCCESS;
 }
-static void wait_idle(void) { sim_wait(me()->cur->dev, sim_position(me()->cur->dev)); }
+static void wait_idle(void)
+{
+    int dev = me()->cur->dev;
+    sim_wait(dev, sim_position(dev));
+}
 
 /* ---- stream capture: the real driver's rules, stricter for event records ----
  * Work launched into a capturing stream becomes a graph node instead of running. These
@@ -464,7 +471,8 @@ static CUresult stream_query(CUstream s, int ptsz)
     NEED_CTX();
     CUresult rc = stream_check(s, ptsz);
     if (rc != CUDA_SUCCESS) return rc;
-    return sim_done(me()->cur->dev, sim_position(me()->cur->dev)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    int dev = me()->cur->dev;
+    return sim_done(dev, sim_position(dev)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 SIM_API CUresult cuStreamQuery(CUstream s) { return stream_query(s, 0); }
 SIM_API CUresult cuStreamQuery_ptsz(CUstream s) { return stream_query(s, 1); }

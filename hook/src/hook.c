@@ -23,8 +23,8 @@
 #include "cuda_abi.h"
 #include "limits.h"
 #include "log.h"
-#include "rawstat.h"
 #include "ptrmap.h"
+#include "rawstat.h"
 #include "region.h"
 #include "dlsym.h"
 

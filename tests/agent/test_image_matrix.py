@@ -22,8 +22,9 @@ import uuid
 
 import pytest
 
-from dra_driver.playground.containers import PodmanRunner, parse_kv
+from dra_driver.playground.containers import PodmanRunner
 from tests.support import CPU_TIMED, MiB, roots, wait_for
+from tests.support.hook import kv
 
 pytestmark = pytest.mark.podman
 
@@ -58,14 +59,6 @@ def processes(node, enforcement: str) -> float:
     return sum(v for labels, v in samples.items() if dict(labels)["enforcement"] == enforcement)
 
 
-def lines_kv(text: str) -> dict[str, str]:
-    """Every key=value of every line (later lines win)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        out.update(parse_kv(line))
-    return out
-
-
 @CPU_TIMED
 @pytest.mark.parametrize("suite", sorted(roots.GLIBC_SUITES))
 def test_glibc_image_holds_the_claim(claimed, suite):
@@ -77,11 +70,11 @@ def test_glibc_image_holds_the_claim(claimed, suite):
                                  "ldd --version | head -n 1; " + roots.PROBE + " meminfo"])
         assert f") {roots.GLIBC_SUITES[suite]}\n" in proc.stdout, proc.stdout  # ldd (Debian GLIBC ...) 2.31
         assert "preload=/usr/local/gpushare/lib/libgpushare.so" in proc.stdout
-        info = lines_kv(proc.stdout)
+        info = kv(proc.stdout)
         assert int(info["cu_total"]) == LIMIT and int(info["nvml_total"]) == LIMIT, info
 
         # OOM exactly at the limit
-        out = lines_kv(run(runner, ids, [roots.PROBE, "alloc", "--chunk", "64Mi", "--max", "1Gi"]).stdout)
+        out = kv(run(runner, ids, [roots.PROBE, "alloc", "--chunk", "64Mi", "--max", "1Gi"]).stdout)
         assert out["result"] == "oom" and int(out["allocated"]) == LIMIT, out
 
         # one budget across containers: a second container gets what the first left
@@ -91,12 +84,12 @@ def test_glibc_image_holds_the_claim(claimed, suite):
         assert int(holder.read_until("allocated=", timeout=60)["allocated"]) == 192 * MiB
         # the agent sees which enforcement holds the process: the library took a slot
         wait_for(lambda: processes(node, "library") == 1 and processes(node, "backstop") == 0, timeout=20)
-        out = lines_kv(run(runner, ids, [roots.PROBE, "alloc", "--chunk", "32Mi", "--max", "1Gi"]).stdout)
+        out = kv(run(runner, ids, [roots.PROBE, "alloc", "--chunk", "32Mi", "--max", "1Gi"]).stdout)
         assert out["result"] == "oom" and int(out["allocated"]) == 64 * MiB, out
         holder.stop()
 
         # paced to the claim's 50 % (unpaced, the probe keeps the simulated GPU busy all the time)
-        out = lines_kv(run(runner, ids, [roots.PROBE, "launch", "--seconds", "4"]).stdout)
+        out = kv(run(runner, ids, [roots.PROBE, "launch", "--seconds", "4"]).stdout)
         assert 35 <= float(out["busy_share"]) <= 65, out
     finally:
         runner.close()
@@ -109,7 +102,7 @@ def test_musl_image_runs_and_the_backstop_holds_its_memory(claimed):
         # starts, exits 0, says once that the library is not active; memory queries unchanged
         proc = run(runner, ids, [roots.PROBE, "meminfo"])
         assert proc.stderr.count(INACTIVE) == 1, proc.stderr
-        info = lines_kv(proc.stdout)
+        info = kv(proc.stdout)
         assert int(info["cu_total"]) > LIMIT, info  # the whole simulated GPU: no limit in queries
 
         # under its limit it runs on, and the agent reports it as held by the backstop alone

@@ -50,18 +50,20 @@ class Write:
                               f'supported: use one of "Ignore", "Warn" or "Strict"')
 
 
-def _set_path(obj, path, value):
+def _parent(obj, path):
+    """The dict or list that holds the value at path."""
     node = obj
     for part in path[:-1]:
         node = node[part]
-    node[path[-1]] = value
+    return node
+
+
+def _set_path(obj, path, value):
+    _parent(obj, path)[path[-1]] = value
 
 
 def _drop_path(obj, path):
-    node = obj
-    for part in path[:-1]:
-        node = node[part]
-    del node[path[-1]]
+    del _parent(obj, path)[path[-1]]
 
 
 def managed_fields(obj):
@@ -118,21 +120,20 @@ class Registry:
 
     def _decode(self, rt, obj, write):
         """Unknown fields as the request's fieldValidation asks: refused (Strict, 400),
-        dropped with a warning (Warn) or dropped silently (Ignore)."""
-        unknown = self.validator.decode(obj, rt)
-        canonical = self.validator.canonical_quantities(obj, rt)
-        if canonical:  # stored as the real server stores quantities
-            obj = copy.deepcopy(obj)
-            for path, text in canonical:
-                _set_path(obj, path, text)
-        if not unknown:
+        dropped with a warning (Warn) or dropped silently (Ignore); quantities stored in the
+        real server's canonical form."""
+        unknown, canonical = self.validator.decode(obj, rt)
+        if unknown:
+            names = [f'unknown field "{field_path(p)}"' for p in unknown]
+            if write.field_validation == "Strict":
+                raise bad_request("strict decoding error: " + ", ".join(names))
+            if write.field_validation == "Warn":
+                write.warnings.extend(names)
+        if not unknown and not canonical:
             return obj
-        names = [f'unknown field "{field_path(p)}"' for p in unknown]
-        if write.field_validation == "Strict":
-            raise bad_request("strict decoding error: " + ", ".join(names))
-        if write.field_validation == "Warn":
-            write.warnings.extend(names)
         obj = copy.deepcopy(obj)
+        for path, text in canonical:
+            _set_path(obj, path, text)
         for path in sorted(unknown, key=len, reverse=True):
             _drop_path(obj, path)
         return obj

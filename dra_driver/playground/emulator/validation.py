@@ -343,12 +343,13 @@ def _is_quantity(text):
 
 
 def decode_problems(obj, rt, kube_version):
-    """Paths of unknown fields in obj; a quantity that does not parse raises 400, as the real
-    server's decoding does before validation."""
+    """(paths of unknown fields in obj, [(path, stored form)] of its quantities written otherwise);
+    a quantity that does not parse raises 400, as the real server's decoding does before
+    validation, and the others are stored as the real server stores them (canonical_quantity)."""
     name = definition_name(kube_version, rt)
     if name is None:  # no schema for this kind: nothing is known to be unknown
-        return []
-    unknown = []
+        return [], []
+    unknown, canonical = [], []
     for path, value in _walk(obj, {"$ref": name}, upstream_definitions(kube_version)):
         if value is UNKNOWN:
             unknown.append(path)
@@ -357,7 +358,11 @@ def decode_problems(obj, rt, kube_version):
                               f"{rt.kind}: quantities must match the regular expression "
                               f"'{QUANTITY_PATTERN.pattern}' (got {value!r} at "
                               f"{field_path(path)})")
-    return unknown
+        elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            text = canonical_quantity(value)
+            if text != value:
+                canonical.append((path, text))
+    return unknown, canonical
 
 
 _DECIMAL_SUFFIXES = {-3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
@@ -366,45 +371,25 @@ _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 def canonical_quantity(value):
     """The form the API server stores a Quantity in (apimachinery's CanonicalizeBytes): the
-    value rounded up to a milli-unit, written with the largest suffix of the input's format
-    (binary Ki..Ei, decimal m..E, or an e-exponent) that keeps the mantissa whole. Binary values
-    below 1024 or with a fraction are written decimal. A JSON number (`compute: 20`) is decimal."""
+    value rounded up (away from zero) to a milli-unit, written with the largest suffix of the
+    input's format (binary Ki..Ei, decimal m..E, or an e-exponent) that keeps the mantissa whole.
+    Binary values below 1024 or with a fraction are written decimal. A JSON number
+    (`compute: 20`) is decimal, or an exponent when it prints as one (1e+20)."""
     text = str(value).strip()
-    number = parse_quantity(text)
-    number = number.quantize(decimal.Decimal("0.001"), rounding=decimal.ROUND_CEILING) \
-        if number >= 0 else -(-number).quantize(decimal.Decimal("0.001"), rounding=decimal.ROUND_CEILING)
-    binary = text.endswith(("i",)) and not isinstance(value, (int, float))
-    exponent_form = isinstance(value, str) and re.search(r"[eE][-+]?[0-9]+$", text) is not None
-    if binary and abs(number) >= 1024 and number == number.to_integral_value():
+    number = parse_quantity(text).quantize(decimal.Decimal("0.001"), rounding=decimal.ROUND_UP)
+    if text.endswith("i") and abs(number) >= 1024 and number == number.to_integral_value():
         mantissa, power = int(number), 0
         while power < len(_BINARY_SUFFIXES) - 1 and mantissa % 1024 == 0:
             mantissa, power = mantissa // 1024, power + 1
         return f"{mantissa}{_BINARY_SUFFIXES[power]}"
     mantissa, exponent = int(number * 1000), -3  # whole milli-units
-    while mantissa % 1000 == 0 and exponent < 18 and mantissa != 0:
-        mantissa, exponent = mantissa // 1000, exponent + 3
     if mantissa == 0:
         return "0"
-    if exponent_form:
+    while mantissa % 1000 == 0 and exponent < 18:
+        mantissa, exponent = mantissa // 1000, exponent + 3
+    if re.search(r"[eE][-+]?[0-9]+$", text):
         return f"{mantissa}e{exponent}" if exponent else str(mantissa)
     return f"{mantissa}{_DECIMAL_SUFFIXES[exponent]}"
-
-
-def quantities_to_canonicalize(obj, rt, kube_version):
-    """[(path, canonical text)] for each Quantity in obj not already in its stored form."""
-    name = definition_name(kube_version, rt)
-    if name is None:
-        return []
-    changes = []
-    for path, value in _walk(obj, {"$ref": name}, upstream_definitions(kube_version)):
-        if value is UNKNOWN or isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            continue
-        if isinstance(value, str) and not _is_quantity(value):
-            continue  # decode_problems refuses it
-        text = canonical_quantity(value)
-        if text != value:
-            changes.append((path, text))
-    return changes
 
 
 @functools.cache
@@ -438,17 +423,12 @@ class Validator:
         self.enabled = enabled
 
     def decode(self, obj, rt):
-        """What decoding checks before validation: unknown field paths (the caller drops,
-        warns or refuses by the request's fieldValidation); bad quantities raise 400."""
+        """What decoding does before validation: (unknown field paths, which the caller drops,
+        warns of or refuses by the request's fieldValidation; [(path, stored form)] of quantities
+        written otherwise, `20` -> "20", "0.5Gi" -> "512Mi"); bad quantities raise 400."""
         if not self.enabled:
-            return []
+            return [], []
         return decode_problems(obj, rt, self.kube_version)
-
-    def canonical_quantities(self, obj, rt):
-        """[(path, stored form)] of obj's quantities written otherwise (`20` -> "20", "0.5Gi" -> "512Mi")."""
-        if not self.enabled:
-            return []
-        return quantities_to_canonicalize(obj, rt, self.kube_version)
 
     def errors(self, obj, rt):
         """Every FieldError for obj; schemas are applied to resource.k8s.io objects and to the
