@@ -10,6 +10,9 @@ from typing import Protocol
 import structlog
 
 
+SIGNAL_POLL_S = 0.2
+
+
 class Service(Protocol):
     def stop(self) -> object: ...
 
@@ -23,7 +26,11 @@ def serve(start: Callable[[], Service], log: structlog.stdlib.BoundLogger, stopp
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     service = start()
-    stop.wait()
+    # Wait in short slices: the kernel may deliver the signal to a gRPC or agent thread, which
+    # does not interrupt an untimed wait here, so the main thread would never run the handler.
+    # A timed wait returns, and Python then runs the pending handler in the main thread.
+    while not stop.wait(SIGNAL_POLL_S):
+        pass
     log.info(stopping)
     service.stop()
     return 0

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 SERVICE = textwrap.dedent("""
-    import os, signal, sys
+    import os, signal, sys, threading, time
     from dra_driver.log import configure, get_logger
     from dra_driver.runloop import serve
 
@@ -24,6 +24,11 @@ SERVICE = textwrap.dedent("""
     def start():
         if sys.argv[1] == "during-start":  # the signal arrives before the service is up
             os.kill(os.getpid(), int(sys.argv[2]))
+        if sys.argv[1] == "to-another-thread":  # as the kernel may deliver it to a gRPC thread
+            def raise_here():
+                time.sleep(0.5)  # the main thread is waiting by then
+                signal.pthread_kill(threading.get_ident(), int(sys.argv[2]))
+            threading.Thread(target=raise_here, daemon=True).start()
         print("started", flush=True)
         return Service()
 
@@ -32,7 +37,7 @@ SERVICE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-@pytest.mark.parametrize("when", ["during-start", "while-serving"])
+@pytest.mark.parametrize("when", ["during-start", "while-serving", "to-another-thread"])
 def test_a_signal_stops_the_service_cleanly(sig, when):
     proc = subprocess.Popen([sys.executable, "-c", SERVICE, when, str(int(sig))], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
