@@ -135,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder serving dra.sock (default /var/lib/kubelet/plugins/<driver-name>)")
     g.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry",
                    help="kubelet plugin registration folder; serves <driver-name>-reg.sock")
+    g.add_argument("--pod-uid", default="", type=flags.pod_uid,
+                   help="this pod's UID (the DaemonSet passes metadata.uid): turns on rolling updates, "
+                        "the old and the new pod of an upgrade serving at once (kubelet 1.33+). The sockets "
+                        "get the UID in their names (<driver-name>-<uid>-reg.sock, dra-<uid>.sock), both "
+                        "instances share --state-dir, take turns at calls and hand the node agent over "
+                        "(docs/operations.md, Upgrade). Empty: dra.sock and <driver-name>-reg.sock")
     g.add_argument("--cdi-root", default="/var/run/cdi",
                    help="folder for CDI spec files read by the container runtime")
     g.add_argument("--state-dir", default="/var/lib/gpushare",

@@ -50,6 +50,19 @@ def port(text: str) -> int:
     return value
 
 
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def pod_uid(text: str) -> str:
+    """argparse type: a pod's metadata.uid (it goes into socket names), or empty."""
+    value = text.strip()
+    if value and not _POD_UID.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pod UID (accepted: the pod's metadata.uid such as "
+                                         "0f8e3c2a-5b1d-4e7f-9a6c-2d4b8e1f3a5c, from the downward API; "
+                                         "empty turns rolling updates off)")
+    return value
+
+
 def split_host_port(text: str) -> tuple[str, int]:
     """':9400' -> ('', 9400); '[::1]:9400' -> ('::1', 9400); ValueError when malformed."""
     m = _HOST_PORT.match(text.strip())

@@ -28,8 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdi import write_atomic
+from dra_driver.log import get_logger
 
 from .prepared import PreparedClaim, PreparedError
+
+log = get_logger("kubeletplugin.checkpoint")
 
 VERSION = 2
 PREPARE_STARTED = "PrepareStarted"
@@ -125,18 +128,53 @@ class Checkpoint:
         self._write_lock = threading.Lock()  # one file write at a time
         self._changed = 0  # generation of the in-memory claims
         self._written = 0  # generation on disk
+        self._identity: tuple[int, ...] | None = None  # of the file as last read or written here
+        self._view: tuple[tuple[int, ...] | None, dict[str, Entry]] = (None, {})  # on_disk()'s cache
 
     def load(self) -> str | None:
         """Read the file (missing = empty); return the boot id it was written under."""
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
+                identity = _identity(os.fstat(f.fileno()))
         except FileNotFoundError:
             return self.boot_id
         claims, boot_id = decode(data)
         with self._lock:
             self._claims = claims
+            self._identity = identity
         return boot_id
+
+    def reload_if_changed(self) -> None:
+        """Read the file again if another plugin instance wrote it since this one last did.
+        Only while no call of this process is changing claims (kubeletplugin/instances.py)."""
+        try:
+            identity = _identity(os.stat(self.path))
+        except FileNotFoundError:
+            return
+        if identity != self._identity:
+            self.load()
+
+    def on_disk(self) -> dict[str, Entry]:
+        """The entries the file holds now, read only when it changed; the last good read if it
+        does not decode. For readers that run beside the calls (the node agent), even those of
+        another plugin instance: a completed call is on disk before it returns."""
+        try:
+            identity: tuple[int, ...] | None = _identity(os.stat(self.path))
+        except FileNotFoundError:
+            identity = None
+        cached_identity, entries = self._view
+        if identity == cached_identity:
+            return entries
+        try:
+            with open(self.path, "rb") as f:
+                entries, _ = decode(f.read())
+        except FileNotFoundError:
+            entries = {}
+        except CheckpointCorrupt as e:
+            log.error("checkpoint unreadable; the node agent keeps its last good read", path=self.path, error=str(e))
+        self._view = (identity, entries)
+        return entries
 
     def move_aside(self) -> str:
         """Keep a corrupt file for inspection; return its new path."""
@@ -183,3 +221,9 @@ class Checkpoint:
                 data = encode(self._claims, self.boot_id)
             write_atomic(self.path, data, mode=0o600)
             self._written = generation
+            self._identity = _identity(os.stat(self.path))
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """Tells one version of the file from another: every write is a new file renamed in."""
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)

@@ -37,6 +37,7 @@ from .allocation import plan_claim
 from .cdispec import KIND, SimDriver, build_spec
 from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
+from .instances import CallLock
 from .prepared import PreparedClaim, PreparedDevice, PreparedError, PreparedGpu
 
 log = get_logger("kubeletplugin.driver")
@@ -110,17 +111,22 @@ class Driver:
         self.specs = SpecDir(cdi_root, KIND)
         self.cdi_dirs = [*system_cdi_dirs, cdi_root]
         self.checkpoint = ckpt.Checkpoint(os.path.join(state_dir, "checkpoint.json"), boot_id())
+        # another plugin instance may share the state dir (a rolling upgrade): calls take turns
+        self.calls = CallLock(state_dir, on_take=self.checkpoint.reload_if_changed)
         self._locks = KeyedLocks(CLAIM_LOCK_WAIT_S)
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()
         self.listeners: list[ClaimListener] = []  # a listener's failure never fails a call
         self.on_error: Callable[[str, str], None] = lambda operation, reason: None  # metrics: failed calls by reason
 
+    def close(self) -> None:
+        self.calls.close()
+
     # ---- Prepare ---------------------------------------------------------------------------
 
     def prepare(self, namespace: str, name: str, uid: str) -> tuple[PreparedDevice, ...]:
         """The Device entries of the claim's answer; ClaimError says why not."""
-        with self._reasons("prepare"):
+        with self._reasons("prepare"), self.calls.hold():
             return self._prepare(namespace, name, uid)
 
     @contextmanager
@@ -261,7 +267,7 @@ class Driver:
 
     def unprepare(self, namespace: str, name: str, uid: str) -> None:
         """Remove the claim's spec and files; a claim unknown to us is already unprepared."""
-        with self._reasons("unprepare"):
+        with self._reasons("unprepare"), self.calls.hold():
             self._unprepare(namespace, name, uid)
 
     def _unprepare(self, namespace: str, name: str, uid: str) -> None:
@@ -294,10 +300,17 @@ class Driver:
     def recover(self) -> None:
         """Bring disk and checkpoint into agreement before the kubelet can call us.
 
+        Under the call lock: an older instance still serving (a rolling upgrade) has no call
+        half-way while this one rolls interrupted calls back.
+
         The checkpoint is not the only record: each prepared claim's folder holds its answer
         (prepared.json). A claim the checkpoint lacks (file deleted, corrupt, or an older
         copy restored) is adopted from its folder, never removed because a file is gone.
         """
+        with self.calls.hold(take_hook=False):
+            self._recover()
+
+    def _recover(self) -> None:
         self.files.setup()
         os.makedirs(self.specs.root, mode=0o755, exist_ok=True)
         state_dir = os.path.dirname(self.checkpoint.path)
@@ -368,8 +381,9 @@ class Driver:
             self.checkpoint.replace_all({**dict(self.checkpoint.items()), **adopted})
 
     def prepared_claims(self) -> dict[str, PreparedClaim]:
-        """Every claim whose Prepare completed, by uid."""
-        return {uid: e.prepared for uid, e in self.checkpoint.items()
+        """Every claim whose Prepare completed, by uid: as the checkpoint file has it, so that
+        claims another plugin instance prepared on this node count too."""
+        return {uid: e.prepared for uid, e in self.checkpoint.on_disk().items()
                 if e.state == ckpt.PREPARE_COMPLETED and e.prepared is not None}
 
 

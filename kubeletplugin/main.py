@@ -33,6 +33,7 @@ from .cdispec import SimDriver
 from .driver import Driver
 from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
 from .healthservice import DeviceHealthServicer
+from .instances import NodeLeader
 from .metrics import Metrics
 from .server import RegistrationServicer, add_dra_services
 
@@ -89,8 +90,12 @@ class Plugin:
         self.args = args
         self.plugin_dir = os.path.abspath(args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}")
         self.registry_dir = os.path.abspath(args.registry_dir)
-        self.dra_socket = os.path.join(self.plugin_dir, "dra.sock")
-        self.reg_socket = os.path.join(self.registry_dir, f"{args.driver_name}-reg.sock")
+        # With a pod UID, each pod's sockets have their own names, so the kubelet (1.33+) keeps
+        # the old and the new pod of a rolling upgrade registered at once (names as upstream's
+        # kubeletplugin helper gives them, k8s.io/dynamic-resource-allocation RollingUpdate).
+        uid_part = f"-{args.pod_uid}" if args.pod_uid else ""
+        self.dra_socket = os.path.join(self.plugin_dir, f"dra{uid_part}.sock")
+        self.reg_socket = os.path.join(self.registry_dir, f"{args.driver_name}{uid_part}-reg.sock")
         library = host_library(args.hook_dir or default_hook_dir())
         self.api = api or make_api_client(args.kubeconfig)
         self.gpu_health = HealthMonitor(args.health_recovery_seconds, ignored_xids=args.health_ignore_xids)
@@ -112,6 +117,7 @@ class Plugin:
         self.device_health = DeviceHealthServicer(args.node_name, self._device_health)
         self.gpu_health.listeners += [self.device_health.notify, self._rediscover]
         self.slices: SliceController | None = None
+        self.leader: NodeLeader | None = None
         self._servers: list[grpc.Server] = []
         self.metrics_port: int | None = None
 
@@ -134,12 +140,7 @@ class Plugin:
 
     def start(self) -> Plugin:
         self.driver.recover()
-        self.agent.start()  # first: on mock nodes it loads the simulated NVML the health monitor uses
-        if self.args.health_events:
-            if self.backend.name == "nvml" or self.driver.sim is not None:
-                self.gpu_health.start()
-            else:
-                log.warning("mock backend without the simulated NVML: no GPU health events")
+        self.agent.start_status()
         dra = grpc.server(futures.ThreadPoolExecutor(GRPC_WORKERS, thread_name_prefix="dra"))
         add_dra_services(dra, self.driver, self.metrics)
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(self.device_health, dra)  # type: ignore[no-untyped-call]  # generated
@@ -156,8 +157,14 @@ class Plugin:
                 self._servers.append(self._serve_liveness(self.args.healthcheck_port))
             self.health.set("", health_pb2.HealthCheckResponse.SERVING)
             self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-            if self.args.publish_slices:
-                self._start_slices()
+            self.leader = NodeLeader(os.path.abspath(self.args.state_dir))
+            if self.leader.try_take():
+                self._start_node_work()
+            else:
+                log.info("another plugin instance on this node runs the node agent and publishes slices "
+                         "(a rolling upgrade); this one serves calls and takes over when it stops",
+                         lock=self.leader.path)
+                self.leader.take_later(self._start_node_work)
             try:
                 self.metrics_port = self.metrics.serve(self.args.metrics_addr)
             except OSError as e:  # taken since the check
@@ -169,6 +176,17 @@ class Plugin:
         log.info("kubelet plugin serving", driver=self.args.driver_name, node=self.args.node_name,
                  dra_socket=self.dra_socket, registration_socket=self.reg_socket, metrics_port=self.metrics_port)
         return self
+
+    def _start_node_work(self) -> None:
+        """What one instance per node does: the node agent, GPU health events, the slices."""
+        self.agent.start()  # first: on mock nodes it loads the simulated NVML the health monitor uses
+        if self.args.health_events:
+            if self.backend.name == "nvml" or self.driver.sim is not None:
+                self.gpu_health.start()
+            else:
+                log.warning("mock backend without the simulated NVML: no GPU health events")
+        if self.args.publish_slices:
+            self._start_slices()
 
     def _serve_liveness(self, port: int) -> grpc.Server:
         """The health service on TCP too: the kubelet's gRPC liveness probe cannot dial a unix socket."""
@@ -212,15 +230,23 @@ class Plugin:
         """Finish in-flight calls, remove the sockets; slices are left in place."""
         self.health.enter_graceful_shutdown()
         self.device_health.close()  # its streams would hold up the servers' grace period
-        for server in reversed(self._servers):  # registration first: the kubelet stops calling
+        # The registration socket goes first: the kubelet's plugin watcher sees it go and stops
+        # calling this instance (another one, in a rolling upgrade, takes the calls).
+        _unlink(self.reg_socket)
+        for server in reversed(self._servers):
             server.stop(grace).wait()
         self._servers.clear()
-        for path in (self.reg_socket, self.dra_socket):
-            _unlink(path)
+        _unlink(self.dra_socket)
+        if self.leader is not None:
+            self.leader.stop_waiting()  # no take-over from now on
         if self.slices is not None:
             self.slices.stop()
         self.agent.stop()
         self.gpu_health.stop()
+        if self.leader is not None:
+            self.leader.release()  # after the agent stopped: the other instance's agent starts now
+            self.leader = None
+        self.driver.close()
         self.metrics.stop()
         log.info("kubelet plugin stopped", driver=self.args.driver_name)
 

@@ -2,8 +2,8 @@
 
 The plugin keeps its state on shutdown on purpose (a restart or an upgrade must find every
 prepared claim); after an uninstall nothing uses it. Removed: our CDI specs (kind
-k8s.gpushare.dev/claim) in --cdi-root; the checkpoint, claim folders and simulated-GPU state in
---state-dir; with --hook-dir, the installed libraries. Only names we create are touched, so a
+k8s.gpushare.dev/claim) in --cdi-root; the checkpoint, claim folders, lock files and
+simulated-GPU state in --state-dir; with --hook-dir, the installed libraries. Only names we create are touched, so a
 folder shared with something else keeps that something.
 """
 
@@ -18,12 +18,15 @@ from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
 from .cdispec import KIND
+from .instances import LOCK_FILES
 
 log = get_logger("cleanup")
 
 CHECKPOINT = "checkpoint.json"
-# with the leftovers of an interrupted atomic write (.tmp-*) and corrupt checkpoints moved aside
-STATE_NAMES = (CHECKPOINT, f"{CHECKPOINT}.corrupt-*", f".tmp-*-{CHECKPOINT}", "claims", "sim.state")
+# with the leftovers of an interrupted atomic write (this release's and older ones'), corrupt
+# checkpoints moved aside, and the lock files two plugin instances share (instances.py)
+STATE_NAMES = (CHECKPOINT, f"{CHECKPOINT}.corrupt-*", f".{CHECKPOINT}.*.tmp", f".tmp-*-{CHECKPOINT}", "claims",
+               "sim.state", *LOCK_FILES)
 HOOK_NAMES = ("libgpushare.so", "libgpushare-*.so", ".libgpushare*", "sim/libcuda*.so.1", "sim/libnvidia-ml*.so.1",
               "sim/.lib*")
 

@@ -394,3 +394,19 @@ def test_a_bad_environment_variable_is_one_line(name, value, line):
 
     assert refused(["kubelet-plugin"], env=dict(os.environ, **{name: value})) == \
         f"gpushare-dra kubelet-plugin: error: {line}"
+
+
+def test_pod_uid_from_the_downward_api_env(monkeypatch):
+    monkeypatch.delenv("GPUSHARE_POD_UID", raising=False)
+    assert parse("kubelet-plugin").pod_uid == ""  # rolling updates off: the contract's socket names
+    uid = "0f8e3c2a-5b1d-4e7f-9a6c-2d4b8e1f3a5c"
+    monkeypatch.setenv("GPUSHARE_POD_UID", uid)
+    assert parse("kubelet-plugin").pod_uid == uid
+
+
+def test_a_bad_pod_uid_is_one_line_naming_the_flag():
+    import os
+
+    env = dict(os.environ, GPUSHARE_POD_UID="../x")
+    line = refused(["kubelet-plugin"], env=env)
+    assert line.startswith("gpushare-dra kubelet-plugin: error: --pod-uid: '../x' is not a pod UID"), line

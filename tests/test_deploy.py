@@ -85,3 +85,15 @@ def test_mock_overlay_switches_backend_and_keeps_the_rest(rendered):
 def test_example_manifests_are_valid(path, version):
     for doc in docs(path):
         kubernetes_validate.validate(doc, version, strict=True)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("folder", [DEPLOY, MOCK], ids=["deploy", "mock"])
+def test_upgrade_surges_with_sockets_per_pod(rendered, folder):
+    """The new pod serves beside the old one (tests/kubeletplugin/test_rolling_update.py)."""
+    (ds,) = [o for o in rendered[folder] if o["kind"] == "DaemonSet"]
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    _, plugin = plugin_container(rendered[folder])
+    env = {e["name"]: e for e in plugin["env"]}
+    assert env["GPUSHARE_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"

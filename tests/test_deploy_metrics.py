@@ -3,6 +3,7 @@ and the opt-in ServiceMonitor component agree with each other and with the flag.
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
@@ -11,6 +12,8 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+
+from dra_driver.cli import build_parser, env_name
 
 ROOT = Path(__file__).parents[1]
 DEPLOY = ROOT / "deploy"
@@ -111,10 +114,15 @@ def test_stored_labels_model_renames_without_honor_labels():
 
 
 def test_every_plugin_env_var_is_read():
-    """An env var the DaemonSet sets is read by the code (or is the NVIDIA toolkit's)."""
+    """An env var the DaemonSet sets is read by the code, is a flag's GPUSHARE_<FLAG> (read by the
+    CLI for every flag), or is the NVIDIA toolkit's."""
     docs = [d for d in yaml.safe_load_all((DEPLOY / "base" / "kubelet-plugin.yaml").read_text()) if d]
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     names = {e["name"] for c in ds["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
     code = "".join(p.read_text() for d in ("dra_driver", "kubeletplugin") for p in (ROOT / d).rglob("*.py"))
-    unread = [n for n in names if not n.startswith("NVIDIA_") and not re.search(rf"['\"]\${{?{n}|['\"]{n}['\"]", code)]
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    plugin_flags = {env_name(o) for a in commands.choices["kubelet-plugin"]._actions for o in a.option_strings
+                    if o.startswith("--")}
+    unread = [n for n in names if not n.startswith("NVIDIA_") and n not in plugin_flags
+              and not re.search(rf"['\"]\${{?{n}|['\"]{n}['\"]", code)]
     assert not unread, unread

@@ -144,11 +144,19 @@ class Agent:
         self.status.unprepared(claim)
 
     # ---- life -----------------------------------------------------------------------------------
+    def start_status(self) -> Agent:
+        """Write the status of the claims this plugin instance prepares and unprepares. Every
+        instance does (during a rolling upgrade two serve calls); `start` the rest in one."""
+        if not self.status.started:
+            for claim in self.source.prepared_claims().values():  # statuses lost to a crash are written again
+                self.status.prepared(claim)
+            self.status.start()
+        return self
+
     def start(self) -> Agent:
+        """Sampling, pacing and the backstop: the node's one agent (kubeletplugin/instances.py)."""
+        self.start_status()
         self._sampler = self._open_nvml()
-        for claim in self.source.prepared_claims().values():  # statuses lost to a crash are written again
-            self.status.prepared(claim)
-        self.status.start()
         self._thread.start()
         if self._sampler is not None:
             self.backstop.start(self)

@@ -50,6 +50,10 @@ class StatusWriter:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="agent-status", daemon=True)
 
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
     def start(self) -> StatusWriter:
         self._thread.start()
         return self
@@ -58,7 +62,8 @@ class StatusWriter:
         with self._cond:
             self._stop = True
             self._cond.notify()
-        self._thread.join(timeout=5)
+        if self.started:
+            self._thread.join(timeout=5)
 
     def prepared(self, claim: PreparedClaim) -> None:
         self._queue(claim, device_entries(self.driver, claim))

@@ -94,6 +94,8 @@ def node_files(tmp_path):
     (state / "claims" / uid).mkdir(parents=True)
     (state / "claims" / uid / "limits").write_text("GPUSHARE_LIMITS_VERSION=1\n")
     (state / "sim.state").write_bytes(b"")
+    for name in ("calls.lock", "calls.gate", "leader.lock", ".checkpoint.json.ab12cd34.tmp"):  # locks, a killed write
+        (state / name).write_bytes(b"")
     cp = Checkpoint(str(state / "checkpoint.json"), None)
     prepared = PreparedClaim("default", "c", uid, (PreparedGpu(0, "GPU-0", 0, 1 << 30, 50),),
                              (PreparedDevice(("gpu",), "node-a", "gpu-0"),))

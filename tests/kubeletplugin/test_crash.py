@@ -8,24 +8,21 @@ import glob
 import os
 import random
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dra_driver.playground.claims import make_claim, result
 from dra_driver.playground.containers import PodmanRunner
 from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.faults import PREPARE_STEPS, UNPREPARE_STEPS
+from kubeletplugin.instances import LOCK_FILES
 from tests.support.cdi import duplicate_devices, podman_run
-
-GPUSHARE_DRA = os.path.join(os.path.dirname(sys.executable), "gpushare-dra")
+from tests.support.plugin import GPUSHARE_DRA, PluginProcess, on_disk
 
 
 @pytest.fixture(scope="module")
@@ -33,73 +30,11 @@ def kubeconfig(shared_emulator, tmp_path_factory):
     return shared_emulator.write_kubeconfig(str(tmp_path_factory.mktemp("kc") / "kubeconfig"))
 
 
-class PluginProcess:
-    def __init__(self, dirs, hook_dir, kubeconfig):
-        self.dirs, self.hook_dir, self.kubeconfig = dirs, hook_dir, kubeconfig
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, fault: str | None = None) -> None:
-        # faulthandler: a plugin that hangs is sent SIGABRT and prints every thread's stack
-        env = {k: v for k, v in os.environ.items() if k != "GPUSHARE_FAULT_POINT"} | {"PYTHONFAULTHANDLER": "1"}
-        if fault:
-            env["GPUSHARE_FAULT_POINT"] = fault
-        flags = self.dirs.flags(self.hook_dir)
-        flags[flags.index("--metrics-addr") + 1] = ""
-        self.proc = subprocess.Popen([GPUSHARE_DRA, "kubelet-plugin", "--kubeconfig", self.kubeconfig, "--log-format",
-                                      "json", *flags], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.proc.stderr.read().decode()
-            if os.path.exists(self.dirs.reg_socket):
-                with grpc.insecure_channel(f"unix://{self.dirs.dra_socket}") as ch:
-                    try:
-                        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
-                        return
-                    except grpc.RpcError:
-                        pass
-            time.sleep(0.05)
-        raise AssertionError("plugin did not start")
-
-    def _wait(self, what: str) -> int:
-        try:
-            return self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGABRT)
-            self.proc.wait(timeout=10)
-            stderr = self.proc.stderr.read().decode(errors="replace")
-            raise AssertionError(f"the plugin did not {what} within 30 s; its last output:\n{stderr[-6000:]}") from None
-
-    def wait_killed(self) -> None:
-        assert self._wait("reach its fault point") == -signal.SIGKILL
-
-    def terminate(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self._wait("stop on SIGTERM")
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture
 def plugin_process(dirs, hook_dir, kubeconfig):
     p = PluginProcess(dirs, hook_dir, kubeconfig)
     yield p
     p.kill()
-
-
-def on_disk(dirs, uid) -> tuple[bool, bool, str | None]:
-    """(spec exists, claim folder exists, checkpoint state)."""
-    spec = os.path.exists(os.path.join(dirs.cdi, f"k8s.gpushare.dev-claim_{uid}.json"))
-    folder = os.path.exists(os.path.join(dirs.state, "claims", uid))
-    try:
-        with open(os.path.join(dirs.state, "checkpoint.json"), "rb") as f:
-            claims, _ = ckpt.decode(f.read())
-    except FileNotFoundError:
-        claims = {}
-    entry = claims.get(uid)
-    return spec, folder, entry.state if entry else None
 
 
 def assert_prepared_once(dirs, uid):
@@ -188,7 +123,8 @@ def assert_exactly(dirs, prepared: set[str]) -> None:
     """One spec and one folder per prepared claim, nothing else, and the checkpoint agrees."""
     assert sorted(os.listdir(dirs.cdi)) == sorted(f"k8s.gpushare.dev-claim_{uid}.json" for uid in prepared)
     assert sorted(os.listdir(os.path.join(dirs.state, "claims"))) == sorted(prepared)
-    assert set(os.listdir(dirs.state)) <= {"checkpoint.json", "claims", "sim.state"}, os.listdir(dirs.state)
+    left = set(os.listdir(dirs.state))
+    assert left <= {"checkpoint.json", "claims", "sim.state", *LOCK_FILES}, left
     with open(os.path.join(dirs.state, "checkpoint.json"), "rb") as f:
         claims, _ = ckpt.decode(f.read())
     assert {uid: e.state for uid, e in claims.items()} == {uid: ckpt.PREPARE_COMPLETED for uid in prepared}

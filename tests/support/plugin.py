@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import IO
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubernetes import client
 
 from dra_driver.cli import build_parser
 from dra_driver.playground.claims import DRIVER, NODE
+from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.main import Plugin
 
 from . import BUILD
@@ -50,3 +59,91 @@ def plugin_args(dirs: Dirs, hook_dir: str, *extra: str, cdi_root: str | None = N
 def launch_plugin(api: client.ApiClient, dirs: Dirs, hook_dir: str, *extra: str, cdi_root: str | None = None) -> Plugin:
     """A started plugin in this process; the caller stops it."""
     return Plugin(plugin_args(dirs, hook_dir, *extra, cdi_root=cdi_root), api=api).start()
+
+
+GPUSHARE_DRA = os.path.join(os.path.dirname(sys.executable), "gpushare-dra")
+
+
+class PluginProcess:
+    """`gpushare-dra kubelet-plugin` as a subprocess on `dirs` (one simulated GPU state per
+    process), as a DaemonSet pod runs it; with `pod_uid`, its sockets carry the UID."""
+
+    def __init__(self, dirs: Dirs, hook_dir: str, kubeconfig: str, pod_uid: str = "") -> None:
+        self.dirs, self.hook_dir, self.kubeconfig, self.pod_uid = dirs, hook_dir, kubeconfig, pod_uid
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        part = f"-{pod_uid}" if pod_uid else ""
+        self.dra_socket = os.path.join(dirs.plugin, f"dra{part}.sock")
+        self.reg_socket = os.path.join(dirs.registry, f"{DRIVER}{part}-reg.sock")
+
+    def start(self, fault: str | None = None, wait: bool = True) -> None:
+        # faulthandler: a plugin that hangs is sent SIGABRT and prints every thread's stack
+        env = {k: v for k, v in os.environ.items() if k != "GPUSHARE_FAULT_POINT"} | {"PYTHONFAULTHANDLER": "1"}
+        if fault:
+            env["GPUSHARE_FAULT_POINT"] = fault
+        flags = self.dirs.flags(self.hook_dir)
+        if self.pod_uid:
+            flags += ["--pod-uid", self.pod_uid]
+        # its log goes to a file: a pipe nobody reads while it runs would fill and block it
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([GPUSHARE_DRA, "kubelet-plugin", "--kubeconfig", self.kubeconfig, "--log-format",
+                                      "json", *flags], env=env, stdout=subprocess.DEVNULL, stderr=self._log)
+        if wait:
+            self.wait_serving()
+
+    def wait_serving(self, timeout: float = 30) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.output()
+            if os.path.exists(self.reg_socket):
+                with grpc.insecure_channel(f"unix://{self.dra_socket}") as ch:
+                    try:
+                        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+                        return
+                    except grpc.RpcError:
+                        pass
+            time.sleep(0.05)
+        raise AssertionError(f"plugin did not start; its output:\n{self.output()[-6000:]}")
+
+    def output(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def _wait(self, what: str) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(timeout=10)
+            raise AssertionError(f"the plugin did not {what} within 30 s; its last output:\n"
+                                 f"{self.output()[-6000:]}") from None
+
+    def wait_killed(self) -> None:
+        assert self._wait("reach its fault point") == -signal.SIGKILL
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self._wait("stop on SIGTERM")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def on_disk(dirs: Dirs, uid: str) -> tuple[bool, bool, str | None]:
+    """A claim's state on the node: (spec exists, claim folder exists, checkpoint state)."""
+    spec = os.path.exists(os.path.join(dirs.cdi, f"k8s.gpushare.dev-claim_{uid}.json"))
+    folder = os.path.exists(os.path.join(dirs.state, "claims", uid))
+    try:
+        with open(os.path.join(dirs.state, "checkpoint.json"), "rb") as f:
+            claims, _ = ckpt.decode(f.read())
+    except FileNotFoundError:
+        claims = {}
+    entry = claims.get(uid)
+    return spec, folder, entry.state if entry else None
