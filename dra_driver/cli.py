@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from . import flags
+from .devicemodel import BINPACK, DEVICE_ORDERS
 
 DEFAULT_DRIVER_NAME = "gpushare.dev"
 SHARING_MODES = ("auto", "capacity", "partition")
@@ -83,6 +84,10 @@ def _add_devices(p: argparse.ArgumentParser) -> None:
                         "server keeps the consumable-capacity fields, else partition")
     g.add_argument("--partitions", type=_positive_int, default=8,
                    help="share devices per GPU in partition mode (each gets memory/N and compute 100/N)")
+    g.add_argument("--device-order", default=BINPACK, choices=DEVICE_ORDERS,
+                   help="the order devices are published in, which the scheduler tries first-fit: binpack "
+                        "fills one GPU before the next; spread puts each new claim on another GPU while "
+                        "one has a free share (partition mode; capacity mode always packs: docs/controller.md)")
 
 
 def _positive_int(text: str) -> int:
@@ -342,7 +347,7 @@ def _run_discover(args: argparse.Namespace) -> int:
     modes = ("capacity", "partition") if args.sharing_mode == "auto" else (args.sharing_mode,)
     devices = {mode: [{"name": d["name"], **{k: c["value"] for k, c in d["capacity"].items()},
                        **({"taints": [t["value"] for t in d["taints"]]} if "taints" in d else {})}
-                      for d in desired_devices(gpus, mode, args.partitions, taints=True)]
+                      for d in desired_devices(gpus, mode, args.partitions, taints=True, order=args.device_order)]
                for mode in modes}
     doc = {"gpus": [mock_entry(g) for g in gpus],
            "sharing": {"mode": args.sharing_mode, "partitions": args.partitions},

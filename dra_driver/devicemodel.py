@@ -17,6 +17,12 @@ from .discovery import GpuInfo
 
 CAPACITY = "capacity"
 PARTITION = "partition"
+# The order devices are published in, which is the order the scheduler tries them (first fit):
+# binpack fills one GPU's shares before the next; spread takes share j of every GPU before any
+# GPU's share j+1 (partition mode; docs/controller.md says why capacity mode always packs).
+BINPACK = "binpack"
+SPREAD = "spread"
+DEVICE_ORDERS = (BINPACK, SPREAD)
 FULL_COMPUTE = 100  # compute capacity of a whole GPU, in percent
 
 # the parser's bounds, which the builders keep too: a name built here always parses back

@@ -212,7 +212,8 @@ class Plugin:
             return
         self.slices = SliceController(self.api, self.args.driver_name, self.args.node_name, self.backend,
                                       sharing_mode=self.args.sharing_mode, partitions=self.args.partitions,
-                                      taint_effect=self.args.unhealthy_taint_effect).start()
+                                      taint_effect=self.args.unhealthy_taint_effect,
+                                      device_order=self.args.device_order).start()
 
     def _rediscover(self) -> None:
         if self.slices is not None:

@@ -410,3 +410,23 @@ def test_a_bad_pod_uid_is_one_line_naming_the_flag():
     env = dict(os.environ, GPUSHARE_POD_UID="../x")
     line = refused(["kubelet-plugin"], env=env)
     assert line.startswith("gpushare-dra kubelet-plugin: error: --pod-uid: '../x' is not a pod UID"), line
+
+
+def test_device_order_flag_and_env(monkeypatch):
+    monkeypatch.delenv("GPUSHARE_DEVICE_ORDER", raising=False)
+    assert parse("kubelet-plugin").device_order == "binpack" and parse("controller").device_order == "binpack"
+    monkeypatch.setenv("GPUSHARE_DEVICE_ORDER", "spread")
+    assert parse("kubelet-plugin").device_order == "spread"
+    assert parse("controller", "--device-order", "binpack").device_order == "binpack"  # the flag wins
+
+
+def test_discover_prints_the_devices_in_spread_order(capsys):
+    import yaml
+
+    from dra_driver.cli import main
+
+    assert main(["discover", "--device-backend", "mock", "--mock-gpus", "2x16Gi", "--sharing-mode", "partition",
+                 "--partitions", "2", "--device-order", "spread"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert [d["name"] for d in doc["devices"]["partition"]] == ["gpu-0-share-0", "gpu-1-share-0", "gpu-0-share-1",
+                                                                "gpu-1-share-1"]

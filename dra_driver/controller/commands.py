@@ -23,7 +23,8 @@ def run(args: argparse.Namespace) -> int:
         raise FlagError("--node-name", "required (or set NODE_NAME): the slices' pool is named after the node")
     backend = make_backend(args.device_backend, args.mock_gpus)
     controller = SliceController(make_api_client(args.kubeconfig), args.driver_name, args.node_name, backend,
-                                 sharing_mode=args.sharing_mode, partitions=args.partitions)
+                                 sharing_mode=args.sharing_mode, partitions=args.partitions,
+                                 device_order=args.device_order)
 
     def start() -> SliceController:
         controller.start()

@@ -133,14 +133,17 @@ class SliceController:
 
     def __init__(self, api_client: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  sharing_mode: str = "auto", partitions: int = 8, gpu_poll_interval: float = 5.0,
-                 *, taint_effect: str = slices.TAINT_EFFECT):
+                 *, taint_effect: str = slices.TAINT_EFFECT, device_order: str = devicemodel.BINPACK):
         if sharing_mode not in MODES:
             raise ValueError(f"sharing_mode: {sharing_mode!r} is not one of {', '.join(MODES)}")
+        if device_order not in devicemodel.DEVICE_ORDERS:
+            raise ValueError(f"device_order: {device_order!r} is not one of {', '.join(devicemodel.DEVICE_ORDERS)}")
         if not 1 <= partitions <= slices.MAX_DEVICES:
             raise ValueError(f"partitions: {partitions} is out of range 1..{slices.MAX_DEVICES}")
         self.driver, self.node, self.backend = driver_name, node_name, backend
         self.sharing_mode, self.partitions, self.gpu_poll_interval = sharing_mode, partitions, gpu_poll_interval
         self.taint_effect = taint_effect  # of an unhealthy GPU's devices: NoSchedule or NoExecute
+        self.device_order = device_order  # binpack or spread: the order the scheduler tries devices in
         self._api = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._wake = threading.Event()
@@ -250,7 +253,7 @@ class SliceController:
         """The slices this node should have now (generation 0; the pass sets the real one)."""
         mode = self.mode
         devices = slices.desired_devices(self._gpus or [], mode, self.partitions, bool(self._taints_kept),
-                                         self.taint_effect)
+                                         self.taint_effect, self.device_order)
         if mode == devicemodel.CAPACITY and not self._capacity_kept:
             # Capacity mode forced on a server without the gate: publish what it will store,
             # or every comparison would differ and we would rewrite forever.
@@ -343,6 +346,10 @@ class SliceController:
         if not changed:
             return
         self.log.info("API server features", consumable_capacity=capacity, device_taints=taints, mode=self.mode)
+        if self.mode == devicemodel.CAPACITY and self.device_order == devicemodel.SPREAD:
+            self.log.warning("--device-order=spread has no effect in capacity mode: each GPU is one device, and "
+                             "the scheduler gives a claim the first GPU with room, so claims pack; use "
+                             "--sharing-mode=partition to spread (docs/controller.md, Device order)")
         if not taints:
             self.log.info("device taints are not kept by the API server: unhealthy GPUs are left out of the slices")
         if not capacity and self.sharing_mode == devicemodel.CAPACITY:

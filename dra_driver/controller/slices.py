@@ -12,7 +12,7 @@ import re
 from decimal import Decimal
 
 from .. import devicemodel
-from ..devicemodel import CAPACITY, FULL_COMPUTE, PARTITION
+from ..devicemodel import BINPACK, CAPACITY, DEVICE_ORDERS, FULL_COMPUTE, PARTITION, SPREAD
 from ..discovery import GpuInfo
 from ..kube import JSON
 from ..quantity import QuantityError, format_bytes, parse_decimal
@@ -105,14 +105,19 @@ def publishable(gpu: GpuInfo) -> bool:
 
 
 def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: bool,
-                    effect: str = TAINT_EFFECT) -> list[JSON]:
-    """The devices of a node, ordered by GPU index then share.
+                    effect: str = TAINT_EFFECT, order: str = BINPACK) -> list[JSON]:
+    """The devices of a node in the order the scheduler should try them: by GPU index then
+    share (binpack), or by share then GPU index (spread; the same as binpack in capacity mode,
+    one device per GPU). The scheduler tries a node's devices by slice name, then in slice
+    order, and takes the first that fits (kubernetes PR 136641, 1.36).
 
     An unhealthy GPU is published with a taint when the server keeps device taints (NoSchedule:
     new claims avoid it; NoExecute: also evicts the pods using it; the scheduler and operators
     can see why), else left out.
     """
-    devices = []
+    if order not in DEVICE_ORDERS:
+        raise ValueError(f"order: {order!r} is not one of {', '.join(DEVICE_ORDERS)}")
+    per_gpu = []
     for gpu in sorted(gpus, key=lambda g: g.index):
         if not publishable(gpu) or (not gpu.healthy and not taints):
             continue
@@ -120,8 +125,10 @@ def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: boo
         if not gpu.healthy:
             taint = {"key": TAINT_KEY, "value": taint_value(gpu.health_reason), "effect": effect}
             gpu_devices = [{**d, "taints": [taint]} for d in gpu_devices]
-        devices.extend(gpu_devices)
-    return devices
+        per_gpu.append(gpu_devices)
+    if order == SPREAD:  # share 0 of every GPU, then share 1 of every GPU, ...
+        return [d for shares in zip(*per_gpu, strict=True) for d in shares]
+    return [d for gpu_devices in per_gpu for d in gpu_devices]
 
 
 def chunk_devices(devices: list[JSON]) -> list[list[JSON]]:

@@ -47,6 +47,14 @@ def test_partition_mode(emulator, gpus, controllers):
     assert devices["gpu-1-share-3"]["attributes"]["sharing"] == {"string": "partition"}
 
 
+def test_spread_order_is_what_the_server_stores(emulator, gpus, controllers):
+    ctrl = controllers(emulator, gpus.backend(), sharing_mode="partition", partitions=2, device_order="spread")
+    assert ctrl.wait_synced(5)
+    [s] = slices_of(emulator)
+    assert [d["name"] for d in s["spec"]["devices"]] == ["gpu-0-share-0", "gpu-1-share-0", "gpu-0-share-1",
+                                                         "gpu-1-share-1"]
+
+
 def test_auto_with_the_gate_on_is_capacity(emulator, gpus, controllers):
     ctrl = controllers(emulator, gpus.backend())
     assert ctrl.wait_synced(5) and ctrl.mode == "capacity"

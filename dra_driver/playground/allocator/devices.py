@@ -82,12 +82,17 @@ class Device:
 
 
 def node_devices(slices: list[dict], node_name: str) -> tuple[list[Device], set[tuple[str, str]]]:
-    """The node's devices in slice order, from each pool's newest generation only.
+    """The node's devices in the order the scheduler tries them, from each pool's newest
+    generation only: pools by driver then pool name, a pool's slices by name, each slice's
+    devices in their order (k8s.io/dynamic-resource-allocation/structured, 1.36: kubernetes
+    PR 136641 sorts slices and pools; before it the order was the informer's).
 
     Also returns the (driver, pool) pairs whose newest generation is not complete yet
     (fewer slices seen than pool.resourceSliceCount), which "All" requests must not use.
     """
-    local = [s["spec"] for s in slices
+    ordered = sorted(slices, key=lambda s: (s["spec"]["driver"], s["spec"]["pool"]["name"],
+                                            (s.get("metadata") or {}).get("name") or ""))
+    local = [s["spec"] for s in ordered
              if s["spec"].get("nodeName") == node_name or s["spec"]["pool"]["name"] == node_name]
     newest: dict[tuple[str, str], int] = {}
     for spec in local:
