@@ -274,7 +274,7 @@ def build_rootfs(rootfs: str, probe: str | None, libraries: tuple[str, ...]) -> 
     busybox = shutil.which("busybox")
     if busybox:  # a shell and tools for scripted checks inside the container
         shutil.copy(busybox, os.path.join(rootfs, "bin", "busybox"))
-        for tool in ("sh", "cat", "env", "stat", "grep", "sort", "echo"):
+        for tool in ("sh", "cat", "env", "stat", "grep", "sort", "echo", "sleep"):
             os.symlink("busybox", os.path.join(rootfs, "bin", tool))
     return rootfs
 

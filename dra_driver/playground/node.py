@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,23 +82,15 @@ class SimulatedNode:
         return hook
 
     def _make_runner(self) -> PodmanRunner | ProcessRunner:
-        from .containers import PodmanRunner, ProcessRunner
+        from .containers import CONTAINER_PROBE, PodmanRunner, ProcessRunner
 
         if self.runtime == "podman":
-            return PodmanRunner(self.native["probe"], (self.native["library"], self.native["sim_cuda"],
-                                                       self.native["sim_nvml"]))
-        return ProcessRunner(self.cdi_root, self.native["probe"], self.workdir, path=(self._install_tools(),))
-
-    def _install_tools(self) -> str:
-        """A folder with what the examples' containers run besides the shell's tools: `gpushare-dra`
-        (for `hook-path probe`) and `nvidia-smi -L`, as host commands of this Python."""
-        tools = os.path.join(self.workdir, "bin")
-        os.makedirs(tools, exist_ok=True)
-        for command, module in (("gpushare-dra", "dra_driver.cli"), ("nvidia-smi", "dra_driver.playground.nvidia_smi")):
-            path = os.path.join(tools, command)
-            Path(path).write_text(f"#!{sys.executable}\nimport sys\nfrom {module} import main\nsys.exit(main())\n")
-            os.chmod(path, 0o755)
-        return tools
+            runner = PodmanRunner(self.native["probe"], (self.native["library"], self.native["sim_cuda"],
+                                                         self.native["sim_nvml"]))
+            write_tools(os.path.join(runner.rootfs, "usr", "local", "bin"), CONTAINER_PROBE)
+            return runner
+        tools = write_tools(os.path.join(self.workdir, "bin"), self.native["probe"])
+        return ProcessRunner(self.cdi_root, self.native["probe"], self.workdir, path=(tools,))
 
     def register(self, api: client.ApiClient) -> None:
         """The Node object and the driver's DeviceClass, as joining the cluster and installing do."""
@@ -135,3 +126,20 @@ class SimulatedNode:
     def close(self) -> None:
         self.stop_plugin()
         self.runner.close()
+
+
+def write_tools(folder: str, probe: str) -> str:
+    """The commands the examples' containers run that a shell does not have, as the image has
+    them: `gpushare-dra hook-path probe` and `nvidia-smi -L` (the probe lists the GPUs NVML shows)."""
+    scripts = {
+        "gpushare-dra": f'[ "$*" = "hook-path probe" ] && exec echo {probe}\n'
+                        'echo "gpushare-dra on the playground node: only \\`hook-path probe\\`" >&2\nexit 2\n',
+        "nvidia-smi": f'case "$*" in -L|--list-gpus) exec {probe} gpus;; esac\n'
+                      'echo "nvidia-smi on the playground node: only -L" >&2\nexit 2\n',
+    }
+    os.makedirs(folder, exist_ok=True)
+    for name, body in scripts.items():
+        path = os.path.join(folder, name)
+        Path(path).write_text("#!/bin/sh\n" + body)
+        os.chmod(path, 0o755)
+    return folder
