@@ -18,7 +18,7 @@ from kubernetes.client import ApiClient, CoreV1Api, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 
 from ..kube import JSON, api_error, json_body, plain
-from .objects import is_done, list_all, record_event
+from .objects import is_done, list_all, pod_event
 
 FINALIZER = "resource.kubernetes.io/delete-protection"  # resourceapi.Finalizer: set by the scheduler
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
@@ -116,7 +116,7 @@ class ResourceClaimController:
         key = (pod["metadata"]["uid"], message)
         if key not in self._reported:
             self._reported.add(key)
-            record_event(self.api, pod, "Warning", reason, message, COMPONENT)
+            pod_event(self.api, pod, "Warning", reason, message, COMPONENT)
 
     # ---- claims: reservations, deallocation, generated claims ------------------------------
 

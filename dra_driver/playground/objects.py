@@ -23,19 +23,15 @@ def list_all(list_call: Callable[..., Any], **kwargs: Any) -> list[JSON]:
             return items
 
 
-def reference(obj: JSON) -> dict[str, str]:
-    """An ObjectReference to obj, for an Event's involvedObject."""
-    meta = obj["metadata"]
-    return {"apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Pod"), "name": meta["name"],
-            "namespace": meta.get("namespace", ""), "uid": meta["uid"]}
-
-
-def record_event(api: ApiClient, obj: JSON, event_type: str, reason: str, message: str, component: str,
-                 host: str = "") -> None:
-    """An Event about obj, as `kubectl describe` and `kubectl get events` show it."""
-    body = warning_event(reference(obj), reason, message, namespace=obj["metadata"].get("namespace") or "default",
-                         component=component, reporting_component=component, host=host, event_type=event_type)
-    CoreV1Api(api).create_namespaced_event(body["metadata"]["namespace"], plain(body), _preload_content=False)
+def pod_event(api: ApiClient, pod: JSON, event_type: str, reason: str, message: str, component: str,
+              host: str = "") -> None:
+    """An Event about the pod, where `kubectl describe pod` and `kubectl get events` show it."""
+    meta = pod["metadata"]
+    involved = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "namespace": meta["namespace"],
+                "uid": meta["uid"]}
+    body = warning_event(involved, reason, message, namespace=meta["namespace"], component=component,
+                         reporting_component=component, host=host, event_type=event_type)
+    CoreV1Api(api).create_namespaced_event(meta["namespace"], plain(body), _preload_content=False)
 
 
 def pod_claim_names(pod: JSON) -> dict[str, str | None]:

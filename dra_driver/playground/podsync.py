@@ -36,7 +36,7 @@ from ..kube import JSON, json_body, plain
 from ..log import get_logger
 from .containers import Workload
 from .node import SimulatedNode
-from .objects import list_all, pod_claim_names, record_event
+from .objects import list_all, pod_claim_names, pod_event
 
 COMPONENT = "kubelet"
 log = get_logger("playground.kubelet")
@@ -195,9 +195,9 @@ class PodSync:
                 container.message = f"failed to start container {name}: {e}"
         if container.workload is None:
             container.finished_at = _now()
-            record_event(self.api, pod, "Warning", "Failed", f"Error: {container.message}", COMPONENT, self.node.name)
+            pod_event(self.api, pod, "Warning", "Failed", f"Error: {container.message}", COMPONENT, self.node.name)
         else:
-            record_event(self.api, pod, "Normal", "Started", f"Started container {name}", COMPONENT, self.node.name)
+            pod_event(self.api, pod, "Normal", "Started", f"Started container {name}", COMPONENT, self.node.name)
         return container
 
     # ---- running and ending ------------------------------------------------------------------
@@ -254,7 +254,7 @@ class PodSync:
         key = (pod["metadata"]["uid"], message)
         if key not in self._reported:
             self._reported.add(key)
-            record_event(self.api, pod, "Warning", reason, message, COMPONENT, self.node.name)
+            pod_event(self.api, pod, "Warning", reason, message, COMPONENT, self.node.name)
 
     # ---- kubectl logs ------------------------------------------------------------------------
 

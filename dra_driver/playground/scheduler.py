@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from ..kube import JSON, api_error, json_body, plain
 from .allocator import AllocationError, allocate_and_reserve
 from .claimcontroller import FINALIZER
-from .objects import list_all, pod_claim_names, record_event
+from .objects import list_all, pod_claim_names, pod_event
 
 COMPONENT = "default-scheduler"
 SCHEDULER_NAME = "default-scheduler"
@@ -79,7 +79,7 @@ class Scheduler:
             {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
              "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}}), _preload_content=False)
         self._reported.pop(meta["uid"], None)
-        record_event(self.api, pod, "Normal", "Scheduled",
+        pod_event(self.api, pod, "Normal", "Scheduled",
                      f"Successfully assigned {meta['namespace']}/{meta['name']} to {self.node_name}", COMPONENT)
 
     def _claim(self, namespace: str, name: str) -> JSON:
@@ -107,7 +107,7 @@ class Scheduler:
         if self._reported.get(meta["uid"]) == message:
             return  # said already; the real scheduler retries with backoff and says it again less often
         self._reported[meta["uid"]] = message
-        record_event(self.api, pod, "Warning", "FailedScheduling", message, COMPONENT)
+        pod_event(self.api, pod, "Warning", "FailedScheduling", message, COMPONENT)
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
         conditions = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], plain(

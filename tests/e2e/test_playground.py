@@ -162,6 +162,33 @@ spec:
         kubectl("delete", "-f", "-", input=manifest)
 
 
+@needs_kubectl
+def test_a_missing_template_is_an_event_naming_it(cluster):
+    kubectl, _ = cluster
+    manifest = """
+apiVersion: v1
+kind: Pod
+metadata: {name: no-template}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: nowhere}]
+  containers:
+  - {name: c, image: x, command: [sleep, infinity], resources: {claims: [{name: gpu}]}}
+"""
+    kubectl("apply", "-f", "-", input=manifest)
+    try:
+        def events(reason):
+            return [e["message"] for e in objects(kubectl, "events")
+                    if e["involvedObject"]["name"] == "no-template" and e["reason"] == reason]
+
+        (message,) = wait_for("a FailedResourceClaimCreation Event", lambda: events("FailedResourceClaimCreation"))
+        assert message == ('PodResourceClaim gpu: resource claim template "nowhere": '
+                           'resourceclaimtemplate.resource.k8s.io "nowhere" not found'), message
+        (waiting,) = wait_for("a FailedScheduling Event", lambda: events("FailedScheduling"))
+        assert "gpu" in waiting and "created" in waiting, waiting
+    finally:
+        kubectl("delete", "-f", "-", input=manifest)
+
+
 def test_generated_claim_names_are_shortened_as_upstream():
     assert generate_name("trainer", "gpu") == "trainer-gpu-"
     # Past 57 characters both parts shrink in proportion (60 and 20 of 82): the claim's name survives.
