@@ -163,16 +163,17 @@ class PodSync:
             return {}
         assert self.node.kubelet is not None, "the plugin is not started"
         answers = self.node.kubelet.prepare(*refs).claims
-        devices = {}
-        for ref in refs:
-            answer = answers[ref.uid]
-            if answer.error:
-                self._warn_once(pod, "FailedPrepareDynamicResources",
-                                f"Failed to prepare dynamic resources: prepare dynamic resources: "
-                                f"NodePrepareResources failed for ResourceClaim {ref.name}: {answer.error}")
-                return None
-            devices[ref.uid] = [(list(d.request_names), list(d.cdi_device_ids)) for d in answer.devices]
-        return devices
+        failed = [ref for ref in refs if answers[ref.uid].error]
+        if failed:
+            ref = failed[0]
+            self._warn_once(pod, "FailedPrepareDynamicResources",
+                            f"Failed to prepare dynamic resources: prepare dynamic resources: "
+                            f"NodePrepareResources failed for ResourceClaim {ref.name}: {answers[ref.uid].error}")
+            # The pod does not start: take back what was prepared for it alone.
+            self._unprepare([r for r in refs if r not in failed and r.uid not in self.prepared])
+            return None
+        return {ref.uid: [(list(d.request_names), list(d.cdi_device_ids)) for d in answers[ref.uid].devices]
+                for ref in refs}
 
     def _start_container(self, pod: JSON, spec: JSON, devices: dict[str, list[tuple[list[str], list[str]]]]
                          ) -> Container:
@@ -244,11 +245,15 @@ class PodSync:
             if not users:
                 self.prepared.pop(ref.uid, None)
                 unused.append(ref)
-        if unused and self.node.kubelet is not None:
-            answers = self.node.kubelet.unprepare(*unused).claims
-            for ref in unused:
-                if answers[ref.uid].error:
-                    log.warning("unprepare failed", claim=f"{ref.namespace}/{ref.name}", error=answers[ref.uid].error)
+        self._unprepare(unused)
+
+    def _unprepare(self, refs: list[ClaimRef]) -> None:
+        if not refs or self.node.kubelet is None:
+            return
+        answers = self.node.kubelet.unprepare(*refs).claims
+        for ref in refs:
+            if answers[ref.uid].error:
+                log.warning("unprepare failed", claim=f"{ref.namespace}/{ref.name}", error=answers[ref.uid].error)
 
     def _warn_once(self, pod: JSON, reason: str, message: str) -> None:
         key = (pod["metadata"]["uid"], message)
