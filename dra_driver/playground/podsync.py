@@ -265,7 +265,7 @@ class PodSync:
 
     def logs(self, namespace: str, pod: str, container: str) -> str | None:
         """A container's output so far (ApiEmulator.pod_logs); None when it has not started here."""
-        for run in self.pods.values():
+        for run in list(self.pods.values()):  # called from the API server's threads
             if (run.namespace, run.name) == (namespace, pod) and container in run.containers:
                 path = Path(run.containers[container].log)
                 return path.read_text(errors="replace") if path.exists() else ""

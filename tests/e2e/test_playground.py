@@ -42,6 +42,7 @@ def cluster(tmp_path_factory):
     kubeconfig, node_dir = work / "playground.kubeconfig", work / "node"
     proc = subprocess.Popen([sys.executable, "-m", "dra_driver.cli", "playground", "--port", "0",
                              "--kubeconfig-out", str(kubeconfig), "--workdir", str(node_dir), "--runtime", "process",
+                             "--node-name", NODE,
                              "--log-format", "json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60  # imports and the plugin's start take seconds on a loaded machine
