@@ -28,6 +28,7 @@ memory and compute budget.
 
 Start here:
   gpushare-dra demo               the whole path on simulated GPUs, no cluster needed
+  gpushare-dra playground         a one-node cluster on simulated GPUs that kubectl drives
   gpushare-dra kubelet-plugin -h  the node daemon (DaemonSet) and its flags
 """
 

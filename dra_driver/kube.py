@@ -93,14 +93,14 @@ def api_error(exc: client.ApiException) -> str:
 
 
 def warning_event(involved: dict[str, str], reason: str, message: str, *, namespace: str, component: str,
-                  reporting_component: str, host: str, name: str | None = None) -> JSON:
-    """A Warning Event body about `involved` (an object reference), where `kubectl describe`
-    shows it. Named `name`, or by the server after the object (`<involved name>.<suffix>`)."""
+                  reporting_component: str, host: str, name: str | None = None, event_type: str = "Warning") -> JSON:
+    """A Warning (or `event_type`) Event body about `involved` (an object reference), where
+    `kubectl describe` shows it. Named `name`, or by the server after the object (`<involved name>.<suffix>`)."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"namespace": namespace, **({"name": name} if name else {"generateName": f"{involved['name']}."})},
-        "involvedObject": involved, "reason": reason, "message": message, "type": "Warning", "count": 1,
+        "involvedObject": involved, "reason": reason, "message": message, "type": event_type, "count": 1,
         "firstTimestamp": now, "lastTimestamp": now,
         "source": {"component": component, "host": host},
         "reportingComponent": reporting_component, "reportingInstance": host,

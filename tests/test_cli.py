@@ -44,7 +44,7 @@ def test_kubelet_plugin_defaults_match_the_contract(monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["kubelet-plugin", "controller", "cleanup", "discover", "demo", "hook-path",
-                                     "install-hook", "emulator"])
+                                     "install-hook", "emulator", "playground"])
 def test_every_subcommand_has_help(command):
     out = subprocess.run([*CLI, command, "--help"], capture_output=True, text=True, check=True).stdout
     assert out.startswith(f"usage: gpushare-dra {command}")
@@ -143,6 +143,10 @@ def kube_versions():
     (["discover", "--device-backend", "mock", "--mock-gpus", "0x80Gi"],
      f"gpushare-dra discover: error: --mock-gpus: count in '0x80Gi' is below 1 ({MOCK_ACCEPTED})"),
     (["demo", "--mock-gpus", "2x80"], f"gpushare-dra demo: error: --mock-gpus memory: '80' in '2x80' {BELOW_1GI}"),
+    (["playground", "--mock-gpus", "2x80"],
+     f"gpushare-dra playground: error: --mock-gpus memory: '80' in '2x80' {BELOW_1GI}"),
+    (["playground", "--kube-version", "1.99"],
+     "gpushare-dra playground: error: --kube-version: no resource.k8s.io schemas for '1.99' (accepted: {versions})"),
     (["discover", "--mock-gpus", "2x80Gi"],
      "gpushare-dra discover: error: --mock-gpus: only with --device-backend mock (this is --device-backend nvml); "
      "remove it, or add --device-backend mock"),

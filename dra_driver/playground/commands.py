@@ -1,4 +1,4 @@
-"""The playground's subcommands (`gpushare-dra demo`, `gpushare-dra emulator`).
+"""The playground's subcommands (`gpushare-dra demo`, `playground`, `emulator`).
 
 This is the one module of the playground that the product's CLI imports: it only declares
 the flags, so `--help` works without the `demo` extra; each command's code is imported when
@@ -51,7 +51,7 @@ def _needs_demo_extra(module: str, func: str) -> Runner:
 
 def add_commands(sub: Any, formatter_class: type[argparse.HelpFormatter],
                  add_logging: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add `demo` and `emulator` to the CLI's subparsers."""
+    """Add `demo`, `playground` and `emulator` to the CLI's subparsers."""
     p = sub.add_parser("demo", formatter_class=formatter_class,
                        help="run the whole path on simulated GPUs with no cluster",
                        description="Start an in-process Kubernetes API emulator and simulated GPUs, "
@@ -60,17 +60,45 @@ def add_commands(sub: Any, formatter_class: type[argparse.HelpFormatter],
                                    "does not behave.")
     p.add_argument("--mock-gpus", default="2x80Gi", help="simulated GPUs (see kubelet-plugin --help)")
     p.add_argument("--workdir", default=None, help="folder for the demo's files (default: a temporary one)")
-    p.add_argument("--runtime", default="auto", choices=("auto", "podman", "process"),
-                   help="how containers run: podman (real CDI consumer, needs root, podman and runc), "
-                        "process (the CDI spec applied to host processes), auto: podman when it can run")
+    _add_runtime(p)
     add_logging(p)
     # The story is the output; component logs only when something goes wrong.
     p.set_defaults(run=_needs_demo_extra("dra_driver.playground.demo", "run"), log_level="warning")
 
+    p = sub.add_parser("playground", formatter_class=formatter_class,
+                       help="a one-node cluster on simulated GPUs where `kubectl apply` runs pods",
+                       description="Serve the Kubernetes API emulator with a cluster behind it: the resourceclaim "
+                                   "controller, a scheduler that allocates claims and binds pods, and one node "
+                                   "running the real kubelet plugin on simulated GPUs, whose kubelet prepares "
+                                   "claims and runs each pod's containers with their CDI devices "
+                                   "(docs/emulator.md, Playground).")
+    _add_emulator_flags(p)
+    p.add_argument("--node-name", default="playground-node", help="the node's name (its ResourceSlice pool)")
+    p.add_argument("--mock-gpus", default="2x80Gi", help="the node's simulated GPUs (see kubelet-plugin --help)")
+    p.add_argument("--workdir", default=None,
+                   help="folder for the node's files: plugin state, CDI specs, container logs (default: a "
+                        "temporary one, removed on exit)")
+    _add_runtime(p)
+    add_logging(p)
+    p.set_defaults(run=_needs_demo_extra("dra_driver.playground.cluster", "run"))
+
     p = sub.add_parser("emulator", formatter_class=formatter_class,
-                       help="serve the Kubernetes API emulator (tests, demos, hack scripts)",
+                       help="serve the Kubernetes API emulator alone (tests, hack scripts); nothing runs pods",
                        description="Serve an in-memory Kubernetes API (Nodes, Pods, Events, "
-                                   "resource.k8s.io/v1) for local runs without a cluster.")
+                                   "resource.k8s.io/v1) for local runs without a cluster. Nothing allocates "
+                                   "claims or runs pods: `gpushare-dra playground` does.")
+    _add_emulator_flags(p)
+    add_logging(p)
+    p.set_defaults(run=_needs_demo_extra("dra_driver.playground.emulator.__main__", "run"))
+
+
+def _add_runtime(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runtime", default="auto", choices=("auto", "podman", "process"),
+                   help="how containers run: podman (real CDI consumer, needs root, podman and runc), "
+                        "process (the CDI spec applied to host processes), auto: podman when it can run")
+
+
+def _add_emulator_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=flags.port, default=8001, help="TCP port (0: any free port)")
     p.add_argument("--consumable-capacity", default=True, action=argparse.BooleanOptionalAction,
@@ -83,5 +111,3 @@ def add_commands(sub: Any, formatter_class: type[argparse.HelpFormatter],
                    help="Kubernetes version (MAJOR.MINOR) whose schemas to use; one of those kubernetes-validate "
                         "ships (default: the newest)")
     p.add_argument("--kubeconfig-out", default=None, help="write a kubeconfig for the emulator here")
-    add_logging(p)
-    p.set_defaults(run=_needs_demo_extra("dra_driver.playground.emulator.__main__", "run"))

@@ -1,6 +1,8 @@
 """Run programs "in a container" that was given CDI devices: the demo's and tests' workloads.
 
-Two runners, one interface (`start(name, device_ids, argv) -> Workload`):
+Two runners, one interface: `start(name, device_ids, argv) -> Workload` runs the probe,
+`start_command(name, device_ids, argv, log=None)` any command (a pod's container), its output
+read by `Workload.read_until` or, with `log`, written to that file (what `kubectl logs` reads):
 
 - `PodmanRunner`: a real CDI consumer. podman + runc start a container on a small root
   filesystem (the probe, its libraries, busybox when present) with `--device` for each CDI
@@ -17,6 +19,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,7 +64,8 @@ class Workload:
         self._kill = kill  # kills it from outside: a container's PID 1 ignores SIGTERM
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, name=f"workload-{name}", daemon=True).start()
+        if proc.stdout is not None:  # else its output goes to a log file
+            threading.Thread(target=self._pump, name=f"workload-{name}", daemon=True).start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None  # started with stdout=PIPE
@@ -116,9 +120,24 @@ def parse_kv(line: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line.split() if "=" in part)
 
 
-def _start(name: str, cmd: list[str], env: dict[str, str], kill=None) -> Workload:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start(name: str, cmd: list[str], env: dict[str, str], kill=None, log: str | None = None) -> Workload:
+    if log is None:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    else:  # stdout and stderr interleaved in one file, as a container runtime's log
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+        if kill is None:  # a shell's children too, as stopping a container stops all its processes
+            kill = lambda: _kill_group(proc.pid)  # noqa: E731
     return Workload(name, proc, kill)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class ProcessRunner:
@@ -126,10 +145,12 @@ class ProcessRunner:
 
     kind = "process"
 
-    def __init__(self, cdi_root: str, probe: str, workdir: str):
+    def __init__(self, cdi_root: str, probe: str, workdir: str, path: tuple[str, ...] = ()):
+        """path: folders put first on the processes' PATH (the tools a container's image would have)."""
         self.cdi_root = cdi_root
         self.probe = probe
         self.workdir = workdir
+        self.path = path
 
     def _spec_edits(self, device_ids: list[str]) -> tuple[list[str], dict[str, str]]:
         """(env, mounts containerPath -> hostPath) of the spec(s) that define these devices."""
@@ -149,6 +170,10 @@ class ProcessRunner:
         return env, mounts
 
     def start(self, name: str, device_ids: list[str], argv: list[str]) -> Workload:
+        return self.start_command(name, device_ids, [self.probe, *argv])
+
+    def start_command(self, name: str, device_ids: list[str], argv: list[str], log: str | None = None) -> Workload:
+        """argv as a host process with the devices' CDI edits."""
         env_list, mounts = self._spec_edits(device_ids)
         env = {k: v for k, v in (item.split("=", 1) for item in env_list)}
         # The container's /var/run/gpushare, rebuilt from the spec's mounts.
@@ -168,7 +193,9 @@ class ProcessRunner:
             sim_lib = mounts.get(env["LD_LIBRARY_PATH"] + "/libcuda.so.1")
             if sim_lib:
                 host["LD_LIBRARY_PATH"] = os.path.dirname(sim_lib)
-        return _start(name, [self.probe, *argv], host)
+        if self.path:
+            host["PATH"] = os.pathsep.join([*self.path, host.get("PATH", os.defpath)])
+        return _start(name, argv, host, log=log)
 
     def close(self) -> None:
         pass
@@ -218,13 +245,13 @@ class PodmanRunner:
     def start(self, name: str, device_ids: list[str], argv: list[str]) -> Workload:
         return self.start_command(name, device_ids, [CONTAINER_PROBE, *argv])
 
-    def start_command(self, name: str, device_ids: list[str], argv: list[str],
+    def start_command(self, name: str, device_ids: list[str], argv: list[str], log: str | None = None,
                       cgroup_parent: str | None = None) -> Workload:
         """Any command of the root filesystem (start() runs the probe)."""
         container = f"gpushare-{name}-{uuid.uuid4().hex[:8]}"
         return _start(name, self.command(device_ids, argv, name=container, cgroup_parent=cgroup_parent), self.env,
                       kill=lambda: subprocess.run(["podman", "kill", container], env=self.env, capture_output=True,
-                                                  timeout=60))
+                                                  timeout=60), log=log)
 
     def run(self, device_ids: list[str], argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(device_ids, argv), env=self.env, capture_output=True, text=True,
@@ -247,7 +274,7 @@ def build_rootfs(rootfs: str, probe: str | None, libraries: tuple[str, ...]) -> 
     busybox = shutil.which("busybox")
     if busybox:  # a shell and tools for scripted checks inside the container
         shutil.copy(busybox, os.path.join(rootfs, "bin", "busybox"))
-        for tool in ("sh", "cat", "env", "stat", "grep", "sort", "echo"):
+        for tool in ("sh", "cat", "env", "stat", "grep", "sort", "echo", "sleep"):
             os.symlink("busybox", os.path.join(rootfs, "bin", tool))
     return rootfs
 

@@ -38,6 +38,7 @@ from ..devicemodel import whole_gpu_device
 from ..quantity import format_bytes
 from .claims import DRIVER
 from .containers import Workload, parse_kv
+from .node import SimulatedNode
 
 if TYPE_CHECKING:  # imported where used: `demo --help` stays quick
     from kubeletplugin.main import Plugin
@@ -50,13 +51,6 @@ GiB = 1 << 30
 MiB = 1 << 20
 NODE = "demo-node"
 NAMESPACE = "default"
-# Bodies are the API's JSON; the client sends a dict as it is (its methods are typed for its models).
-DEVICE_CLASS: Any = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": DRIVER},
-    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-}
 CLAIM_MEMORY, CLAIM_COMPUTE = 4 * GiB, 30
 SECOND_CLAIM_MEMORY, SECOND_CLAIM_COMPUTE = 2 * GiB, 20
 CHUNK = 512 * MiB
@@ -88,14 +82,14 @@ class Story:
         return ok
 
 
-def _claim_body(name: str, memory: int, compute: int) -> Any:  # a body: see DEVICE_CLASS
+def _claim_body(name: str, memory: int, compute: int) -> Any:  # a body: see node.DEVICE_CLASS
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": DRIVER,
                 "capacity": {"requests": {"memory": format_bytes(memory), "compute": str(compute)}}}}]}}}
 
 
-def _pod_body(name: str, claim: str, containers: list[str]) -> Any:  # a body: see DEVICE_CLASS
+def _pod_body(name: str, claim: str, containers: list[str]) -> Any:  # a body: see node.DEVICE_CLASS
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"nodeName": NODE, "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
                      "containers": [{"name": c, "image": "gpushare-probe", "resources": {"claims": [{"name": "gpu"}]}}
@@ -105,89 +99,47 @@ def _pod_body(name: str, claim: str, containers: list[str]) -> Any:  # a body: s
 class Demo:
     # Each set by its step; None until then (mypy: strict_optional is off for this module).
     emu: ApiEmulator
-    plugin: Plugin
-    kubelet: Kubelet
-    runner: PodmanRunner | ProcessRunner
+    node: SimulatedNode
     workloads: list[Workload]
 
     def __init__(self, mock_gpus: str, workdir: str, runtime: str):
-        from ..hookpath import native_paths
-
-        self.native = native_paths()
         self.mock_gpus = mock_gpus
         self.workdir = workdir
-        from .containers import PodmanRunner
-
-        if runtime == "auto":
-            runtime = "podman" if PodmanRunner.available() is None else "process"
         self.runtime = runtime
         self.story = Story(14)
         self.emu = None
-        self.plugin = None
-        self.kubelet = None
-        self.runner = None
+        self.node = None
         self.workloads = []
         self.claims: dict[str, ClaimRef] = {}  # prepared or to prepare, by name
         self.uids: set[str] = set()  # every claim the demo made, for the leftovers check
         self.answers: dict[str, list] = {}
 
-    # ---- infrastructure ---------------------------------------------------------------------
+    # ---- infrastructure: the node's (node.py) ------------------------------------------------
 
-    def _choose_runner(self):
-        from .containers import PodmanRunner, ProcessRunner
+    @property
+    def plugin(self) -> Plugin:
+        return self.node.plugin
 
-        if self.runtime == "podman":
-            return PodmanRunner(self.native["probe"], (self.native["library"], self.native["sim_cuda"],
-                                                       self.native["sim_nvml"]))
-        return ProcessRunner(self.cdi_root, self.native["probe"], self.workdir)
+    @property
+    def kubelet(self) -> Kubelet:
+        return self.node.kubelet
+
+    @property
+    def runner(self) -> PodmanRunner | ProcessRunner:
+        return self.node.runner
 
     @property
     def cdi_root(self) -> str:
-        # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi.
-        return "/var/run/cdi" if self.runtime == "podman" else os.path.join(self.workdir, "cdi")
-
-    def _hook_dir(self) -> str:
-        """What install-hook puts on a node: the library, and the simulated driver in sim/."""
-        hook = os.path.join(self.workdir, "hook")
-        os.makedirs(os.path.join(hook, "sim"), exist_ok=True)
-        shutil.copy(self.native["library"], hook)
-        shutil.copy(self.native["sim_cuda"], os.path.join(hook, "sim", "libcuda.so.1"))
-        shutil.copy(self.native["sim_nvml"], os.path.join(hook, "sim", "libnvidia-ml.so.1"))
-        return hook
-
-    def _start_plugin(self):
-        from kubeletplugin.main import Plugin
-
-        from ..cli import build_parser
-        from .kubelet import Kubelet
-
-        w = self.workdir
-        args = build_parser().parse_args([
-            "kubelet-plugin", "--node-name", NODE, "--plugin-dir", os.path.join(w, "plugin"),
-            "--registry-dir", os.path.join(w, "registry"), "--state-dir", os.path.join(w, "state"),
-            "--cdi-root", self.cdi_root, "--hook-dir", self.hook_dir, "--device-backend", "mock",
-            "--mock-gpus", self.mock_gpus, "--sharing-mode", "auto", "--metrics-addr", "127.0.0.1:0",
-            "--healthcheck-port", "0"])
-        self.plugin = Plugin(args, api=self.emu.api_client()).start()
-        self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)
-
-    def _stop_plugin(self):
-        if self.kubelet:
-            self.kubelet.close()
-            self.kubelet = None
-        if self.plugin:
-            self.plugin.stop(grace=2)
-            self.plugin = None
+        return self.node.cdi_root
 
     def close(self):
         for w in self.workloads:
             w.stop()
-        for claim in self.claims.values():
-            if self.kubelet:
-                self.kubelet.unprepare(claim)
-        self._stop_plugin()
-        if self.runner:
-            self.runner.close()
+        if self.node:
+            for claim in self.claims.values():
+                if self.kubelet:
+                    self.kubelet.unprepare(claim)
+            self.node.close()
         if self.emu:
             self.emu.stop()
 
@@ -227,9 +179,8 @@ class Demo:
         s.step("A Kubernetes API server", "The in-process emulator speaks the real REST and watch protocol; "
                "DRAConsumableCapacity is on, as on a cluster with that feature gate.")
         self.emu = ApiEmulator(consumable_capacity=True).start()
-        core = client.CoreV1Api(self.emu.api_client())
-        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})  # type: ignore[arg-type]
-        client.ResourceV1Api(self.emu.api_client()).create_device_class(DEVICE_CLASS)
+        self.node = SimulatedNode(NODE, self.mock_gpus, self.workdir, self.runtime)
+        self.node.register(self.emu.api_client())
         s.show(f"API server {self.emu.url}; node {NODE}; DeviceClass {DRIVER} (device.driver == \"{DRIVER}\")")
 
     def gpus(self):
@@ -242,8 +193,6 @@ class Demo:
         for g in gpus:
             s.show(f"{whole_gpu_device(g.index)}: {g.product_name}, {format_bytes(g.memory_bytes)}, {g.uuid}")
         self.gpu_memory = gpus[0].memory_bytes
-        self.hook_dir = self._hook_dir()
-        self.runner = self._choose_runner()
         s.show(f"containers run with: {self.runner.kind}"
                + ("" if self.runner.kind == "podman" else " (the CDI spec applied to host processes; "
                   "podman + runc as root would run real containers)"))
@@ -252,7 +201,7 @@ class Demo:
         s = self.story
         s.step("The kubelet plugin starts", "It registers with the kubelet and publishes the node's GPUs as "
                "ResourceSlices: in capacity mode each GPU is one device whose memory and compute claims consume.")
-        self._start_plugin()
+        self.node.start_plugin(self.emu.api_client())
         info = self.kubelet.get_info()
         s.check(info.type == "DRAPlugin" and info.name == DRIVER and list(info.supported_versions) ==
                 ["v1.DRAPlugin", "v1beta1.DRAPlugin"], "registration answers as the kubelet expects",
@@ -340,8 +289,8 @@ class Demo:
         claim = self.claims["shared-gpu"]
         region = Path(self.workdir, "state", "claims", claim.uid, "region-0")
         before = (region.stat().st_ino, region_used(region))
-        self._stop_plugin()
-        self._start_plugin()
+        self.node.stop_plugin()
+        self.node.start_plugin(self.emu.api_client())
         answer = self.kubelet.prepare(claim).claims[claim.uid]
         s.check(answer.error == "" and [list(d.cdi_device_ids) for d in answer.devices] == self.answers["shared-gpu"],
                 "the same CDI devices after the restart")

@@ -1,4 +1,4 @@
-"""The kubelet's side of the plugin's sockets: a stand-in for tests, benchmarks and the demo.
+"""The kubelet's side of the plugin's sockets: a stand-in for tests, benchmarks, the demo and the playground.
 
 It speaks to the plugin exactly as the kubelet does: registration over
 `<registry-dir>/<driver>-reg.sock`, DRA v1 or v1beta1 over `<plugin-dir>/dra.sock`, with

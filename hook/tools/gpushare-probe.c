@@ -236,6 +236,34 @@ static int cmd_meminfo(void)
     return 0;
 }
 
+/* `gpus`: the GPUs NVML shows, one line each as `nvidia-smi -L` prints them. */
+static int cmd_gpus(void)
+{
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    nvmlReturn_t (*init)(void) = h ? (nvmlReturn_t(*)(void))dlsym(h, "nvmlInit_v2") : NULL;
+    nvmlReturn_t (*count)(unsigned *) = h ? (nvmlReturn_t(*)(unsigned *))dlsym(h, "nvmlDeviceGetCount_v2") : NULL;
+    __typeof__(&nvmlDeviceGetHandleByIndex_v2) by_index =
+        h ? (__typeof__(by_index))dlsym(h, "nvmlDeviceGetHandleByIndex_v2") : NULL;
+    nvmlReturn_t (*name)(nvmlDevice_t, char *, unsigned) =
+        h ? (nvmlReturn_t(*)(nvmlDevice_t, char *, unsigned))dlsym(h, "nvmlDeviceGetName") : NULL;
+    nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned) =
+        h ? (nvmlReturn_t(*)(nvmlDevice_t, char *, unsigned))dlsym(h, "nvmlDeviceGetUUID") : NULL;
+    unsigned n = 0;
+    if (!init || !count || !by_index || !name || !uuid || init() != NVML_SUCCESS || count(&n) != NVML_SUCCESS) {
+        fprintf(stderr, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\n");
+        return 9;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        nvmlDevice_t d;
+        char product[96] = "", id[96] = "";
+        if (by_index(i, &d) != NVML_SUCCESS || name(d, product, sizeof product) != NVML_SUCCESS ||
+            uuid(d, id, sizeof id) != NVML_SUCCESS)
+            return 9;
+        printf("GPU %u: %s (UUID: %s)\n", i, product, id);
+    }
+    return 0;
+}
+
 static double g_seconds = 1, g_kernel_us = 100, g_interval_us = 2400, g_request_us = 410;
 static int g_count = 50, g_kernels = 8, g_nodes = 10, g_record;
 static double g_side_us;
@@ -423,12 +451,14 @@ int main(int argc, char **argv)
     }
     if (i < argc && !strcmp(argv[i], "alloc")) return cmd_alloc(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "meminfo")) return cmd_meminfo();
+    if (i < argc && !strcmp(argv[i], "gpus")) return cmd_gpus();
     if (i < argc && !strcmp(argv[i], "launch")) return cmd_launch(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "time")) return cmd_time(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "serve")) return cmd_serve(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "graph")) return cmd_graph(argc - i - 1, argv + i + 1);
     fprintf(stderr, "usage: gpushare-probe [--device N] alloc --chunk BYTES [--max BYTES] [--hold S] [--api A]\n"
                     "       gpushare-probe [--device N] meminfo\n"
+                    "       gpushare-probe gpus\n"
                     "       gpushare-probe [--device N] launch --seconds T [--kernel-us US]\n"
                     "       gpushare-probe [--device N] time --count N [--kernel-us US]\n"
                     "       gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]\n"

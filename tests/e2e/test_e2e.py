@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.playground.containers import PodmanRunner
-from dra_driver.playground.demo import DEVICE_CLASS
+from dra_driver.playground.node import DEVICE_CLASS
 
 ROOT = Path(__file__).parents[2]
 

@@ -6,27 +6,14 @@ to this client version or not, survives the round trip.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from kubernetes.client import ApiClient, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
 
 from ...kube import JSON, json_body, plain
+from ..objects import list_all
 from .core import AllocationError, allocate, pod_reference
 
 MAX_CONFLICTS = 5  # status writes retried after a 409 (someone else changed the claim)
-
-
-def _list_all(list_call: Callable[..., Any], **kwargs: Any) -> list[JSON]:
-    items: list[JSON] = []
-    token = None
-    while True:
-        page = json_body(list_call(_preload_content=False, _continue=token, **kwargs))
-        items.extend(page.get("items") or [])
-        token = (page.get("metadata") or {}).get("continue")
-        if not token:
-            return items
 
 
 def _allocated_node(allocation: JSON) -> list[str]:
@@ -56,12 +43,12 @@ def allocate_and_reserve(api_client: ApiClient, namespace: str, claim_name: str,
                 return claim  # nothing to write
             reserved.append(pod_reference(pod))
         else:
-            slices = [s for s in _list_all(api.list_resource_slice)
+            slices = [s for s in list_all(api.list_resource_slice)
                       if s["spec"].get("nodeName") == node_name or s["spec"]["pool"]["name"] == node_name]
-            allocated = [c for c in _list_all(api.list_resource_claim_for_all_namespaces)
+            allocated = [c for c in list_all(api.list_resource_claim_for_all_namespaces)
                          if (c.get("status") or {}).get("allocation")]
             status.update(allocate(claim, node_name=node_name, slices=slices,
-                                   device_classes=_list_all(api.list_device_class),
+                                   device_classes=list_all(api.list_device_class),
                                    allocated_claims=allocated, pod=pod))
         try:
             return json_body(api.replace_namespaced_resource_claim_status(claim_name, namespace, plain(claim),

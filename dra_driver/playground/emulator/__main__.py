@@ -23,18 +23,29 @@ def kube_version(text):
     return wanted
 
 
-def run(args) -> int:
-    from .emulator import ApiEmulator
-
+def check_flags(args) -> str | None:
+    """The emulator's flags checked before anything starts (a bad one is the CLI's one-line
+    error); the --kube-version to serve."""
     version = kube_version(args.kube_version) if args.kube_version else None
     check_port_free("--port", args.host, args.port)
+    return version
+
+
+def start_emulator(args, version):
+    """The emulator as the flags (shared by `emulator` and `playground`) say; serving."""
+    from .emulator import ApiEmulator
+
+    return ApiEmulator(consumable_capacity=args.consumable_capacity, device_taints=args.device_taints,
+                       validate=args.validate, kube_version=version, host=args.host, port=args.port).start()
+
+
+def run(args) -> int:
+    version = check_flags(args)
     log = get_logger("emulator")
 
-    def start() -> ApiEmulator:
-        emulator = ApiEmulator(consumable_capacity=args.consumable_capacity, device_taints=args.device_taints,
-                               validate=args.validate, kube_version=version,
-                               host=args.host, port=args.port).start()
-        if args.kubeconfig_out:
+    def start():
+        emulator = start_emulator(args, version)
+        if args.kubeconfig_out:  # written last: its presence says the server answers
             emulator.write_kubeconfig(args.kubeconfig_out)
         log.info("API emulator serving", url=emulator.url, kubeconfig=args.kubeconfig_out)
         return emulator

@@ -24,6 +24,9 @@ class ApiEmulator:
         self.requests_log = RequestLog()
         self.bookmark_interval = bookmark_interval
         self.stopping = False
+        # (namespace, pod, container) -> the container's output, or None before it started:
+        # what the kubelet serves for `kubectl logs`; set by a node that runs pods (the playground).
+        self.pod_logs = None
         self._address = (host, port)
         self._server: EmulatorHTTPServer | None = None
         self._thread: threading.Thread | None = None

@@ -238,6 +238,31 @@ class Registry:
         return self._gone_after(rt, self.store.update(rt, namespace, name, compute,
                                                       dry_run=write.dry_run), write)
 
+    def bind(self, rt, namespace, name, binding, write=None):
+        """POST pods/NAME/binding, as the scheduler binds: spec.nodeName and a PodScheduled
+        condition, once (k8s.io/kubernetes pkg/registry/core/pod/storage/storage.go, assignPod)."""
+        write = write or Write()
+        target = (binding or {}).get("target") or {}
+        if target.get("kind", "Node") not in ("", "Node") or not target.get("name"):
+            raise invalid(rt, "Binding", name, [FieldError("target", "Invalid", f"must name a Node, not {target}")])
+
+        def compute(old):
+            node = (old.get("spec") or {}).get("nodeName")
+            if node:
+                raise ApiError(409, f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is '
+                                    f'already assigned to node "{node}"', "Conflict",
+                               {"name": name, "kind": "pods/binding"})
+            new = copy.deepcopy(old)
+            new["spec"]["nodeName"] = target["name"]
+            status = new.setdefault("status", {})
+            conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+            status["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True",
+                                                  "lastTransitionTime": now_rfc3339()}]
+            return new
+
+        self.store.update(rt, namespace, name, compute, dry_run=write.dry_run)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
     def _gone_after(self, rt, result, write):
         """An update that removed the last finalizer of a deleted object deleted it: its
         dependents are collected as after a delete."""

@@ -24,6 +24,8 @@ log = logging.getLogger("dra_driver.playground.emulator")
 
 # How often an idle watch checks whether its client went away or its timeout passed.
 WATCH_POLL_SECONDS = 0.5
+# Pod subresources besides status: the scheduler's binding, the kubelet's log.
+POD_SUBRESOURCES = frozenset({("Pod", "binding"), ("Pod", "log")})
 PAGE_NOT_FOUND = ApiError(404, "the server could not find the requested resource", "NotFound",
                           {})
 HEALTH_PATHS = ("healthz", "readyz", "livez")
@@ -177,7 +179,8 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             raise PAGE_NOT_FOUND
         name = rest[1] if len(rest) > 1 else None
         subresource = rest[2] if len(rest) > 2 else None
-        if subresource is not None and not (subresource == "status" and rt.has_status):
+        if subresource is not None and not (subresource == "status" and rt.has_status) \
+                and (rt.kind, subresource) not in POD_SUBRESOURCES:
             raise PAGE_NOT_FOUND
         if name is not None and rt.namespaced and namespace is None:
             raise PAGE_NOT_FOUND
@@ -250,6 +253,13 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
             else:
                 raise ApiError(405, "method not allowed", "MethodNotAllowed")
             return 200
+        if (rt.kind, subresource) == ("Pod", "binding") and method == "POST":
+            self._send_json(201, registry.bind(rt, namespace, name, body, write))
+            return 201
+        if (rt.kind, subresource) == ("Pod", "log") and method == "GET":
+            return self._pod_log(namespace, name, query)
+        if subresource in ("binding", "log"):
+            raise ApiError(405, "method not allowed", "MethodNotAllowed")
         if method == "GET":
             result = emulator.store.get(rt, namespace, name)
             if table:
@@ -270,6 +280,26 @@ class ApiRequestHandler(BaseHTTPRequestHandler):
         code = 201 if write.created else 200  # an apply that created the object
         self._send_json(code, result)
         return code
+
+    def _pod_log(self, namespace, name, query):
+        """What the kubelet serves for `kubectl logs`: here, ApiEmulator.pod_logs when a node
+        runs the pods in this process (`gpushare-dra playground`)."""
+        emulator = self.server.emulator
+        pod = emulator.store.get(resources.BY_PATH[("", "v1", "pods")], namespace, name)
+        containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+        container = query.get("container") or (containers[0] if len(containers) == 1 else None)
+        if container is None:
+            raise bad_request(f"a container name must be specified for pod {name}, choose one of: "
+                              f"[{' '.join(containers)}]")
+        if container not in containers:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        if emulator.pod_logs is None or not (pod.get("spec") or {}).get("nodeName"):
+            raise bad_request(f'container "{container}" in pod "{name}" is waiting to start: no node runs it')
+        text = emulator.pod_logs(namespace, name, container)
+        if text is None:
+            raise bad_request(f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
+        self._send(200, text.encode(), "text/plain")
+        return 200
 
     def _list(self, rt, namespace, selection, query):
         items, rv = self.server.emulator.store.list(rt, namespace, selection)
