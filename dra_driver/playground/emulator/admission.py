@@ -67,9 +67,10 @@ def _compare_to(q: Quantity, other: Quantity) -> celtypes.IntType:
 
 
 def _join(items: celtypes.ListType, separator: str = "") -> celtypes.StringType:
-    if not all(isinstance(item, str) for item in items):
+    texts = [item for item in items if isinstance(item, str)]
+    if len(texts) != len(items):
         raise TypeError("join: the list must hold strings")
-    return celtypes.StringType(str(separator).join(items))
+    return celtypes.StringType(str(separator).join(texts))
 
 
 FUNCTIONS: dict[str, CELFunction] = {
