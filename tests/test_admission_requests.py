@@ -163,3 +163,18 @@ def test_kubectl_apply_refuses_and_warns(kubectl):
     assert "Warning: " in warned.stderr and "deviceClassName: not one of gpushare's DeviceClasses" in warned.stderr
     assert kubectl("get", "resourceclaims", "-o", "name").split() == [
         "resourceclaim.resource.k8s.io/decimal", "resourceclaim.resource.k8s.io/typo"]
+
+
+@needs_kubectl
+def test_without_consumable_capacity_the_policies_never_see_the_ask(make_emulator, tmp_path):
+    """The API server drops the gated `capacity` before validating admission runs (the registry's
+    BeforeCreate, then createValidation): the claim is stored without it and nothing is said at
+    apply time; the kubelet plugin's CapacityRequestDropped Event tells instead
+    (tests/kubeletplugin/test_capacity_event.py)."""
+    emu = make_emulator(consumable_capacity=False)
+    k = Kubectl(tmp_path, kubeconfig=emu.write_kubeconfig(tmp_path / "kubeconfig"))
+    k("apply", "-f", POLICY_FILE, "-f", POLICY_FILE.parent / "deviceclass.yaml")
+    out = k.run("apply", "-f", "-", input=manifest("gated", memory="4G", compute="150"))
+    assert (out.stdout.strip(), out.stderr) == ("resourceclaim.resource.k8s.io/gated created", "")
+    stored = k.objects("get", "resourceclaim", "gated", "-o", "yaml")[0]
+    assert "capacity" not in stored["spec"]["devices"]["requests"][0]["exactly"]
