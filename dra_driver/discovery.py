@@ -303,7 +303,7 @@ class NvmlBackend:
                            cuda_version, healthy=False, health_reason=f"NVML cannot open GPU {index}: {e}")
         try:
             major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-            bus_id = pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+            brand, bus_id = self._placement(handle)
             return GpuInfo(
                 index=index,
                 uuid=uuid,
@@ -314,13 +314,28 @@ class NvmlBackend:
                 cuda_compute_capability=f"{major}.{minor_cc}",
                 driver_version=driver,
                 cuda_driver_version=cuda_version,
-                brand=_NVML_BRANDS.get(nvml.nvmlDeviceGetBrand(handle), "Unknown"),
+                brand=brand,
                 pci_bus_id=bus_id,
                 pcie_root=pcie_root(bus_id, self._sysfs),
             )
         except nvml.NVMLError as e:
             return GpuInfo(index, uuid, index, "unknown", 0, "unknown", "0.0", driver, cuda_version,
                            healthy=False, health_reason=f"NVML query of GPU {index} ({uuid}) failed: {e}")
+
+
+    def _placement(self, handle: Any) -> tuple[str, str]:
+        """(brand, PCI address); "" for what this GPU's NVML does not tell: they describe the GPU
+        for selectors, so not knowing one leaves its attribute out rather than failing the GPU."""
+        nvml = self._nvml
+        try:
+            brand = _NVML_BRANDS.get(nvml.nvmlDeviceGetBrand(handle), "Unknown")
+        except nvml.NVMLError:
+            brand = ""
+        try:
+            bus_id = pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+        except nvml.NVMLError:
+            bus_id = ""
+        return brand, bus_id
 
 
 def _text(value: str | bytes) -> str:

@@ -110,6 +110,19 @@ def test_nvml_backend_maps_every_field(monkeypatch, tmp_path):
     assert (gpus[0].pci_bus_id, gpus[0].pcie_root) == ("0000:3b:00.0", "")  # not in this sysfs
 
 
+def test_nvml_without_brand_or_pci_info_leaves_them_unknown(monkeypatch):
+    """Not every GPU's NVML answers every query: the GPU is still published, healthy."""
+    pynvml = fake_pynvml()
+
+    def not_supported(handle):
+        raise pynvml.NVMLError("Not Supported")
+
+    pynvml.nvmlDeviceGetBrand = pynvml.nvmlDeviceGetPciInfo = not_supported
+    monkeypatch.setitem(sys.modules, "pynvml", pynvml)
+    g = make_backend("nvml").discover()[0]
+    assert (g.healthy, g.brand, g.pci_bus_id, g.pcie_root, g.memory_bytes) == (True, "", "", "", 80 << 30)
+
+
 def test_pcie_root_from_sysfs(tmp_path):
     root = str(tmp_path)
     fake_sysfs(root, "0000:17:00.0", pcie="pci0000:16")

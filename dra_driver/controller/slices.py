@@ -69,13 +69,14 @@ def _attributes(gpu: GpuInfo, mode: str) -> JSON:
         "uuid": {"string": gpu.uuid[:64]},
         "index": {"int": gpu.index},
         "productName": {"string": gpu.product_name[:64]},
-        "brand": {"string": gpu.brand[:64]},
         "architecture": {"string": gpu.architecture[:64]},
         "cudaComputeCapability": {"version": semver(gpu.cuda_compute_capability)},
         "driverVersion": {"version": semver(gpu.driver_version)},
         "cudaDriverVersion": {"version": semver(gpu.cuda_driver_version)},
         "sharing": {"string": mode},
     }
+    if gpu.brand:
+        attributes["brand"] = {"string": gpu.brand[:64]}
     if gpu.pci_bus_id:
         attributes["pcieBusID"] = {"string": gpu.pci_bus_id}  # NVIDIA's name up to v25.12
         attributes[PCI_BUS_ID_ATTRIBUTE] = {"string": gpu.pci_bus_id}  # and from v0.4

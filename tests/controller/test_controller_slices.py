@@ -75,16 +75,18 @@ def test_attributes_per_contract():
         assert len(d["attributes"]) + len(d["capacity"]) <= 32  # the API's limit per device
 
 
-def test_unknown_pci_location_is_left_out():
-    """A GPU whose PCI address or root sysfs does not tell has no such attribute (NVIDIA's driver
-    skips pcieRoot the same way), rather than an empty string a selector would match."""
+def test_unknown_brand_and_pci_location_are_left_out():
+    """A GPU whose brand or PCI address NVML, or whose root sysfs, does not tell has no such
+    attribute (NVIDIA's driver skips pcieRoot the same way), rather than an empty string a
+    selector would match."""
     gpu = GpuInfo(0, "GPU-abc", 0, "H100", 80 * GiB, "Hopper", "9.0", "580.65.06", "13.0", pci_bus_id="0000:3b:00.0")
     attributes = build(gpu_list=[gpu])[0]["spec"]["devices"][0]["attributes"]
     assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:3b:00.0"}
     assert "resource.kubernetes.io/pcieRoot" not in attributes
     gpu = GpuInfo(0, "GPU-abc", 0, "H100", 80 * GiB, "Hopper", "9.0", "580.65.06", "13.0")
     attributes = build(gpu_list=[gpu])[0]["spec"]["devices"][0]["attributes"]
-    assert not {"pcieBusID", "resource.kubernetes.io/pciBusID", "resource.kubernetes.io/pcieRoot"} & set(attributes)
+    assert not {"brand", "pcieBusID", "resource.kubernetes.io/pciBusID", "resource.kubernetes.io/pcieRoot"} & set(
+        attributes)
 
 
 @pytest.mark.parametrize("text,version", [("9.0", "9.0.0"), ("580.65.06", "580.65.6"), ("580", "580.0.0"),
