@@ -11,6 +11,7 @@ exception: every failure is a `DiscoveryError` whose message says what to check.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +29,18 @@ SIM_ARCHITECTURE = "Hopper"
 SIM_COMPUTE_CAPABILITY = "9.0"
 SIM_DRIVER_VERSION = "580.0.0"
 SIM_CUDA_DRIVER_VERSION = "13.0"
+SIM_BRAND = "Nvidia"  # what NVML reports for data-center GPUs since Hopper (NVML_BRAND_NVIDIA)
+
+# NVML_BRAND_* values as NVIDIA's DRA driver names them (go-nvlib's GetBrandAsString), so
+# selectors on `brand` mean the same on both drivers.
+_NVML_BRANDS = {
+    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
+    12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX",
+}
+SYSFS_ROOT = "/sys"
+# extended BDF, lower case: what k8s.io/dynamic-resource-allocation/deviceattribute accepts
+_PCI_BUS_ID = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")  # fullmatch only
 
 # NVML_DEVICE_ARCH_* values; NVML returns an integer.
 _NVML_ARCHITECTURES = {
@@ -53,6 +66,9 @@ class GpuInfo:
     cuda_compute_capability: str  # "9.0"
     driver_version: str  # "580.65.06"
     cuda_driver_version: str  # "13.0"
+    brand: str = ""  # "Nvidia", "Tesla", ... (NVML's brand); "" when unknown
+    pci_bus_id: str = ""  # "0000:3b:00.0"; "" when unknown
+    pcie_root: str = ""  # the PCIe root complex, "pci0000:3a"; "" when sysfs does not say
     healthy: bool = True
     health_reason: str = ""  # why it is unhealthy, for taints and logs
 
@@ -69,6 +85,37 @@ def sim_uuid(index: int) -> str:
     return f"{SIM_UUID_PREFIX}{index:012x}"
 
 
+def sim_pci_bus_id(index: int) -> str:
+    """PCI address of simulated GPU `index`: bus index + 1 (as hook/sim's NVML reports it)."""
+    return f"{(index + 1) >> 8:04x}:{(index + 1) & 0xff:02x}:00.0"
+
+
+def pci_bus_id(nvml_bus_id: str) -> str:
+    """NVML's `00000000:3B:00.0` as the extended BDF `0000:3b:00.0` (go-nvlib's GetPCIBusID)."""
+    bus_id = nvml_bus_id.lower()
+    return bus_id[4:] if re.match(r"0000[0-9a-f]{4}:", bus_id) else bus_id
+
+
+def pcie_root(bus_id: str, sysfs: str = SYSFS_ROOT) -> str:
+    """The PCIe root complex above a PCI device ("pci0000:3a"), "" when sysfs does not say.
+
+    As k8s.io/dynamic-resource-allocation/deviceattribute derives resource.kubernetes.io/pcieRoot:
+    /sys/bus/pci/devices/<bus id> links to /sys/devices/<root>/.../<bus id>; the root is the
+    first folder under /sys/devices."""
+    if not _PCI_BUS_ID.fullmatch(bus_id):
+        return ""
+    link = os.path.join(sysfs, "bus", "pci", "devices", bus_id)
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return ""
+    target = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    devices = os.path.join(sysfs, "devices") + os.sep
+    if not target.startswith(devices + "pci") or os.path.basename(target) != bus_id:
+        return ""
+    return target[len(devices):].split(os.sep)[0]
+
+
 def _mock_gpu(index: int, memory_bytes: int, **overrides: Any) -> GpuInfo:  # Any: _from_yaml checks each type
     gpu = GpuInfo(
         index=index,
@@ -80,6 +127,10 @@ def _mock_gpu(index: int, memory_bytes: int, **overrides: Any) -> GpuInfo:  # An
         cuda_compute_capability=SIM_COMPUTE_CAPABILITY,
         driver_version=SIM_DRIVER_VERSION,
         cuda_driver_version=SIM_CUDA_DRIVER_VERSION,
+        brand=SIM_BRAND,
+        pci_bus_id=sim_pci_bus_id(index),
+        # one root complex per PCI domain, as on a single-socket host
+        pcie_root=f"pci{sim_pci_bus_id(index)[:4]}:00",
     )
     return replace(gpu, **overrides) if overrides else gpu
 
@@ -99,6 +150,9 @@ _MOCK_YAML_FIELDS = {
     "cudaComputeCapability": "cuda_compute_capability",
     "driverVersion": "driver_version",
     "cudaDriverVersion": "cuda_driver_version",
+    "brand": "brand",
+    "pciBusID": "pci_bus_id",
+    "pcieRoot": "pcie_root",
     "healthy": "healthy",
     "healthReason": "health_reason",
 }
@@ -179,6 +233,9 @@ class MockBackend:
                     if not isinstance(entry[key], want):
                         raise DiscoveryError(f"{where}.{key}: expected {want.__name__}, got {entry[key]!r}")
                     overrides[attr] = entry[key]
+            if overrides.get("pci_bus_id") and not _PCI_BUS_ID.fullmatch(str(overrides["pci_bus_id"])):
+                raise DiscoveryError(f"{where}.pciBusID: expected a PCI address domain:bus:device.function in "
+                                     f"lower-case hex, e.g. 0000:3b:00.0, got {entry['pciBusID']!r}")
             gpus.append(_mock_gpu(index, memory, **overrides))
         indexes = [g.index for g in gpus]
         if len(set(indexes)) != len(indexes):
@@ -210,10 +267,11 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self) -> None:
+    def __init__(self, sysfs: str = SYSFS_ROOT) -> None:
         import pynvml  # imported here so the mock backend works without the NVML bindings' library
 
         self._nvml = pynvml
+        self._sysfs = sysfs
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
@@ -245,6 +303,7 @@ class NvmlBackend:
                            cuda_version, healthy=False, health_reason=f"NVML cannot open GPU {index}: {e}")
         try:
             major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            brand, bus_id = self._placement(handle)
             return GpuInfo(
                 index=index,
                 uuid=uuid,
@@ -255,10 +314,28 @@ class NvmlBackend:
                 cuda_compute_capability=f"{major}.{minor_cc}",
                 driver_version=driver,
                 cuda_driver_version=cuda_version,
+                brand=brand,
+                pci_bus_id=bus_id,
+                pcie_root=pcie_root(bus_id, self._sysfs),
             )
         except nvml.NVMLError as e:
             return GpuInfo(index, uuid, index, "unknown", 0, "unknown", "0.0", driver, cuda_version,
                            healthy=False, health_reason=f"NVML query of GPU {index} ({uuid}) failed: {e}")
+
+
+    def _placement(self, handle: Any) -> tuple[str, str]:
+        """(brand, PCI address); "" for what this GPU's NVML does not tell: they describe the GPU
+        for selectors, so not knowing one leaves its attribute out rather than failing the GPU."""
+        nvml = self._nvml
+        try:
+            brand = _NVML_BRANDS.get(nvml.nvmlDeviceGetBrand(handle), "Unknown")
+        except nvml.NVMLError:
+            brand = ""
+        try:
+            bus_id = pci_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+        except nvml.NVMLError:
+            bus_id = ""
+        return brand, bus_id
 
 
 def _text(value: str | bytes) -> str:

@@ -9,22 +9,27 @@ Then every GpuShareConfig that applies to one of the GPU's requests lowers them 
 before FromClaim, in order); a config never raises a limit. A config's limits are per GPU.
 
 GPU `i` in the container's view is the claim's i-th distinct GPU, by host GPU index.
+
+unmet_capacity says, for an Event on the claim, which capacity requests partition devices did
+not honour.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from dra_driver import config as gpuconfig
 from dra_driver.devicemodel import FULL_COMPUTE, parse_device_name, share_compute, share_memory
 from dra_driver.discovery import GpuInfo
-from dra_driver.quantity import QuantityError, parse_bytes, show
+from dra_driver.quantity import QuantityError, format_bytes, parse_bytes, show
 
 from .claimref import UID, ClaimError
 from .prepared import PreparedDevice, PreparedGpu
 
 _SOURCE_ORDER = {"FromClass": 0, "FromClaim": 1}
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 @dataclass(frozen=True)
@@ -131,3 +136,63 @@ def _configs(allocation: dict[str, Any], driver: str) -> list[tuple[list[str], g
 def _request_matches(request: str, requests: list[str]) -> bool:
     """A config for request "r" also applies to its subrequests "r/sub" (firstAvailable)."""
     return request in requests or request.split("/", 1)[0] in requests
+
+
+def unmet_capacity(claim: dict[str, Any], driver: str, pool: str, gpus: tuple[PreparedGpu, ...]) -> str | None:
+    """What to tell the claim's author when requests that asked for capacity got partition
+    devices (fixed shares): what they asked, why it was not applied, what they got; else None.
+
+    The ask is in the claim's spec, or, where the API server dropped `capacity` (no
+    DRAConsumableCapacity gate), only in the last-applied-configuration `kubectl apply` keeps."""
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+    shares: dict[str, list[str]] = {}
+    for r in results:
+        ref = parse_device_name(r.get("device"))
+        if r.get("driver") == driver and r.get("pool") == pool and ref is not None and ref.share is not None:
+            shares.setdefault(str(r.get("request", "")), []).append(str(r["device"]))
+    stored = _capacity_asks(claim.get("spec"))
+    applied = _capacity_asks(_last_applied_spec(claim))
+    told = []
+    for request, devices in sorted(shares.items()):
+        if request in stored:
+            asked, why = stored[request], "this node publishes partition devices, fixed shares"
+        elif request in applied:
+            asked, why = applied[request], "the API server dropped it (feature gate DRAConsumableCapacity off)"
+        else:
+            continue
+        wanted = ", ".join(f"{name}={value}" for name, value in sorted(asked.items()))
+        told.append(f"request {request!r} asked for capacity {wanted} but {why}; it got {', '.join(devices)}")
+    if not told:
+        return None
+    limits = ", ".join(f"GPU {g.index}: memory {format_bytes(g.memory_limit)}, compute {g.compute_limit} %"
+                       for g in gpus)
+    return f"gpushare: {'; '.join(told)} (the claim's limits: {limits})"
+
+
+def _capacity_asks(spec: Any) -> dict[str, dict[str, Any]]:
+    """{request name as allocation results name it ("r", or "r/sub" for firstAvailable): its
+    capacity.requests} for the requests of a claim spec that ask for capacity."""
+    asks: dict[str, dict[str, Any]] = {}
+    requests = ((spec or {}).get("devices") or {}).get("requests") if isinstance(spec, dict) else None
+    for request in requests if isinstance(requests, list) else []:
+        if not isinstance(request, dict):
+            continue
+        name = str(request.get("name", ""))
+        exactly = request.get("exactly")
+        choices = [(name, exactly)] if isinstance(exactly, dict) else [
+            (f"{name}/{sub.get('name', '')}", sub) for sub in request.get("firstAvailable") or []
+            if isinstance(sub, dict)]
+        for key, ask in choices:
+            wanted = (ask.get("capacity") or {}).get("requests")
+            if isinstance(wanted, dict) and wanted:
+                asks[key] = wanted
+    return asks
+
+
+def _last_applied_spec(claim: dict[str, Any]) -> Any:
+    """The spec `kubectl apply` sent, as its annotation records it (None without one)."""
+    text = ((claim.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    try:
+        return (json.loads(text) or {}).get("spec") if isinstance(text, str) else None
+    except (ValueError, AttributeError):  # not JSON, or JSON that is no object: no record
+        return None

@@ -28,12 +28,12 @@ from cdi import SpecDir, find_devices_of_kind, remove_temp_files
 from dra_driver.devicemodel import parse_device_name
 from dra_driver.discovery import DeviceBackend, GpuInfo
 from dra_driver.install import LIBRARY_NAME, prune_versions
-from dra_driver.kube import api_error
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_error, plain, warning_event
 from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
 from . import faults
-from .allocation import plan_claim
+from .allocation import plan_claim, unmet_capacity
 from .cdispec import KIND, SimDriver, build_spec
 from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
@@ -46,6 +46,7 @@ NVIDIA_KIND = "nvidia.com/gpu"
 SYSTEM_CDI_DIR = "/etc/cdi"
 API_TIMEOUT_S = 20  # reading a claim; the kubelet gives a whole Prepare call 45 s
 CLAIM_LOCK_WAIT_S = 5.0  # a call waits this long for another call of the same claim (~10 ms normally)
+CAPACITY_EVENT_REASON = "CapacityRequestDropped"
 
 
 class KeyedLocks:
@@ -101,6 +102,7 @@ class Driver:
                  partitions: int, state_dir: str, cdi_root: str, host_library: str,
                  system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None) -> None:
         self.resource_api = client.ResourceV1Api(api)
+        self.core_api = client.CoreV1Api(api)
         self.driver_name = driver_name
         self.node_name = node_name
         self.backend = backend
@@ -162,7 +164,7 @@ class Driver:
                 return entry.prepared.devices
             if entry:
                 self._remove(uid, "leftover of an interrupted call")
-            claim = self._plan(ref)
+            claim, unmet = self._plan(ref)
             self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_STARTED, namespace, name, None))
             faults.reached("prepare-started-recorded")
             try:
@@ -180,9 +182,12 @@ class Driver:
             log.info("claim prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare",
                      gpus=[f"{g.uuid} memory={g.memory_limit} compute={g.compute_limit}" for g in claim.gpus])
             self._tell(claim, prepared=True)
+            if unmet:
+                self._warn_author(claim, unmet)
             return claim.devices
 
-    def _plan(self, ref: ClaimRef) -> PreparedClaim:
+    def _plan(self, ref: ClaimRef) -> tuple[PreparedClaim, str | None]:
+        """The claim prepared, and what to tell its author about capacity it asked for and did not get."""
         claim = self._read_claim(ref)
         plan = plan_claim(claim, self.driver_name, self.node_name, self._gpus_for(claim), self.partitions)
         toolkit = find_devices_of_kind(self.cdi_dirs, NVIDIA_KIND, skip_prefix=self.specs.prefix)
@@ -197,7 +202,32 @@ class Driver:
                     break
             devices.append(replace(device, cdi_device_ids=tuple(ids)))
         nodes = () if toolkit or self.backend.name != "nvml" else _nvidia_device_nodes(plan.gpus)
-        return PreparedClaim(ref.namespace, ref.name, ref.uid, plan.gpus, tuple(devices), nodes, self.host_library)
+        prepared = PreparedClaim(ref.namespace, ref.name, ref.uid, plan.gpus, tuple(devices), nodes, self.host_library)
+        return prepared, unmet_capacity(claim, self.driver_name, self.node_name, plan.gpus)
+
+    def _warn_author(self, claim: PreparedClaim, message: str) -> None:
+        """A Warning Event on the claim, where `kubectl describe resourceclaim` shows it; sent from
+        a thread of its own, so a slow API server never holds up Prepare. Best effort."""
+        log.warning("claim prepared without the capacity it asked for", claim=f"{claim.namespace}/{claim.name}",
+                    uid=claim.uid, step="prepare", detail=message)
+        involved = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": claim.name,
+                    "namespace": claim.namespace, "uid": claim.uid}
+        # The Event lives in the claim's namespace: the API server refuses (422) an Event whose
+        # namespace differs from its involvedObject's.
+        event = warning_event(involved, CAPACITY_EVENT_REASON, message[:1024], namespace=claim.namespace,
+                              component="gpushare-dra-kubelet-plugin", reporting_component=self.driver_name,
+                              host=self.node_name)
+
+        def send() -> None:
+            try:
+                self.core_api.create_namespaced_event(claim.namespace, plain(event), _preload_content=False,
+                                                      _request_timeout=BACKGROUND_API_TIMEOUT_S)
+            except Exception as e:
+                error = api_error(e) if isinstance(e, client.ApiException) else f"{type(e).__name__}: {e}"
+                log.warning("could not record an Event on the claim", claim=f"{claim.namespace}/{claim.name}",
+                            reason=CAPACITY_EVENT_REASON, error=error)
+
+        threading.Thread(target=send, name=f"claim-event[{claim.uid[:8]}]", daemon=True).start()
 
     def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         faults.delay(ref.name)

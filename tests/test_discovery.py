@@ -1,12 +1,28 @@
-"""GPU discovery: the mock backend's inputs and the NVML backend against a fake pynvml."""
+"""GPU discovery: the mock backend's inputs, the NVML backend against a fake pynvml and against
+the simulated NVML (hook/sim) through the real pynvml, PCIe roots from a simulated sysfs."""
 
+import dataclasses
+import json
+import os
+import subprocess
 import sys
 
 import pytest
 
 from dra_driver.devicemodel import whole_gpu_device
-from dra_driver.discovery import DiscoveryError, MockBackend, make_backend, sim_uuid
+from dra_driver.discovery import DiscoveryError, MockBackend, NvmlBackend, make_backend, pcie_root, sim_uuid
+from tests.support import BUILD, REPO
 from tests.support.nvml import fake_pynvml
+
+
+def fake_sysfs(root, bus_id, *bridges, pcie="pci0000:3a"):
+    """/sys/devices/<pcie>/<bridges>/<bus_id> and the /sys/bus/pci/devices/<bus_id> link to it,
+    relative as the kernel writes it."""
+    device = os.path.join(root, "devices", pcie, *bridges, bus_id)
+    os.makedirs(device, exist_ok=True)
+    links = os.path.join(root, "bus", "pci", "devices")
+    os.makedirs(links, exist_ok=True)
+    os.symlink(os.path.relpath(device, links), os.path.join(links, bus_id))
 
 
 def test_mock_shorthand_groups():
@@ -81,14 +97,74 @@ def test_mock_bad_yaml(tmp_path, body, message):
         MockBackend(str(f))
 
 
-def test_nvml_backend_maps_every_field(monkeypatch):
+def test_nvml_backend_maps_every_field(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
-    gpus = make_backend("nvml").discover()
+    fake_sysfs(str(tmp_path), "0000:3c:00.0", "0000:3a:00.0", "0000:3b:00.0")
+    gpus = NvmlBackend(sysfs=str(tmp_path)).discover()
     g = gpus[1]
     assert (g.index, g.uuid, g.minor, g.product_name, g.memory_bytes) == (
         1, "GPU-real-1", 11, "NVIDIA H100 80GB HBM3", 80 << 30)
     assert (g.architecture, g.cuda_compute_capability, g.driver_version, g.cuda_driver_version) == (
         "Hopper", "9.0", "580.65.06", "13.0")
+    assert (g.brand, g.pci_bus_id, g.pcie_root) == ("Nvidia", "0000:3c:00.0", "pci0000:3a")
+    assert (gpus[0].pci_bus_id, gpus[0].pcie_root) == ("0000:3b:00.0", "")  # not in this sysfs
+
+
+def test_nvml_without_brand_or_pci_info_leaves_them_unknown(monkeypatch):
+    """Not every GPU's NVML answers every query: the GPU is still published, healthy."""
+    pynvml = fake_pynvml()
+
+    def not_supported(handle):
+        raise pynvml.NVMLError("Not Supported")
+
+    pynvml.nvmlDeviceGetBrand = pynvml.nvmlDeviceGetPciInfo = not_supported
+    monkeypatch.setitem(sys.modules, "pynvml", pynvml)
+    g = make_backend("nvml").discover()[0]
+    assert (g.healthy, g.brand, g.pci_bus_id, g.pcie_root, g.memory_bytes) == (True, "", "", "", 80 << 30)
+
+
+def test_pcie_root_from_sysfs(tmp_path):
+    root = str(tmp_path)
+    fake_sysfs(root, "0000:17:00.0", pcie="pci0000:16")
+    assert pcie_root("0000:17:00.0", root) == "pci0000:16"
+    assert pcie_root("0000:18:00.0", root) == ""  # no such device
+    assert pcie_root("0000:17:00.0") == ""  # not on this machine's /sys
+    os.makedirs(tmp_path / "elsewhere" / "0000:19:00.0")  # a link outside /sys/devices/pci*
+    os.symlink(tmp_path / "elsewhere" / "0000:19:00.0", tmp_path / "bus" / "pci" / "devices" / "0000:19:00.0")
+    assert pcie_root("0000:19:00.0", root) == ""
+    assert pcie_root("../../../etc", root) == ""  # not a PCI address: never a path
+
+
+def test_simulated_nvml_and_mock_backend_describe_the_same_gpus(tmp_path):
+    """The real pynvml on hook/sim's libnvidia-ml.so.1, in a process of its own (NVML is loaded
+    once per process), finds what the mock backend publishes for the same GPUs."""
+    if not (BUILD / "sim" / "libnvidia-ml.so.1").is_file():
+        pytest.skip("hook/build not built (make -C hook)")
+    sysfs = str(tmp_path / "sys")
+    for bus_id in ("0000:01:00.0", "0000:02:00.0"):
+        fake_sysfs(sysfs, bus_id, pcie="pci0000:00")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(BUILD / "sim"), "GPUSHARE_SIM_DEVICES": "2",
+           "GPUSHARE_SIM_MEMORY": "80Gi", "GPUSHARE_SIM_STATE": str(tmp_path / "sim.state")}
+    script = ("import dataclasses, json, sys; from dra_driver.discovery import NvmlBackend; "
+              "print(json.dumps([dataclasses.asdict(g) for g in NvmlBackend(sys.argv[1]).discover()]))")
+    out = subprocess.run([sys.executable, "-c", script, sysfs], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert found == [dataclasses.asdict(g) for g in MockBackend("2x80Gi").discover()]
+    assert [(g["brand"], g["pci_bus_id"], g["pcie_root"]) for g in found] == [
+        ("Nvidia", "0000:01:00.0", "pci0000:00"), ("Nvidia", "0000:02:00.0", "pci0000:00")]
+
+
+def test_mock_yaml_pci_location(tmp_path):
+    f = tmp_path / "gpus.yaml"
+    f.write_text("gpus:\n- pciBusID: 0000:c1:00.0\n  pcieRoot: pci0000:c0\n  brand: Tesla\n- {}\n")
+    first, second = MockBackend(str(f)).discover()
+    assert (first.pci_bus_id, first.pcie_root, first.brand) == ("0000:c1:00.0", "pci0000:c0", "Tesla")
+    assert (second.pci_bus_id, second.pcie_root, second.brand) == ("0000:02:00.0", "pci0000:00", "Nvidia")
+    f.write_text("gpus:\n- pciBusID: 0000:C1:00.0\n")
+    with pytest.raises(DiscoveryError, match=r"gpus\[0\]\.pciBusID: expected a PCI address .* got '0000:C1:00.0'"):
+        MockBackend(str(f))
 
 
 def test_nvml_without_driver_is_a_clear_error(monkeypatch):

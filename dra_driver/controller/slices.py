@@ -53,16 +53,36 @@ def quantity(value: Decimal | int) -> str:
     return f"{int(value * 1000)}m"
 
 
+# Standard attribute names of k8s.io/dynamic-resource-allocation/deviceattribute: the same on
+# every driver, so a constraint `matchAttribute: resource.kubernetes.io/pcieRoot` can align a
+# GPU with another driver's NIC.
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+
+
 def _attributes(gpu: GpuInfo, mode: str) -> JSON:
-    return {
+    """NVIDIA's DRA driver's names and types (cmd/gpu-kubelet-plugin/deviceinfo.go), so its
+    selectors carry over, plus gpushare's `index` and `sharing`: at most 13 of the 32 attributes and capacities a
+    device may have."""
+    attributes: JSON = {
+        "type": {"string": "gpu"},
         "uuid": {"string": gpu.uuid[:64]},
         "index": {"int": gpu.index},
         "productName": {"string": gpu.product_name[:64]},
         "architecture": {"string": gpu.architecture[:64]},
         "cudaComputeCapability": {"version": semver(gpu.cuda_compute_capability)},
         "driverVersion": {"version": semver(gpu.driver_version)},
+        "cudaDriverVersion": {"version": semver(gpu.cuda_driver_version)},
         "sharing": {"string": mode},
     }
+    if gpu.brand:
+        attributes["brand"] = {"string": gpu.brand[:64]}
+    if gpu.pci_bus_id:
+        attributes["pcieBusID"] = {"string": gpu.pci_bus_id}  # NVIDIA's name up to v25.12
+        attributes[PCI_BUS_ID_ATTRIBUTE] = {"string": gpu.pci_bus_id}  # and from v0.4
+    if gpu.pcie_root:
+        attributes[PCIE_ROOT_ATTRIBUTE] = {"string": gpu.pcie_root[:64]}
+    return attributes
 
 
 def _capacity_device(gpu: GpuInfo) -> JSON:

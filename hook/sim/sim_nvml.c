@@ -97,6 +97,20 @@ SIM_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int 
 }
 SIM_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) { DEV(d); return copy_str(name, len, "NVIDIA Simulated GPU"); }
 SIM_API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch) { DEV(d); *arch = 9; /* Hopper */ return NVML_SUCCESS; }
+SIM_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) { DEV(d); *minor = (unsigned)d->index; return NVML_SUCCESS; }
+SIM_API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand) { DEV(d); *brand = 14; /* NVML_BRAND_NVIDIA */ return NVML_SUCCESS; }
+/* GPU i sits on PCI bus i + 1 of domain 0 (dra_driver/discovery.py sim_pci_bus_id) */
+SIM_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci)
+{
+    DEV(d);
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    pci->bus = (unsigned)d->index + 1;
+    pci->pciDeviceId = 0x233010de; /* H100 SXM5, vendor NVIDIA */
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", pci->bus);
+    snprintf(pci->busId, sizeof pci->busId, "00000000:%02X:00.0", pci->bus);
+    return NVML_SUCCESS;
+}
 SIM_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
 {
     DEV(d);

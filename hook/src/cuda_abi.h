@@ -182,6 +182,11 @@ enum {
 };
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct {
+    char busIdLegacy[16]; /* NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE */
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32]; /* NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE: "00000000:3B:00.0" */
+} nvmlPciInfo_t;
+typedef struct {
     unsigned int version;
     unsigned long long total, reserved, free, used;
 } nvmlMemory_v2_t;
@@ -327,6 +332,9 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev);
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int len);
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index);
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minor);
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t dev, int *brand);
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem);
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *util);

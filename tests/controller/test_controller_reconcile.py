@@ -38,6 +38,17 @@ def test_typed_client_reads_published_slices(emulator, gpus, controllers):
     assert s.spec.devices[0].attributes["cudaComputeCapability"].version == "9.0.0"
 
 
+def test_published_devices_carry_nvidia_attribute_names(emulator, gpus, controllers):
+    """The attributes NVIDIA's driver publishes, as the server (schema-validated) stores them."""
+    controllers(emulator, gpus.backend()).wait_synced(5)
+    attributes = devices_of(emulator)["gpu-1"]["attributes"]
+    assert {k: attributes[k] for k in ("type", "brand", "cudaDriverVersion", "pcieBusID",
+                                       "resource.kubernetes.io/pciBusID", "resource.kubernetes.io/pcieRoot")} == {
+        "type": {"string": "gpu"}, "brand": {"string": "Nvidia"}, "cudaDriverVersion": {"version": "13.0.0"},
+        "pcieBusID": {"string": "0000:02:00.0"}, "resource.kubernetes.io/pciBusID": {"string": "0000:02:00.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"}}
+
+
 def test_partition_mode(emulator, gpus, controllers):
     ctrl = controllers(emulator, gpus.backend(), sharing_mode="partition", partitions=4)
     assert ctrl.wait_synced(5) and ctrl.mode == "partition"

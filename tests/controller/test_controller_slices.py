@@ -60,14 +60,33 @@ def test_partition_mode_shares(partitions, compute):
 
 
 def test_attributes_per_contract():
-    gpu = GpuInfo(3, "GPU-abc", 3, "NVIDIA H100 80GB HBM3", 80 * GiB, "Hopper", "9.0", "580.65.06", "13.0")
+    gpu = GpuInfo(3, "GPU-abc", 3, "NVIDIA H100 80GB HBM3", 80 * GiB, "Hopper", "9.0", "580.65.06", "13.0",
+                  brand="Nvidia", pci_bus_id="0000:3b:00.0", pcie_root="pci0000:3a")
     for mode in ("capacity", "partition"):
         d = build(mode=mode, gpu_list=[gpu])[0]["spec"]["devices"][0]
         assert d["attributes"] == {
-            "uuid": {"string": "GPU-abc"}, "index": {"int": 3}, "productName": {"string": "NVIDIA H100 80GB HBM3"},
+            "type": {"string": "gpu"}, "uuid": {"string": "GPU-abc"}, "index": {"int": 3},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"}, "brand": {"string": "Nvidia"},
             "architecture": {"string": "Hopper"}, "cudaComputeCapability": {"version": "9.0.0"},
-            "driverVersion": {"version": "580.65.6"}, "sharing": {"string": mode},
+            "driverVersion": {"version": "580.65.6"}, "cudaDriverVersion": {"version": "13.0.0"},
+            "pcieBusID": {"string": "0000:3b:00.0"}, "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
+            "resource.kubernetes.io/pcieRoot": {"string": "pci0000:3a"}, "sharing": {"string": mode},
         }
+        assert len(d["attributes"]) + len(d["capacity"]) <= 32  # the API's limit per device
+
+
+def test_unknown_brand_and_pci_location_are_left_out():
+    """A GPU whose brand or PCI address NVML, or whose root sysfs, does not tell has no such
+    attribute (NVIDIA's driver skips pcieRoot the same way), rather than an empty string a
+    selector would match."""
+    gpu = GpuInfo(0, "GPU-abc", 0, "H100", 80 * GiB, "Hopper", "9.0", "580.65.06", "13.0", pci_bus_id="0000:3b:00.0")
+    attributes = build(gpu_list=[gpu])[0]["spec"]["devices"][0]["attributes"]
+    assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:3b:00.0"}
+    assert "resource.kubernetes.io/pcieRoot" not in attributes
+    gpu = GpuInfo(0, "GPU-abc", 0, "H100", 80 * GiB, "Hopper", "9.0", "580.65.06", "13.0")
+    attributes = build(gpu_list=[gpu])[0]["spec"]["devices"][0]["attributes"]
+    assert not {"brand", "pcieBusID", "resource.kubernetes.io/pciBusID", "resource.kubernetes.io/pcieRoot"} & set(
+        attributes)
 
 
 @pytest.mark.parametrize("text,version", [("9.0", "9.0.0"), ("580.65.06", "580.65.6"), ("580", "580.0.0"),

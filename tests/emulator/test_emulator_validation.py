@@ -148,3 +148,21 @@ def test_quantities_are_stored_as_the_real_server_stores_them(emu):
         "memory": "512Mi", "compute": "20", "a": "1k", "b": "1500m", "c": "4G", "d": "1e3", "e": "250m"}
     code, _, read = http(emu, "GET", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/canonical")
     assert read["spec"] == stored["spec"]
+
+
+def test_core_events_follow_the_legacy_namespace_rule(emu):
+    """pkg/apis/core/validation/events.go legacyValidateEvent: an Event about a namespaced object
+    lives in its namespace; one about a cluster-scoped object in "default"."""
+    def event(namespace, involved):
+        return {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "e.", "namespace": namespace},
+                "involvedObject": involved, "reason": "R", "message": "m", "type": "Warning"}
+
+    claim = {"kind": "ResourceClaim", "name": "c", "namespace": "team-a"}
+    node = {"kind": "Node", "name": "node-a"}
+    assert http(emu, "POST", "/api/v1/namespaces/team-a/events", event("team-a", claim))[0] == 201
+    assert http(emu, "POST", "/api/v1/namespaces/default/events", event("default", node))[0] == 201
+    for namespace, involved in (("default", claim), ("team-a", node)):
+        code, _, answer = http(emu, "POST", f"/api/v1/namespaces/{namespace}/events", event(namespace, involved))
+        assert code == 422, answer
+        assert "involvedObject.namespace: Invalid value: " in answer["message"]
+        assert "does not match event.namespace" in answer["message"]

@@ -26,8 +26,10 @@ from .errors import ApiError
 
 POLICY_GROUP = "admissionregistration.k8s.io"
 
-# Kubernetes' CEL quantity library (isQuantity, quantity(), sign(), isInteger()), which
-# cel-python lacks: the grammar of resource.ParseQuantity, values by the client's parser.
+# Kubernetes' CEL quantity library (k8s.io/apiserver/pkg/cel/library/quantity.go: isQuantity,
+# quantity(), sign(), isInteger(), asInteger(), compareTo(), isGreaterThan(), isLessThan()) and
+# the strings extension's join(), which cel-python lacks: the grammar of resource.ParseQuantity,
+# values by the client's parser.
 _QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)"
                        r"(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))?$")
 
@@ -53,11 +55,34 @@ def _is_integer(q: Quantity) -> celtypes.BoolType:
     return celtypes.BoolType(amount == amount.to_integral_value() and -2**63 <= amount < 2**63)
 
 
+def _as_integer(q: Quantity) -> celtypes.IntType:
+    if not _is_integer(q):
+        raise ValueError("cannot convert value to integer")
+    return celtypes.IntType(int(q.amount()))
+
+
+def _compare_to(q: Quantity, other: Quantity) -> celtypes.IntType:
+    a, b = q.amount(), other.amount()
+    return celtypes.IntType((a > b) - (a < b))
+
+
+def _join(items: celtypes.ListType, separator: str = "") -> celtypes.StringType:
+    texts = [item for item in items if isinstance(item, str)]
+    if len(texts) != len(items):
+        raise TypeError("join: the list must hold strings")
+    return celtypes.StringType(str(separator).join(texts))
+
+
 FUNCTIONS: dict[str, CELFunction] = {
     "isQuantity": lambda text: celtypes.BoolType(bool(_QUANTITY.match(str(text)))),
     "quantity": _quantity,
     "sign": _sign,
     "isInteger": _is_integer,
+    "asInteger": _as_integer,
+    "compareTo": _compare_to,
+    "isGreaterThan": lambda q, other: celtypes.BoolType(_compare_to(q, other) > 0),
+    "isLessThan": lambda q, other: celtypes.BoolType(_compare_to(q, other) < 0),
+    "join": _join,
 }
 _ENV = celpy.Environment()
 

@@ -250,11 +250,40 @@ def semantic_errors(obj, rt):
         return errors
     if rt.kind == "Pod":
         return pod_claim_errors(obj)
+    if rt.kind == "Event" and rt.group == "":
+        return core_event_errors(obj)
     if rt.kind == "ValidatingAdmissionPolicy":
         return _policy_errors(obj.get("spec") or {})
     if rt.kind == "ValidatingAdmissionPolicyBinding":
         return _binding_errors(obj.get("spec") or {})
     return []
+
+
+def core_event_errors(event):
+    """legacyValidateEvent (pkg/apis/core/validation/events.go), all a v1 Event gets: an Event
+    about a namespaced object lives in that object's namespace; one about a cluster-scoped object
+    in "default" (or none; with eventTime also kube-system); with eventTime set it names its
+    reporting controller and instance, its action and reason."""
+    errors = []
+    namespace = (event.get("metadata") or {}).get("namespace") or ""
+    involved = event.get("involvedObject") or {}
+    involved_namespace = involved.get("namespace") or ""
+    has_event_time = bool(event.get("eventTime"))
+    allowed = {"", "default"} if not has_event_time else {"default", "kube-system"}
+    if (namespace not in allowed) if not involved_namespace else (
+            not has_event_time and namespace != involved_namespace):
+        errors.append(FieldError("involvedObject.namespace", "Invalid", "does not match event.namespace",
+                                 involved_namespace, True))
+    if has_event_time:
+        for field, limit in (("reportingComponent", None), ("reportingInstance", 128), ("action", 128),
+                             ("reason", 128)):
+            value = event.get(field) or ""
+            if not value:
+                errors.append(FieldError("reportingController" if field == "reportingComponent" else field,
+                                         "Required"))
+            elif limit and len(value) > limit:
+                errors.append(FieldError(field, "Invalid", f"can have at most {limit} characters", "", True))
+    return errors
 
 
 def _unsupported_value(field, value, supported):
