@@ -148,10 +148,10 @@ def test_reboot_zeroes_regions_but_keeps_claims(prepared, start_plugin, dirs):
         data = f.read()
     rate, end = CONTROL["rate_ppm"].offset, CONTROL["period_us"].offset + CONTROL["period_us"].size
     assert data[end:] == bytes(CONTROL_SIZE - end) and data[:8] in (bytes(8), b"GSCTRL01"), data[:32]
-    if data[:8] == bytes(8):
-        assert data[rate:end] == bytes(end - rate), data[:32]
+    if data[:8] == bytes(8) or CONTROL["rate_ppm"].read(data) == 0:  # zeroed; or opened by the agent, whose
+        assert data[rate:end] == bytes(end - rate), data[:32]      # first period has not written it yet
     else:  # written again by the agent: a rate and a slot of its 20 ms period
-        assert CONTROL["rate_ppm"].read(data) > 0 and CONTROL["period_us"].read(data) == 20000, data[:32]
+        assert CONTROL["period_us"].read(data) == 20000, data[:32]
     assert kubelet.prepare(claim) == answer
 
 
