@@ -9,7 +9,6 @@ from typing import Protocol
 
 import structlog
 
-
 SIGNAL_POLL_S = 0.2
 
 

@@ -1,11 +1,25 @@
-"""GPU discovery: the mock backend's inputs and the NVML backend against a fake pynvml."""
+"""GPU discovery: the mock backend's inputs, the NVML backend against a fake pynvml, and NVML
+loaded from a driver root (the simulated NVML laid out as a driver installs libnvidia-ml.so.1)."""
 
+import os
+import shutil
+import subprocess
 import sys
 
 import pytest
+import yaml
 
 from dra_driver.devicemodel import whole_gpu_device
-from dra_driver.discovery import DiscoveryError, MockBackend, make_backend, sim_uuid
+from dra_driver.discovery import (
+    DRIVER_LIBRARY_DIRS,
+    SIM_DRIVER_VERSION,
+    DiscoveryError,
+    MockBackend,
+    make_backend,
+    sim_uuid,
+)
+from dra_driver.flags import FlagError
+from dra_driver.hookpath import NativeFilesMissing, native_paths
 from tests.support.nvml import fake_pynvml
 
 
@@ -107,3 +121,85 @@ def test_nvml_lost_gpu_is_reported_unhealthy(monkeypatch):
 def test_unknown_backend():
     with pytest.raises(DiscoveryError, match="unknown backend 'cuda'"):
         make_backend("cuda")
+
+
+# --driver-root: NVML loaded from a driver root mounted into the pod, as NVIDIA's DRA driver does.
+# Each run is a child process: loading an NVML library into this one would outlive the test.
+CLI = [sys.executable, "-m", "dra_driver.cli"]
+
+
+def driver_root(tmp_path, libdir: str | None = "usr/lib/x86_64-linux-gnu"):
+    """A folder laid out like a driver root (the host's / or the GPU Operator's /run/nvidia/driver):
+    the simulated NVML as libnvidia-ml.so.<version> under `libdir`, with the driver's soname link."""
+    root = tmp_path / "driver-root"
+    (root / "usr/bin").mkdir(parents=True)
+    if libdir is not None:
+        lib = root / libdir
+        lib.mkdir(parents=True)
+        shutil.copy(native_paths()["sim_nvml"], lib / f"libnvidia-ml.so.{SIM_DRIVER_VERSION}")
+        (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{SIM_DRIVER_VERSION}")
+    return root
+
+
+def discover_nvml(tmp_path, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # The simulated NVML's devices; no LD_LIBRARY_PATH, so only the driver root can supply it.
+    child_env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH" and not k.startswith("GPUSHARE_")}
+    child_env.update({"GPUSHARE_SIM_STATE": str(tmp_path / "sim.state"), "GPUSHARE_SIM_DEVICES": "2",
+                      "GPUSHARE_SIM_MEMORY": str(24 << 30), **(env or {})})
+    return subprocess.run([*CLI, "discover", "--device-backend", "nvml", *flags], capture_output=True, text=True,
+                          timeout=60, env=child_env)
+
+
+def _sim_built() -> bool:
+    try:
+        return bool(native_paths())
+    except NativeFilesMissing:
+        return False
+
+
+needs_sim = pytest.mark.skipif(not _sim_built(), reason="the simulated NVML is not built (make hook)")
+
+
+@needs_sim
+@pytest.mark.parametrize("libdir", ["usr/lib/x86_64-linux-gnu", "usr/lib64"])
+def test_nvml_is_loaded_from_the_driver_root(tmp_path, libdir):
+    root = driver_root(tmp_path, libdir)
+    res = discover_nvml(tmp_path, "--driver-root", str(root))
+    assert res.returncode == 0, res.stderr
+    gpus = yaml.safe_load(res.stdout)["gpus"]
+    assert [(g["uuid"], g["memory"], g["driverVersion"]) for g in gpus] == [
+        (sim_uuid(0), "24Gi", SIM_DRIVER_VERSION), (sim_uuid(1), "24Gi", SIM_DRIVER_VERSION)]
+
+
+@needs_sim
+def test_driver_root_is_settable_by_its_variable(tmp_path):
+    res = discover_nvml(tmp_path, env={"GPUSHARE_DRIVER_ROOT": str(driver_root(tmp_path))})
+    assert res.returncode == 0, res.stderr
+    assert len(yaml.safe_load(res.stdout)["gpus"]) == 2
+
+
+def test_driver_root_without_nvml_names_the_flag_and_every_path(tmp_path):
+    root = driver_root(tmp_path, libdir=None)
+    res = discover_nvml(tmp_path, "--driver-root", str(root))
+    assert res.returncode == 2 and res.stdout == ""
+    (line,) = res.stderr.splitlines()
+    looked = ", ".join(str(root / d / "libnvidia-ml.so.1") for d in DRIVER_LIBRARY_DIRS)
+    assert line.startswith(f"gpushare-dra discover: error: --driver-root: libnvidia-ml.so.1 not found under "
+                           f"'{root}'; looked in {looked} (accepted: ")
+    assert str(root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1") in looked  # where Debian's driver puts it
+
+
+def test_driver_root_with_a_file_that_is_no_library_is_one_error(tmp_path):
+    root = driver_root(tmp_path, libdir=None)
+    (root / "usr/lib64").mkdir()
+    (root / "usr/lib64/libnvidia-ml.so.1").write_text("truncated\n")
+    res = discover_nvml(tmp_path, "--driver-root", str(root))
+    assert res.returncode == 2
+    (line,) = res.stderr.splitlines()
+    library = root / "usr/lib64/libnvidia-ml.so.1"
+    assert line.startswith(f"gpushare-dra discover: error: --driver-root: cannot load {library}: ")
+
+
+def test_driver_root_is_refused_with_the_mock_backend():
+    with pytest.raises(FlagError, match="--driver-root: only with --device-backend nvml"):
+        make_backend("mock", driver_root="/")
