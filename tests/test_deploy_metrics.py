@@ -12,6 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dra_driver.cli import build_parser, env_name
+
 ROOT = Path(__file__).parents[1]
 DEPLOY = ROOT / "deploy"
 DCGM_EXPORTER_PORT = 9400
@@ -77,7 +79,8 @@ def test_servicemonitor_component_selects_the_service(tmp_path):
     objects = kustomize(overlay)
     svc, sm = one(objects, "Service"), one(objects, "ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    # no namespaceSelector: prometheus-operator looks in the ServiceMonitor's own namespace
+    assert "namespaceSelector" not in sm["spec"] and sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
     assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in svc["spec"]["ports"]]
     assert "ServiceMonitor" not in {o["kind"] for o in kustomize(DEPLOY)}  # opt-in only
     # the labels of a claim's series as Prometheus stores them through this ServiceMonitor
@@ -111,10 +114,15 @@ def test_stored_labels_model_renames_without_honor_labels():
 
 
 def test_every_plugin_env_var_is_read():
-    """An env var the DaemonSet sets is read by the code (or is the NVIDIA toolkit's)."""
+    """An env var the DaemonSet sets is read by the code, is a kubelet-plugin flag's variable
+    (GPUSHARE_<FLAG>), or is the NVIDIA toolkit's."""
     docs = [d for d in yaml.safe_load_all((DEPLOY / "base" / "kubelet-plugin.yaml").read_text()) if d]
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     names = {e["name"] for c in ds["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
     code = "".join(p.read_text() for d in ("dra_driver", "kubeletplugin") for p in (ROOT / d).rglob("*.py"))
-    unread = [n for n in names if not n.startswith("NVIDIA_") and not re.search(rf"['\"]\${{?{n}|['\"]{n}['\"]", code)]
+    plugin = build_parser()._subparsers._group_actions[0].choices["kubelet-plugin"]
+    flag_variables = {env_name(o) for a in plugin._actions for o in a.option_strings if o.startswith("--")}
+    unread = [n for n in names if not n.startswith("NVIDIA_") and n not in flag_variables
+              and not re.search(rf"['\"]\${{?{n}|['\"]{n}['\"]", code)]
     assert not unread, unread
+    assert {"GPUSHARE_PLUGIN_DIR", "GPUSHARE_REGISTRY_DIR"} <= flag_variables
