@@ -161,7 +161,8 @@ def test_every_component_renders_valid_objects(render, version):
     settings = {"apiVersion": "v1", "kind": "ConfigMap", "data": KUBELET_DIR, "metadata": {
         "name": "gpushare-kubelet-dir", "annotations": {"config.kubernetes.io/local-config": "true"}}}
     components = sorted(p.name for p in COMPONENTS.iterdir() if (p / "kustomization.yaml").is_file())
-    assert {"gpu-operator", "network-policy", "node-restriction", "kubelet-dir", "servicemonitor"} <= set(components)
+    assert {"gpu-operator", "network-policy", "node-restriction", "kubelet-dir", "node-label",
+            "servicemonitor"} <= set(components)
     for o in render(components, files={"kubelet-dir.yaml": [settings]}):
         if o["kind"] != "ServiceMonitor":  # a CRD of prometheus-operator, not in Kubernetes' schemas
             kubernetes_validate.validate(o, version, strict=True)
@@ -225,3 +226,15 @@ def test_other_users_are_not_restricted():
                  "system:serviceaccount:nvidia-dra:gpushare-dra-controller"):
         assert write("CREATE", user, None, new="node-b") is None, user
         assert write("DELETE", user, "node-a", old="node-b") is None, user
+
+
+@needs_kubectl
+def test_node_label_component_adds_only_its_label_to_the_node_selector(plain, render):
+    objects = render(["node-label"])
+    added, removed, modified = changed(plain, objects)
+    assert (added, removed, [old["kind"] for old, _ in modified]) == ([], [], ["DaemonSet"])
+    before, after = daemonset(plain), daemonset(objects)
+    before["spec"]["template"]["spec"]["nodeSelector"]["gpushare.dev/node"] = "true"
+    assert after == before
+    assert after["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true",
+                                                                 "gpushare.dev/node": "true"}
