@@ -1,8 +1,6 @@
 """GPU discovery: the mock backend's inputs, the NVML backend against a fake pynvml, and NVML
 loaded from a driver root (the simulated NVML laid out as a driver installs libnvidia-ml.so.1)."""
 
-import os
-import shutil
 import subprocess
 import sys
 
@@ -19,8 +17,7 @@ from dra_driver.discovery import (
     sim_uuid,
 )
 from dra_driver.flags import FlagError
-from dra_driver.hookpath import NativeFilesMissing, native_paths
-from tests.support.nvml import fake_pynvml
+from tests.support.nvml import driver_root, fake_pynvml, needs_sim, sim_nvml_env
 
 
 def test_mock_shorthand_groups():
@@ -128,36 +125,10 @@ def test_unknown_backend():
 CLI = [sys.executable, "-m", "dra_driver.cli"]
 
 
-def driver_root(tmp_path, libdir: str | None = "usr/lib/x86_64-linux-gnu"):
-    """A folder laid out like a driver root (the host's / or the GPU Operator's /run/nvidia/driver):
-    the simulated NVML as libnvidia-ml.so.<version> under `libdir`, with the driver's soname link."""
-    root = tmp_path / "driver-root"
-    (root / "usr/bin").mkdir(parents=True)
-    if libdir is not None:
-        lib = root / libdir
-        lib.mkdir(parents=True)
-        shutil.copy(native_paths()["sim_nvml"], lib / f"libnvidia-ml.so.{SIM_DRIVER_VERSION}")
-        (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{SIM_DRIVER_VERSION}")
-    return root
-
-
 def discover_nvml(tmp_path, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    # The simulated NVML's devices; no LD_LIBRARY_PATH, so only the driver root can supply it.
-    child_env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH" and not k.startswith("GPUSHARE_")}
-    child_env.update({"GPUSHARE_SIM_STATE": str(tmp_path / "sim.state"), "GPUSHARE_SIM_DEVICES": "2",
-                      "GPUSHARE_SIM_MEMORY": str(24 << 30), **(env or {})})
+    child_env = sim_nvml_env(tmp_path / "sim.state", devices=2, memory=24 << 30) | (env or {})
     return subprocess.run([*CLI, "discover", "--device-backend", "nvml", *flags], capture_output=True, text=True,
                           timeout=60, env=child_env)
-
-
-def _sim_built() -> bool:
-    try:
-        return bool(native_paths())
-    except NativeFilesMissing:
-        return False
-
-
-needs_sim = pytest.mark.skipif(not _sim_built(), reason="the simulated NVML is not built (make hook)")
 
 
 @needs_sim
