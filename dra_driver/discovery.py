@@ -221,9 +221,9 @@ def find_nvml(driver_root: str) -> str:
         if os.path.isfile(path):  # follows the link libnvidia-ml.so.1 -> libnvidia-ml.so.<driver version>
             return path
     raise FlagError("--driver-root", f"{NVML_LIBRARY} not found under {driver_root!r}; looked in "
-                    f"{', '.join(looked)} (accepted: the folder where the NVIDIA driver's root filesystem is "
-                    "mounted: the host's / where the driver is installed on the host, /run/nvidia/driver "
-                    "where the GPU Operator installs it)")
+                    f"{', '.join(looked)} (accepted: where the NVIDIA driver's root filesystem is mounted; the "
+                    "DaemonSet mounts the host's / there, or /run/nvidia/driver with deploy/components/gpu-operator, "
+                    "where the GPU Operator's driver container puts it once the driver is loaded)")
 
 
 def load_nvml(driver_root: str) -> str:
