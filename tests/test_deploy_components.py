@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dra_driver.playground.emulator import admission
+from dra_driver.playground.emulator import ApiEmulator, admission
 from tests.support.kubectl import Kubectl, needs_kubectl
 from tests.test_deploy import DEPLOY, VERSIONS, by_name, plugin_container
 
@@ -238,3 +238,19 @@ def test_node_label_component_adds_only_its_label_to_the_node_selector(plain, re
     assert after == before
     assert after["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true",
                                                                  "gpushare.dev/node": "true"}
+
+
+@needs_kubectl
+def test_an_overlay_with_its_own_namespace_applies(render, tmp_path):
+    """What kustomize writes (a namespace on cluster-scoped kinds included) is what the API server
+    takes: applied with kubectl to the API emulator, which drops the namespace of a cluster-scoped
+    object as kube-apiserver does."""
+    objects = render(["node-restriction"], namespace="gpu-sharing")
+    with ApiEmulator() as emulator:
+        kubectl = Kubectl(tmp_path, kubeconfig=emulator.write_kubeconfig(str(tmp_path / "kubeconfig")))
+        kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
+        assert kubectl("get", "daemonsets", "-n", "gpu-sharing", "-o", "name") == \
+            "daemonset.apps/gpushare-kubelet-plugin\n"
+        for kind in ("deviceclass", "validatingadmissionpolicy", "validatingadmissionpolicybinding"):
+            stored = kubectl.objects("get", kind, "-o", "yaml")[0]["items"]
+            assert stored and all("namespace" not in o["metadata"] for o in stored), kind
