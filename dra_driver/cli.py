@@ -78,6 +78,11 @@ def _add_devices(p: argparse.ArgumentParser) -> None:
                    help="simulated GPUs for the mock backend (default 1x16Gi): COUNTxMEMORY groups (2x80Gi, "
                         "1x80Gi,2x40Gi) or a YAML file with a list 'gpus' of {memory, productName, healthy, ...}; "
                         "refused without --device-backend mock")
+    g.add_argument("--driver-root", default=None,
+                   help="where the NVIDIA driver's root filesystem is mounted (the DaemonSet: /driver-root, the "
+                        "host's / or the GPU Operator's /run/nvidia/driver): NVML is loaded from its library "
+                        "folders (usr/lib64, usr/lib/x86_64-linux-gnu, ...); unset: wherever the dynamic loader "
+                        "finds libnvidia-ml.so.1 (a host, or the NVIDIA container toolkit); nvml backend only")
     g.add_argument("--sharing-mode", default="auto", choices=SHARING_MODES,
                    help="capacity: one device per GPU with consumable memory/compute capacity (needs the "
                         "DRAConsumableCapacity feature gate); partition: each GPU as --partitions equal "
@@ -344,7 +349,7 @@ def _run_discover(args: argparse.Namespace) -> int:
     from .controller.slices import desired_devices
     from .discovery import make_backend, mock_entry
 
-    gpus = make_backend(args.device_backend, args.mock_gpus).discover()
+    gpus = make_backend(args.device_backend, args.mock_gpus, args.driver_root).discover()
     modes = ("capacity", "partition") if args.sharing_mode == "auto" else (args.sharing_mode,)
     devices = {mode: [{"name": d["name"], **{k: c["value"] for k, c in d["capacity"].items()},
                        **({"taints": [t["value"] for t in d["taints"]]} if "taints" in d else {})}

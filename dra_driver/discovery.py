@@ -11,6 +11,7 @@ exception: every failure is a `DiscoveryError` whose message says what to check.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 from dataclasses import dataclass, replace
@@ -262,23 +263,58 @@ def mock_entry(gpu: GpuInfo) -> dict[str, object]:
     return entry
 
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
+# Where a driver installation keeps libnvidia-ml.so.1, relative to its root, in the order NVIDIA's
+# DRA driver looks (k8s-dra-driver-gpu, cmd/gpu-kubelet-plugin/root.go: findFile, getDriverLibraryPath).
+DRIVER_LIBRARY_DIRS = ("", "usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu",
+                       "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "usr/lib")
+
+
+def find_nvml(driver_root: str) -> str:
+    """The path of libnvidia-ml.so.1 under `driver_root` (the first of DRIVER_LIBRARY_DIRS that has it)."""
+    looked = [os.path.join(driver_root, d, NVML_LIBRARY) for d in DRIVER_LIBRARY_DIRS]
+    for path in looked:
+        if os.path.isfile(path):  # follows the link libnvidia-ml.so.1 -> libnvidia-ml.so.<driver version>
+            return path
+    raise FlagError("--driver-root", f"{NVML_LIBRARY} not found under {driver_root!r}; looked in "
+                    f"{', '.join(looked)} (accepted: where the NVIDIA driver's root filesystem is mounted; the "
+                    "DaemonSet mounts the host's / there, or /run/nvidia/driver with deploy/components/gpu-operator, "
+                    "where the GPU Operator's driver container puts it once the driver is loaded)")
+
+
+def load_nvml(driver_root: str) -> str:
+    """Load the driver root's NVML before pynvml's nvmlInit: pynvml's own dlopen("libnvidia-ml.so.1")
+    then finds this copy by its soname, not whatever the container's loader path holds."""
+    path = find_nvml(driver_root)
+    try:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:  # another architecture, a truncated file
+        raise FlagError("--driver-root", f"cannot load {path}: {e}") from None
+    return path
+
+
 class NvmlBackend:
-    """The node's real GPUs through NVML."""
+    """The node's real GPUs through NVML: from `driver_root` when set (a driver root mounted into
+    the pod), else wherever the dynamic loader finds libnvidia-ml.so.1 (a host, or a container the
+    NVIDIA container toolkit injected it into)."""
 
     name = "nvml"
 
-    def __init__(self, sysfs: str = SYSFS_ROOT) -> None:
+    def __init__(self, driver_root: str | None = None, sysfs: str = SYSFS_ROOT) -> None:
         import pynvml  # imported here so the mock backend works without the NVML bindings' library
 
         self._nvml = pynvml
         self._sysfs = sysfs
+        library = load_nvml(driver_root) if driver_root is not None else NVML_LIBRARY
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
+            where = (f"{library} (from --driver-root {driver_root})" if driver_root is not None else
+                     f"{NVML_LIBRARY} from the dynamic loader's path; set --driver-root to the mounted driver root "
+                     "to load it from there")
             raise DiscoveryError(
-                f"NVML could not be initialised: {e}. Is the NVIDIA driver installed and loaded, and is "
-                "libnvidia-ml.so.1 visible to this container (NVIDIA container toolkit, or the driver root "
-                "mounted)? Use --device-backend=mock for simulated GPUs."
+                f"NVML could not be initialised: {e}. Is the NVIDIA driver installed and loaded? NVML: {where}. "
+                "Use --device-backend=mock for simulated GPUs."
             ) from None
 
     def discover(self) -> list[GpuInfo]:
@@ -342,13 +378,17 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def make_backend(name: str, mock_gpus: str | None = None) -> DeviceBackend:
-    """The backend for `--device-backend` (and `--mock-gpus` for the mock one, 1x16Gi unset)."""
+def make_backend(name: str, mock_gpus: str | None = None, driver_root: str | None = None) -> DeviceBackend:
+    """The backend for `--device-backend` (and `--mock-gpus` for the mock one, 1x16Gi unset;
+    `--driver-root` for the nvml one)."""
     if name == "mock":
+        if driver_root is not None:  # no driver to load: a mistake, not a no-op
+            raise FlagError("--driver-root", "only with --device-backend nvml (the mock backend loads no driver); "
+                            "remove it")
         return MockBackend(mock_gpus or "1x16Gi")
     if mock_gpus is not None:  # simulated GPUs asked for on a real backend: a mistake, not a no-op
         raise FlagError("--mock-gpus", f"only with --device-backend mock (this is --device-backend {name}); "
                         "remove it, or add --device-backend mock")
     if name == "nvml":
-        return NvmlBackend()
+        return NvmlBackend(driver_root)
     raise DiscoveryError(f"--device-backend: unknown backend {name!r}; choose nvml or mock")

@@ -99,7 +99,8 @@ class Plugin:
         library = host_library(args.hook_dir or default_hook_dir())
         self.api = api or make_api_client(args.kubeconfig)
         self.gpu_health = HealthMonitor(args.health_recovery_seconds, ignored_xids=args.health_ignore_xids)
-        self.backend = HealthAwareBackend(backend or make_backend(args.device_backend, args.mock_gpus), self.gpu_health)
+        backend = backend or make_backend(args.device_backend, args.mock_gpus, args.driver_root)
+        self.backend = HealthAwareBackend(backend, self.gpu_health)
         self.driver = Driver(self.api, args.driver_name, args.node_name, self.backend, args.partitions,
                              os.path.abspath(args.state_dir), os.path.abspath(args.cdi_root), library,
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None)

@@ -41,6 +41,7 @@ def test_kubelet_plugin_defaults_match_the_contract(monkeypatch):
     assert args.sharing_mode == "auto"
     assert args.partitions == 8
     assert args.metrics_addr == ":9400"
+    assert args.driver_root is None  # NVML from the dynamic loader's path
 
 
 @pytest.mark.parametrize("command", ["kubelet-plugin", "controller", "cleanup", "discover", "demo", "hook-path",
@@ -54,7 +55,7 @@ def test_plugin_help_teaches_every_contract_flag():
     out = subprocess.run([*CLI, "kubelet-plugin", "--help"], capture_output=True, text=True, check=True).stdout
     for flag in ("--node-name", "--kubeconfig", "--driver-name", "--plugin-dir", "--registry-dir", "--cdi-root",
                  "--state-dir", "--device-backend", "--mock-gpus", "--sharing-mode", "--partitions", "--hook-dir",
-                 "--metrics-addr", "--log-level"):
+                 "--metrics-addr", "--log-level", "--driver-root"):
         assert flag in out
     assert "/var/lib/kubelet/plugins/<driver-name>" in out
     assert "DRAConsumableCapacity" in out

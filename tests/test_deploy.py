@@ -52,18 +52,68 @@ def plugin_container(objects: list[dict]) -> tuple[dict, dict]:
     return pod, container
 
 
+def by_name(items: list[dict], key: str = "name") -> dict[str, dict]:
+    return {item[key]: item for item in items}
+
+
 @needs_kubectl
 def test_daemonset_has_what_the_plugin_needs(rendered):
     pod, plugin = plugin_container(rendered[DEPLOY])
-    mounts = {m["mountPath"] for m in plugin["volumeMounts"]}
-    assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi",
-            "/var/lib/gpushare", "/opt/gpushare/lib"} <= mounts
-    env = {e["name"]: e for e in plugin["env"]}
+    mounts = by_name(plugin["volumeMounts"])
+    volumes = by_name(pod["volumes"])
+    assert {"/var/lib/kubelet/plugins/gpushare.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi",
+            "/var/lib/gpushare", "/opt/gpushare/lib"} <= {m["mountPath"] for m in mounts.values()}
+    env = by_name(plugin["env"])
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert plugin["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
+    # a slow start (many claims to recover) is not killed by the liveness probe
+    assert plugin["startupProbe"]["grpc"] == plugin["livenessProbe"]["grpc"]
+    startup = plugin["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     assert pod["serviceAccountName"] == "gpushare-dra"
     assert pod["initContainers"][0]["args"][0] == "install-hook"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # the kubelet dials the paths the plugin registers: each folder is mounted at its host path
+    for volume, variable in (("plugin-dir", "GPUSHARE_PLUGIN_DIR"), ("registry-dir", "GPUSHARE_REGISTRY_DIR")):
+        assert volumes[volume]["hostPath"]["path"] == mounts[volume]["mountPath"] == env[variable]["value"]
+    assert env["GPUSHARE_PLUGIN_DIR"]["value"] == "/var/lib/kubelet/plugins/gpushare.dev"  # the flag's default
+
+
+@needs_kubectl
+def test_daemonset_runs_on_plain_runc_with_the_driver_root_mounted(rendered):
+    """NVML from the host's driver root, read-only, as NVIDIA's DRA driver does; no injection by
+    the NVIDIA container runtime; both CDI folders, NVIDIA's static spec folder read-only."""
+    pod, plugin = plugin_container(rendered[DEPLOY])
+    env = by_name(plugin["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"
+    assert not {"NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_VISIBLE_DEVICES"} & {
+        e["name"] for c in pod["initContainers"] for e in c.get("env", [])}
+    (root,) = [a.split("=", 1)[1] for a in plugin["args"] if a.startswith("--driver-root=")]
+    mounts, volumes = by_name(plugin["volumeMounts"], "mountPath"), by_name(pod["volumes"])
+    assert mounts[root]["readOnly"] is True and mounts[root]["mountPropagation"] == "HostToContainer"
+    assert volumes[mounts[root]["name"]]["hostPath"] == {"path": "/", "type": "Directory"}
+    assert mounts["/etc/cdi"]["readOnly"] is True
+    assert volumes[mounts["/etc/cdi"]["name"]]["hostPath"]["path"] == "/etc/cdi"
+    assert volumes[mounts["/var/run/cdi"]["name"]]["hostPath"]["path"] == "/var/run/cdi"
+    assert not mounts["/var/run/cdi"].get("readOnly")  # the plugin writes its specs there
+
+
+def test_image_is_named_in_one_place():
+    """The manifests name the image without a tag; base/kustomization.yaml's `images:` sets it."""
+    kustomization = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
+    assert kustomization["images"] == [{"name": "gpushare-dra", "newTag": "dev"}]
+    manifests = [p for p in DEPLOY.rglob("*.yaml") if "examples" not in p.parts and p.name != "kustomization.yaml"]
+    images = [c["image"] for p in manifests for d in docs(p) if d.get("kind") == "DaemonSet"
+              for c in d["spec"]["template"]["spec"].get("containers", []) + d["spec"]["template"]["spec"].get(
+                  "initContainers", []) if "image" in c]
+    assert images == ["gpushare-dra", "gpushare-dra"]  # the base's two containers; no overlay names one
+
+
+@needs_kubectl
+def test_every_container_runs_the_image_the_kustomization_sets(rendered):
+    for folder in (DEPLOY, MOCK):
+        pod, _ = plugin_container(rendered[folder])
+        assert {c["image"] for c in pod["containers"] + pod["initContainers"]} == {"gpushare-dra:dev"}
 
 
 @needs_kubectl
@@ -75,6 +125,10 @@ def test_mock_overlay_switches_backend_and_keeps_the_rest(rendered):
     env = {e["name"]: e for e in plugin["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void" and "NODE_NAME" in env  # merged, not replaced
     assert plugin["image"] == "gpushare-dra:dev" and plugin["volumeMounts"]
+    # simulated GPUs load no driver: no --driver-root (refused with mock GPUs) and no host / mounted
+    assert not [a for a in plugin["args"] if a.startswith("--driver-root")]
+    assert "/driver-root" not in {m["mountPath"] for m in plugin["volumeMounts"]}
+    assert "driver-root" not in {v["name"] for v in pod["volumes"]}
     # Everything but the DaemonSet is the base's, unchanged.
     others = [o for o in rendered[MOCK] if o["kind"] != "DaemonSet"]
     assert others == [o for o in rendered[DEPLOY] if o["kind"] != "DaemonSet"]

@@ -3,7 +3,6 @@ and the opt-in ServiceMonitor component agree with each other and with the flag.
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import subprocess
@@ -80,7 +79,8 @@ def test_servicemonitor_component_selects_the_service(tmp_path):
     objects = kustomize(overlay)
     svc, sm = one(objects, "Service"), one(objects, "ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert sm["spec"]["namespaceSelector"]["matchNames"] == [svc["metadata"]["namespace"]]
+    # no namespaceSelector: prometheus-operator looks in the ServiceMonitor's own namespace
+    assert "namespaceSelector" not in sm["spec"] and sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
     assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in svc["spec"]["ports"]]
     assert "ServiceMonitor" not in {o["kind"] for o in kustomize(DEPLOY)}  # opt-in only
     # the labels of a claim's series as Prometheus stores them through this ServiceMonitor
@@ -114,15 +114,15 @@ def test_stored_labels_model_renames_without_honor_labels():
 
 
 def test_every_plugin_env_var_is_read():
-    """An env var the DaemonSet sets is read by the code, is a flag's GPUSHARE_<FLAG> (read by the
-    CLI for every flag), or is the NVIDIA toolkit's."""
+    """An env var the DaemonSet sets is read by the code, is a kubelet-plugin flag's variable
+    (GPUSHARE_<FLAG>), or is the NVIDIA toolkit's."""
     docs = [d for d in yaml.safe_load_all((DEPLOY / "base" / "kubelet-plugin.yaml").read_text()) if d]
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     names = {e["name"] for c in ds["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
     code = "".join(p.read_text() for d in ("dra_driver", "kubeletplugin") for p in (ROOT / d).rglob("*.py"))
-    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    plugin_flags = {env_name(o) for a in commands.choices["kubelet-plugin"]._actions for o in a.option_strings
-                    if o.startswith("--")}
-    unread = [n for n in names if not n.startswith("NVIDIA_") and n not in plugin_flags
+    plugin = build_parser()._subparsers._group_actions[0].choices["kubelet-plugin"]
+    flag_variables = {env_name(o) for a in plugin._actions for o in a.option_strings if o.startswith("--")}
+    unread = [n for n in names if not n.startswith("NVIDIA_") and n not in flag_variables
               and not re.search(rf"['\"]\${{?{n}|['\"]{n}['\"]", code)]
     assert not unread, unread
+    assert {"GPUSHARE_PLUGIN_DIR", "GPUSHARE_REGISTRY_DIR"} <= flag_variables

@@ -1,5 +1,6 @@
 """GPU discovery: the mock backend's inputs, the NVML backend against a fake pynvml and against
-the simulated NVML (hook/sim) through the real pynvml, PCIe roots from a simulated sysfs."""
+the simulated NVML (hook/sim) through the real pynvml, PCIe roots from a simulated sysfs, and NVML
+loaded from a driver root (the simulated NVML laid out as a driver installs libnvidia-ml.so.1)."""
 
 import dataclasses
 import json
@@ -8,11 +9,22 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from dra_driver.devicemodel import whole_gpu_device
-from dra_driver.discovery import DiscoveryError, MockBackend, NvmlBackend, make_backend, pcie_root, sim_uuid
+from dra_driver.discovery import (
+    DRIVER_LIBRARY_DIRS,
+    SIM_DRIVER_VERSION,
+    DiscoveryError,
+    MockBackend,
+    NvmlBackend,
+    make_backend,
+    pcie_root,
+    sim_uuid,
+)
+from dra_driver.flags import FlagError
 from tests.support import BUILD, REPO
-from tests.support.nvml import fake_pynvml
+from tests.support.nvml import driver_root, fake_pynvml, needs_sim, sim_nvml_env
 
 
 def fake_sysfs(root, bus_id, *bridges, pcie="pci0000:3a"):
@@ -146,7 +158,7 @@ def test_simulated_nvml_and_mock_backend_describe_the_same_gpus(tmp_path):
     env = {**os.environ, "LD_LIBRARY_PATH": str(BUILD / "sim"), "GPUSHARE_SIM_DEVICES": "2",
            "GPUSHARE_SIM_MEMORY": "80Gi", "GPUSHARE_SIM_STATE": str(tmp_path / "sim.state")}
     script = ("import dataclasses, json, sys; from dra_driver.discovery import NvmlBackend; "
-              "print(json.dumps([dataclasses.asdict(g) for g in NvmlBackend(sys.argv[1]).discover()]))")
+              "print(json.dumps([dataclasses.asdict(g) for g in NvmlBackend(sysfs=sys.argv[1]).discover()]))")
     out = subprocess.run([sys.executable, "-c", script, sysfs], env=env, cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
@@ -183,3 +195,59 @@ def test_nvml_lost_gpu_is_reported_unhealthy(monkeypatch):
 def test_unknown_backend():
     with pytest.raises(DiscoveryError, match="unknown backend 'cuda'"):
         make_backend("cuda")
+
+
+# --driver-root: NVML loaded from a driver root mounted into the pod, as NVIDIA's DRA driver does.
+# Each run is a child process: loading an NVML library into this one would outlive the test.
+CLI = [sys.executable, "-m", "dra_driver.cli"]
+
+
+def discover_nvml(tmp_path, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    child_env = sim_nvml_env(tmp_path / "sim.state", devices=2, memory=24 << 30) | (env or {})
+    return subprocess.run([*CLI, "discover", "--device-backend", "nvml", *flags], capture_output=True, text=True,
+                          timeout=60, env=child_env)
+
+
+@needs_sim
+@pytest.mark.parametrize("libdir", ["usr/lib/x86_64-linux-gnu", "usr/lib64"])
+def test_nvml_is_loaded_from_the_driver_root(tmp_path, libdir):
+    root = driver_root(tmp_path, libdir)
+    res = discover_nvml(tmp_path, "--driver-root", str(root))
+    assert res.returncode == 0, res.stderr
+    gpus = yaml.safe_load(res.stdout)["gpus"]
+    assert [(g["uuid"], g["memory"], g["driverVersion"]) for g in gpus] == [
+        (sim_uuid(0), "24Gi", SIM_DRIVER_VERSION), (sim_uuid(1), "24Gi", SIM_DRIVER_VERSION)]
+
+
+@needs_sim
+def test_driver_root_is_settable_by_its_variable(tmp_path):
+    res = discover_nvml(tmp_path, env={"GPUSHARE_DRIVER_ROOT": str(driver_root(tmp_path))})
+    assert res.returncode == 0, res.stderr
+    assert len(yaml.safe_load(res.stdout)["gpus"]) == 2
+
+
+def test_driver_root_without_nvml_names_the_flag_and_every_path(tmp_path):
+    root = driver_root(tmp_path, libdir=None)
+    res = discover_nvml(tmp_path, "--driver-root", str(root))
+    assert res.returncode == 2 and res.stdout == ""
+    (line,) = res.stderr.splitlines()
+    looked = ", ".join(str(root / d / "libnvidia-ml.so.1") for d in DRIVER_LIBRARY_DIRS)
+    assert line.startswith(f"gpushare-dra discover: error: --driver-root: libnvidia-ml.so.1 not found under "
+                           f"'{root}'; looked in {looked} (accepted: ")
+    assert str(root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1") in looked  # where Debian's driver puts it
+
+
+def test_driver_root_with_a_file_that_is_no_library_is_one_error(tmp_path):
+    root = driver_root(tmp_path, libdir=None)
+    (root / "usr/lib64").mkdir()
+    (root / "usr/lib64/libnvidia-ml.so.1").write_text("truncated\n")
+    res = discover_nvml(tmp_path, "--driver-root", str(root))
+    assert res.returncode == 2
+    (line,) = res.stderr.splitlines()
+    library = root / "usr/lib64/libnvidia-ml.so.1"
+    assert line.startswith(f"gpushare-dra discover: error: --driver-root: cannot load {library}: ")
+
+
+def test_driver_root_is_refused_with_the_mock_backend():
+    with pytest.raises(FlagError, match="--driver-root: only with --device-backend nvml"):
+        make_backend("mock", driver_root="/")

@@ -2,13 +2,13 @@
 GPU utilization (host pids).
 
 Mock nodes sample the simulated NVML every container of the node maps (the SimDriver's
-library and state file): it is loaded by absolute path with RTLD_GLOBAL before pynvml's
-nvmlInit, so pynvml's own dlopen("libnvidia-ml.so.1") finds it by soname.
+library and state file): it is loaded by absolute path before pynvml's nvmlInit
+(discovery.load_nvml, as a driver root's NVML is), so pynvml's own dlopen("libnvidia-ml.so.1")
+finds it by soname.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from collections.abc import Callable
@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from dra_driver.discovery import load_nvml
 from dra_driver.log import get_logger
 
 log = get_logger("agent.sampler")
@@ -42,7 +43,7 @@ def load_simulated_nvml(sim_dir: str, env: dict[str, str]) -> None:
     the same device count and size the containers get, so whoever opens it first agrees.
     """
     os.environ.update(env)
-    ctypes.CDLL(os.path.join(sim_dir, "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
+    load_nvml(sim_dir)
 
 
 T = TypeVar("T")

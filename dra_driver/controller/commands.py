@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     """Publish this node's slices until SIGTERM or SIGINT; the slices stay afterwards."""
     if not args.node_name:
         raise FlagError("--node-name", "required (or set NODE_NAME): the slices' pool is named after the node")
-    backend = make_backend(args.device_backend, args.mock_gpus)
+    backend = make_backend(args.device_backend, args.mock_gpus, args.driver_root)
     controller = SliceController(make_api_client(args.kubeconfig), args.driver_name, args.node_name, backend,
                                  sharing_mode=args.sharing_mode, partitions=args.partitions,
                                  device_order=args.device_order)

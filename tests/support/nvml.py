@@ -1,9 +1,18 @@
-"""A fake pynvml for the discovery and GPU health tests."""
+"""A fake pynvml for the discovery and GPU health tests, and driver roots holding the simulated
+NVML for the tests of --driver-root."""
 
+import os
 import queue
+import shutil
 import time
 import types
 from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from dra_driver.discovery import SIM_DRIVER_VERSION
+from dra_driver.hookpath import NativeFilesMissing, native_paths
 
 
 class FakeNVMLError(Exception):
@@ -77,3 +86,34 @@ def fake_pynvml(fail_init=None, lost_index=None):
     Pci = namedtuple("Pci", "busId")
     m.nvmlDeviceGetPciInfo = lambda h: Pci(f"00000000:{0x3B + h:02X}:00.0".encode())
     return m
+
+
+def _sim_built() -> bool:
+    try:
+        return bool(native_paths())
+    except NativeFilesMissing:
+        return False
+
+
+needs_sim = pytest.mark.skipif(not _sim_built(), reason="the simulated NVML is not built (make hook)")
+
+
+def driver_root(tmp_path: Path, libdir: str | None = "usr/lib/x86_64-linux-gnu") -> Path:
+    """A folder laid out like a driver root (the host's / or the GPU Operator's /run/nvidia/driver):
+    the simulated NVML as libnvidia-ml.so.<version> under `libdir`, with the driver's soname link."""
+    root = tmp_path / "driver-root"
+    (root / "usr/bin").mkdir(parents=True)
+    if libdir is not None:
+        lib = root / libdir
+        lib.mkdir(parents=True)
+        shutil.copy(native_paths()["sim_nvml"], lib / f"libnvidia-ml.so.{SIM_DRIVER_VERSION}")
+        (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{SIM_DRIVER_VERSION}")
+    return root
+
+
+def sim_nvml_env(state: Path, devices: int, memory: int) -> dict[str, str]:
+    """The environment of a child process whose NVML is the simulated one: its devices, and no
+    LD_LIBRARY_PATH or GPUSHARE_* of this process, so only a driver root can supply the library."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH" and not k.startswith("GPUSHARE_")}
+    return env | {"GPUSHARE_SIM_STATE": str(state), "GPUSHARE_SIM_DEVICES": str(devices),
+                  "GPUSHARE_SIM_MEMORY": str(memory)}
