@@ -7,11 +7,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.support.deploy import DEPLOY, VERSIONS, by_name, plugin_container
 from tests.support.kubectl import Kubectl, needs_kubectl
 
 ROOT = Path(__file__).parents[1]
-DEPLOY = ROOT / "deploy"
-VERSIONS = ["1.34", kubernetes_validate.utils.latest_version()]
 # Every folder with a kustomization: each must render on its own.
 # Every folder that renders on its own: a kustomize Component (deploy/components/) only
 # renders from an overlay that includes it (tests/test_deploy_metrics.py does).
@@ -43,17 +42,6 @@ def test_rendered_objects_are_valid(rendered, folder, version):
     assert {"DaemonSet", "DeviceClass", "ClusterRole", "ServiceAccount", "Namespace"} <= {o["kind"] for o in objects}
     for o in objects:
         kubernetes_validate.validate(o, version, strict=True)
-
-
-def plugin_container(objects: list[dict]) -> tuple[dict, dict]:
-    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
-    pod = ds["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    return pod, container
-
-
-def by_name(items: list[dict], key: str = "name") -> dict[str, dict]:
-    return {item[key]: item for item in items}
 
 
 @needs_kubectl

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from dra_driver.playground.emulator import ApiEmulator, admission
+from tests.support.deploy import DEPLOY, VERSIONS, by_name, plugin_container
 from tests.support.kubectl import Kubectl, needs_kubectl
-from tests.test_deploy import DEPLOY, VERSIONS, by_name, plugin_container
 
 COMPONENTS = DEPLOY / "components"
 KUBELET_DIR = {"pluginDir": "/var/lib/k0s/kubelet/plugins/gpushare.dev",
