@@ -75,6 +75,20 @@ def host_library(hook_dir: str | None) -> str:
     return os.path.realpath(path)
 
 
+def check_writable_dir(flag: str, path: str) -> None:
+    """PluginConfigError naming `flag` unless `path` is a folder this process can write or can be
+    made (its nearest existing ancestor is a writable folder). Checks only: nothing is made here,
+    so a bad flag leaves nothing behind."""
+    nearest = os.path.abspath(path)
+    while not os.path.lexists(nearest) and os.path.dirname(nearest) != nearest:
+        nearest = os.path.dirname(nearest)
+    what = "write" if nearest == os.path.abspath(path) else "create"
+    if not os.path.isdir(nearest):
+        raise PluginConfigError(flag, f"cannot {what} {path!r}: {nearest!r} is not a folder")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise PluginConfigError(flag, f"cannot {what} {path!r}: {nearest!r} is not writable by this process")
+
+
 class Plugin:
     """One kubelet plugin: driver state, gRPC servers, optional slice controller and metrics."""
 
@@ -97,10 +111,21 @@ class Plugin:
         self.dra_socket = os.path.join(self.plugin_dir, f"dra{uid_part}.sock")
         self.reg_socket = os.path.join(self.registry_dir, f"{args.driver_name}{uid_part}-reg.sock")
         library = host_library(args.hook_dir or default_hook_dir())
+        # The folders the plugin writes (made when missing): one line naming the flag if it cannot.
+        for flag, path in (("--state-dir", args.state_dir), ("--cdi-root", args.cdi_root),
+                           ("--plugin-dir", self.plugin_dir), ("--registry-dir", self.registry_dir)):
+            check_writable_dir(flag, path)
         self.api = api or make_api_client(args.kubeconfig)
         self.gpu_health = HealthMonitor(args.health_recovery_seconds, ignored_xids=args.health_ignore_xids)
         backend = backend or make_backend(args.device_backend, args.mock_gpus, args.driver_root)
         self.backend = HealthAwareBackend(backend, self.gpu_health)
+        # Every flag is good: make the folders (a write the access check could not foresee, such as
+        # in /proc or a read-only mount, is still one line).
+        for flag, path, mode in (("--state-dir", args.state_dir, 0o711), ("--cdi-root", args.cdi_root, 0o755)):
+            try:
+                os.makedirs(path, mode=mode, exist_ok=True)
+            except OSError as e:
+                raise PluginConfigError(flag, f"cannot create {path!r}: {e.strerror}") from None
         self.driver = Driver(self.api, args.driver_name, args.node_name, self.backend, args.partitions,
                              os.path.abspath(args.state_dir), os.path.abspath(args.cdi_root), library,
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None)

@@ -109,6 +109,19 @@ def test_missing_hook_library_fails_clearly(dirs, kubeconfig, tmp_path):
     assert "--hook-dir" in proc.stderr
 
 
+@pytest.mark.parametrize("flag", ["--state-dir", "--cdi-root"])
+def test_a_folder_that_cannot_be_made_is_one_line(dirs, hook_dir, kubeconfig, tmp_path, flag):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    flags = dirs.flags(hook_dir) + [flag, str(blocker / "sub")]  # a later flag wins
+    proc = subprocess.run([GPUSHARE_DRA, "kubelet-plugin", "--kubeconfig", kubeconfig, *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (f"gpushare-dra kubelet-plugin: error: {flag}: cannot create "
+                                   f"'{blocker / 'sub'}': '{blocker}' is not a folder"), proc.stderr
+    assert not os.path.exists(dirs.root) or os.listdir(dirs.root) == []  # nothing made, nothing served
+
+
 ROUNDS = 8
 CLAIMS = 12
 
