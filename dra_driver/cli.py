@@ -106,16 +106,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be greater than zero")
-    return value
-
-
 def version_text() -> str:
     """`gpushare-dra --version`: the package version and what it runs on."""
     import platform
@@ -166,10 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "kubelet's liveness probe; 0 disables")
     g.add_argument("--publish-slices", default=True, action=argparse.BooleanOptionalAction,
                    help="run the ResourceSlice controller for this node's pool inside this process")
-    g.add_argument("--agent-interval", type=_positive_float, default=1.0,
+    g.add_argument("--agent-interval", type=flags.positive_float, default=1.0,
                    help="seconds between the node agent's samples: NVML telemetry, compute-share rate "
                         "control (docs/agent.md)")
-    g.add_argument("--backstop-interval", type=_positive_float, default=0.05,
+    g.add_argument("--backstop-interval", type=flags.positive_float, default=0.05,
                    help="seconds between the backstop's NVML per-process memory polls (docs/security.md)")
     g.add_argument("--enforce", default="kill", choices=("report", "kill"),
                    help="when NVML shows a claim's processes above its memory limit (memory allocated "
@@ -183,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--unhealthy-taint-effect", default="NoSchedule", choices=("NoSchedule", "NoExecute"),
                    help="effect of an unhealthy GPU's device taint: NoSchedule keeps new claims off it; "
                         "NoExecute also evicts the pods using it")
-    g.add_argument("--health-recovery-seconds", type=_positive_float, default=300.0,
+    g.add_argument("--health-recovery-seconds", type=flags.positive_float, default=300.0,
                    help="a GPU marked unhealthy by an event is healthy again after this long without a new "
                         "critical event, once NVML reaches it with no page retirement or row remapping pending")
     g.add_argument("--health-ignore-xids", metavar="LIST", type=flags.xid_list,
@@ -246,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "refreshing every --interval seconds.")
     p.add_argument("--url", default="http://127.0.0.1:9400/metrics", type=flags.metrics_url,
                    help="the plugin's metrics endpoint: a URL, or HOST:PORT (http:// and /metrics added)")
-    p.add_argument("--interval", type=_positive_float, default=2.0, help="seconds between refreshes")
+    p.add_argument("--interval", type=flags.positive_float, default=2.0, help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.set_defaults(run=_lazy("dra_driver.top", "run"))
 

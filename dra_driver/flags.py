@@ -118,6 +118,16 @@ def xid_list(text: str) -> frozenset[int] | Literal["all"]:
     return frozenset(int(item) for item in items)
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be greater than zero")
+    return value
+
+
 def existing_file(text: str) -> str:
     """argparse type: a file that exists now (a kubeconfig)."""
     if not os.path.isfile(text):

@@ -6,10 +6,15 @@
 #   total; claim other-team on the same GPU gets its own 2Gi; the plugin restarts between
 #   the two pods' starts without losing the shared budget; after the pods and claims are
 #   deleted, no CDI spec or claim file is left on the node.
-# Not run in CI (no Docker there).
+# Works on every release hack/kind-up.sh makes (1.34 to 1.37; the scenario needs consumable
+# capacity, on by default from 1.36 and gated on 1.34/1.35 by kind-up). Not run in CI (no Docker there).
+#
+#   hack/e2e-kind.sh [CLUSTER_NAME]     (default gpushare, the cluster kind-up made)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name="${1:-gpushare}"
+# Every kubectl below talks to that cluster, whatever the current context is.
+kubectl() { command kubectl --context "kind-$name" "$@"; }
 examples=deploy/examples/e2e
 fail() { echo "e2e-kind: FAIL: $*" >&2; exit 1; }
 ok() { echo "e2e-kind: ok: $*"; }
@@ -18,6 +23,7 @@ allocated() {  # bytes a container holds, from the probe's "allocated=N ... resu
   kubectl logs "$1" -c "$2" | sed -n 's/^allocated=\([0-9]*\) .*/\1/p'
 }
 
+echo "e2e-kind: cluster $name, Kubernetes $(kubectl version -o json | sed -n 's/.*"gitVersion": *"\(v[^"]*\)".*/\1/p' | tail -1)"
 kubectl delete -f "$examples" --ignore-not-found --wait=true >/dev/null
 kubectl apply -f "$examples/01-claims.yaml" -f "$examples/02-trainer-a.yaml"
 kubectl wait --for=condition=Ready pod/trainer-a --timeout=180s
@@ -46,6 +52,7 @@ ok "the allocations past the budget failed with out-of-memory"
   || fail "a container of shared-gpu stopped"
 ok "every container keeps running"
 
+# shellcheck disable=SC2016  # $(...) expands in the container, not here
 meminfo=$(kubectl exec trainer-b -c b1 -- sh -c '"$(gpushare-dra hook-path probe)" meminfo')
 echo "$meminfo" | grep -q "cu_total=$((4 << 30))" || fail "cuMemGetInfo inside does not show 4Gi: $meminfo"
 echo "$meminfo" | grep -q "nvml_total=$((4 << 30))" || fail "NVML inside does not show 4Gi: $meminfo"

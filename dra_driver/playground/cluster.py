@@ -66,7 +66,7 @@ class Playground:
             api = self.emulator.api_client()
             self.node = SimulatedNode(args.node_name, args.mock_gpus, workdir, args.runtime)
             self.node.register(api)
-            plugin = self.node.start_plugin(api)
+            plugin = self.node.start_plugin(api, args.health_recovery_seconds)
             if plugin.slices is not None and not plugin.slices.wait_synced(30):
                 raise RuntimeError("the kubelet plugin published no ResourceSlices in 30 s")
             self.pods = PodSync(api, self.node)

@@ -75,6 +75,9 @@ def add_commands(sub: Any, formatter_class: type[argparse.HelpFormatter],
     _add_emulator_flags(p)
     p.add_argument("--node-name", default="playground-node", help="the node's name (its ResourceSlice pool)")
     p.add_argument("--mock-gpus", default="2x80Gi", help="the node's simulated GPUs (see kubelet-plugin --help)")
+    p.add_argument("--health-recovery-seconds", type=flags.positive_float, default=300.0,
+                   help="the node's kubelet-plugin --health-recovery-seconds: how long after a simulated XID "
+                        "its GPU is healthy again")
     p.add_argument("--workdir", default=None,
                    help="folder for the node's files: plugin state, CDI specs, container logs (default: a "
                         "temporary one, removed on exit)")
@@ -101,10 +104,12 @@ def _add_runtime(p: argparse.ArgumentParser) -> None:
 def _add_emulator_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=flags.port, default=8001, help="TCP port (0: any free port)")
-    p.add_argument("--consumable-capacity", default=True, action=argparse.BooleanOptionalAction,
-                   help="keep DRAConsumableCapacity fields, as a server with that feature gate does")
-    p.add_argument("--device-taints", default=True, action=argparse.BooleanOptionalAction,
-                   help="keep device taints in ResourceSlices, as a server with DRADeviceTaints does")
+    p.add_argument("--consumable-capacity", default=None, action=argparse.BooleanOptionalAction,
+                   help="keep DRAConsumableCapacity fields, as a server with that feature gate does "
+                        "(default: as --kube-version does by default: on from 1.36)")
+    p.add_argument("--device-taints", default=None, action=argparse.BooleanOptionalAction,
+                   help="keep device taints in ResourceSlices, as a server with DRADeviceTaints does "
+                        "(default: as --kube-version does by default: on from 1.36)")
     p.add_argument("--validate", default=True, action=argparse.BooleanOptionalAction,
                    help="refuse resource.k8s.io objects the upstream OpenAPI schemas refuse")
     p.add_argument("--kube-version", default=None,

@@ -98,7 +98,7 @@ class SimulatedNode:
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name}})  # type: ignore[arg-type]
         client.ResourceV1Api(api).create_device_class(DEVICE_CLASS)
 
-    def start_plugin(self, api: client.ApiClient) -> Plugin:
+    def start_plugin(self, api: client.ApiClient, health_recovery_seconds: float = 300.0) -> Plugin:
         from kubeletplugin.main import Plugin
 
         from ..cli import build_parser
@@ -110,7 +110,7 @@ class SimulatedNode:
             "--registry-dir", os.path.join(w, "registry"), "--state-dir", self.state_dir,
             "--cdi-root", self.cdi_root, "--hook-dir", self.hook_dir, "--device-backend", "mock",
             "--mock-gpus", self.mock_gpus, "--sharing-mode", "auto", "--metrics-addr", "127.0.0.1:0",
-            "--healthcheck-port", "0"])
+            "--healthcheck-port", "0", "--health-recovery-seconds", str(health_recovery_seconds)])
         self.plugin = Plugin(args, api=api).start()
         self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)
         return self.plugin

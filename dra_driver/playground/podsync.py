@@ -12,7 +12,9 @@ For each pod bound to the node (spec.nodeName), as the kubelet's DRA manager and
   its output goes to `<workdir>/pods/<namespace>_<pod>_<uid>/<container>/0.log` (the kubelet's
   /var/log/pods layout), which `kubectl logs` reads;
 - status: Running with a running containerStatus each, then, when all containers ended,
-  Succeeded (all exited 0) or Failed; Events Started and Failed;
+  Succeeded (all exited 0) or Failed; Events Started and Failed; each container's
+  allocatedResourcesStatus from the plugin's health stream, reported again when the health of
+  one of the pod's devices changes (devicehealth.py);
 - a pod that ended or was deleted: its containers stopped, and NodeUnprepareResources for each
   claim no other pod on the node still uses.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +37,9 @@ from kubeletplugin.claimref import ClaimRef
 
 from ..kube import JSON, json_body, plain
 from ..log import get_logger
+from .claims import DRIVER
 from .containers import Workload
+from .devicehealth import HealthInfoCache, HealthWatch, PreparedDevice, allocated_resources_status
 from .node import SimulatedNode
 from .objects import list_all, pod_claim_names, pod_event
 
@@ -82,6 +87,7 @@ class PodRun:
     name: str
     uid: str
     claims: list[ClaimRef]
+    devices: dict[str, list[PreparedDevice]]  # by pod claim name
     containers: dict[str, Container] = field(default_factory=dict)
     started_at: str = ""
     finished: bool = False
@@ -96,6 +102,11 @@ class PodSync:
         self.pods: dict[str, PodRun] = {}  # by pod uid
         self.prepared: dict[str, set[str]] = {}  # claim uid -> uids of the pods using it here
         self._reported: set[tuple[str, str]] = set()  # (pod uid, message) told in an Event
+        self.health = HealthInfoCache()
+        self._health_lock = threading.Lock()
+        self._health_changed: set[str] = set()  # uids of pods to report again
+        assert node.plugin is not None, "the plugin is not started"
+        self._health_watch = HealthWatch(node.plugin.dra_socket, DRIVER, self.health, self._on_health_change)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -113,9 +124,17 @@ class PodSync:
                 self._watch(pod, run)
 
     def close(self) -> None:
+        self._health_watch.close()
         for run in list(self.pods.values()):
             self._stop(run)
         self.pods.clear()
+
+    def _on_health_change(self, changed: set[tuple[str, str, str]]) -> None:
+        """The pods holding a device whose health changed are reported again (next pass)."""
+        uids = {run.uid for run in list(self.pods.values())
+                if any((d.driver, d.pool, d.device) in changed for ds in run.devices.values() for d in ds)}
+        with self._health_lock:
+            self._health_changed |= uids
 
     # ---- starting ----------------------------------------------------------------------------
 
@@ -128,11 +147,12 @@ class PodSync:
         devices = self._prepare(pod, refs)
         if devices is None:
             return
-        run = PodRun(meta["namespace"], meta["name"], meta["uid"], refs, started_at=_now())
+        by_pod_claim = {pod_claim: devices[c["metadata"]["uid"]] for pod_claim, c in claims.items()}
+        run = PodRun(meta["namespace"], meta["name"], meta["uid"], refs,
+                     {pod_claim: [d for _, d in ds] for pod_claim, ds in by_pod_claim.items()}, started_at=_now())
         self.pods[meta["uid"]] = run
         for ref in refs:
             self.prepared.setdefault(ref.uid, set()).add(meta["uid"])
-        by_pod_claim = {pod_claim: devices[c["metadata"]["uid"]] for pod_claim, c in claims.items()}
         for spec in (pod.get("spec") or {}).get("containers") or []:
             run.containers[spec["name"]] = self._start_container(pod, spec, by_pod_claim)
         self._report(pod, run)
@@ -157,8 +177,8 @@ class PodSync:
             claims[pod_claim] = claim
         return claims
 
-    def _prepare(self, pod: JSON, refs: list[ClaimRef]) -> dict[str, list[tuple[list[str], list[str]]]] | None:
-        """NodePrepareResources: {claim uid: [(request names, CDI device IDs)]}, or None after an Event."""
+    def _prepare(self, pod: JSON, refs: list[ClaimRef]) -> dict[str, list[tuple[list[str], PreparedDevice]]] | None:
+        """NodePrepareResources: {claim uid: [(request names, device)]}, or None after an Event."""
         if not refs:
             return {}
         assert self.node.kubelet is not None, "the plugin is not started"
@@ -172,16 +192,18 @@ class PodSync:
             # The pod does not start: take back what was prepared for it alone.
             self._unprepare([r for r in refs if r not in failed and r.uid not in self.prepared])
             return None
-        return {ref.uid: [(list(d.request_names), list(d.cdi_device_ids)) for d in answers[ref.uid].devices]
+        return {ref.uid: [(list(d.request_names),
+                           PreparedDevice(DRIVER, d.pool_name, d.device_name, tuple(d.cdi_device_ids)))
+                          for d in answers[ref.uid].devices]
                 for ref in refs}
 
-    def _start_container(self, pod: JSON, spec: JSON, devices: dict[str, list[tuple[list[str], list[str]]]]
+    def _start_container(self, pod: JSON, spec: JSON, devices: dict[str, list[tuple[list[str], PreparedDevice]]]
                          ) -> Container:
         meta = pod["metadata"]
         name = spec["name"]
         ids = [i for used in (spec.get("resources") or {}).get("claims") or []
-               for requests, cdi_ids in devices.get(used["name"], [])
-               if not used.get("request") or used["request"] in requests for i in cdi_ids]
+               for requests, device in devices.get(used["name"], [])
+               if not used.get("request") or used["request"] in requests for i in device.cdi_device_ids]
         log_path = os.path.join(self.node.workdir, "pods", f"{meta['namespace']}_{meta['name']}_{meta['uid']}",
                                 name, "0.log")
         container = Container(name, spec.get("image", ""), self.node.runner.kind, log_path, None, _now())
@@ -204,7 +226,9 @@ class PodSync:
     # ---- running and ending ------------------------------------------------------------------
 
     def _watch(self, pod: JSON, run: PodRun) -> None:
-        changed = False
+        with self._health_lock:
+            changed = run.uid in self._health_changed
+            self._health_changed.discard(run.uid)
         for c in run.containers.values():
             if c.workload is not None and c.exit_code is None and not c.workload.running():
                 c.exit_code, c.finished_at, changed = c.workload.proc.returncode, _now(), True
@@ -213,7 +237,12 @@ class PodSync:
 
     def _report(self, pod: JSON, run: PodRun) -> None:
         """The pod's status from its containers'; a pod whose containers all ended is done."""
-        statuses = [c.status() for c in run.containers.values()]
+        specs = {c["name"]: c for c in (pod.get("spec") or {}).get("containers") or []}
+        statuses = []
+        for c in run.containers.values():
+            container_status = c.status()
+            health = allocated_resources_status(specs.get(c.name, {}), run.devices, self.health)
+            statuses.append({**container_status, "allocatedResourcesStatus": health} if health else container_status)
         ended = [c for c in run.containers.values() if c.workload is None or c.exit_code is not None]
         if len(ended) == len(run.containers):
             phase = "Succeeded" if all(c.workload is not None and c.exit_code == 0 for c in ended) else "Failed"

@@ -5,6 +5,7 @@ import threading
 import kubernetes.client
 import yaml
 
+from . import features
 from .faults import Faults
 from .registry import Registry
 from .requestlog import RequestLog
@@ -14,12 +15,20 @@ from .validation import Validator
 
 
 class ApiEmulator:
-    def __init__(self, consumable_capacity=True, device_taints=True, validate=True,
+    def __init__(self, consumable_capacity=None, device_taints=None, validate=True,
                  kube_version=None, history=1000, bookmark_interval=1.0,
                  host="127.0.0.1", port=0):
+        """kube_version: the release served (default: the newest with schemas); its feature
+        gates are on or off as that release's defaults (features.default_gates), except
+        consumable_capacity and device_taints when given (a cluster that sets those gates)."""
         self.store = Store(history=history)
         self.validator = Validator(kube_version, enabled=validate)
-        self.registry = Registry(self.store, self.validator, consumable_capacity, device_taints)
+        self.gates = features.default_gates(self.validator.kube_version)
+        for gate, enabled in ((features.CONSUMABLE_CAPACITY, consumable_capacity),
+                              (features.DEVICE_TAINTS, device_taints)):
+            if enabled is not None:
+                self.gates[gate] = enabled
+        self.registry = Registry(self.store, self.validator, self.gates)
         self.faults = Faults(drop_watches_callback=self.store.close_watches)
         self.requests_log = RequestLog()
         self.bookmark_interval = bookmark_interval

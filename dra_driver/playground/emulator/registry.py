@@ -86,11 +86,10 @@ def now_rfc3339():
 
 
 class Registry:
-    def __init__(self, store: Store, validator, consumable_capacity=True, device_taints=True):
+    def __init__(self, store: Store, validator, gates: dict[str, bool]):
         self.store = store
         self.validator = validator
-        self.consumable_capacity = consumable_capacity
-        self.device_taints = device_taints
+        self.gates = gates  # feature gate -> on (features.py)
 
     # --- shared steps -------------------------------------------------------------------
 
@@ -142,8 +141,7 @@ class Registry:
         """Decode (unknown fields, quantities), drop fields of disabled features, then
         validate (422 on any problem)."""
         obj = self._decode(rt, obj, write)
-        obj = features.drop_disabled_fields(rt, obj, self.consumable_capacity,
-                                            self.device_taints)
+        obj = features.drop_disabled_fields(rt, obj, self.gates)
         errors = self.validator.errors(obj, rt)
         if errors:
             raise invalid(rt, rt.kind, obj["metadata"].get("name", ""), errors)

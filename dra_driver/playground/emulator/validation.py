@@ -237,6 +237,56 @@ def pod_claim_errors(pod):
     return errors
 
 
+RESOURCE_HEALTH = ("Healthy", "Unhealthy", "Unknown")
+
+
+def allocated_resources_status_errors(pod):
+    """validateContainerStatusAllocatedResourcesStatus (pkg/apis/core/validation/validation.go):
+    each status entry names a claim of its container (`claim:<claim>/<request>`, or
+    `claim:<claim>` when the container's entry has no request) or one of its resource requests;
+    resource IDs are unique within an entry and health is one of RESOURCE_HEALTH. Ephemeral
+    containers may not have one."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    errors: list[FieldError] = []
+    for group, spec_group in (("containerStatuses", "containers"), ("initContainerStatuses", "initContainers")):
+        containers = {c.get("name"): c for c in spec.get(spec_group) or [] if isinstance(c, dict)}
+        for i, container_status in enumerate(status.get(group) or []):
+            container = containers.get((container_status or {}).get("name"))
+            for j, entry in enumerate((container_status or {}).get("allocatedResourcesStatus") or []):
+                path = f"status.{group}[{i}].allocatedResourcesStatus[{j}]"
+                name = entry.get("name") or ""
+                resources = (container or {}).get("resources") or {}
+                if container is None:
+                    pass  # a status for a container not in the spec is left alone, as upstream does
+                elif name.startswith("claim:"):
+                    names = {f"claim:{c.get('name')}" + (f"/{c['request']}" if c.get("request") else "")
+                             for c in resources.get("claims") or []}
+                    if name not in names:
+                        errors.append(FieldError(f"{path}.name", "Invalid",
+                                                 "must match one of the container's resource claims in a format "
+                                                 "'claim:<claimName>/<request>' or 'claim:<claimName>' if request "
+                                                 "is empty", name, True))
+                elif name not in (resources.get("requests") or {}):
+                    errors.append(FieldError(f"{path}.name", "Invalid",
+                                             "must match one of the container's resource requests", name, True))
+                seen = set()
+                for k, health in enumerate(entry.get("resources") or []):
+                    value = health.get("health") or ""
+                    if value not in RESOURCE_HEALTH:
+                        errors.append(FieldError(f"{path}.resources[{k}].health", "Unsupported",
+                                                 "supported values: " + ", ".join(f'"{h}"' for h in RESOURCE_HEALTH),
+                                                 value, True))
+                    if health.get("resourceID") in seen:
+                        errors.append(FieldError(f"{path}.resources[{k}].resourceID", "Duplicate", "",
+                                                 health.get("resourceID"), True))
+                    seen.add(health.get("resourceID"))
+    for i, container_status in enumerate(status.get("ephemeralContainerStatuses") or []):
+        if (container_status or {}).get("allocatedResourcesStatus"):
+            errors.append(FieldError(f"status.ephemeralContainerStatuses[{i}].allocatedResourcesStatus",
+                                     "Forbidden", "must not be specified in container status"))
+    return errors
+
+
 def semantic_errors(obj, rt):
     if rt.kind == "ResourceSlice":
         return resource_slice_errors(obj)
@@ -249,7 +299,7 @@ def semantic_errors(obj, rt):
         _selector_errors((obj.get("spec") or {}).get("selectors"), "spec.selectors", errors)
         return errors
     if rt.kind == "Pod":
-        return pod_claim_errors(obj)
+        return pod_claim_errors(obj) + allocated_resources_status_errors(obj)
     if rt.kind == "Event" and rt.group == "":
         return core_event_errors(obj)
     if rt.kind == "ValidatingAdmissionPolicy":
