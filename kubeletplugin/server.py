@@ -78,7 +78,11 @@ class DraServicer:
             answer = response.claims[claim.uid]
             devices = self._call("prepare", self.driver.prepare, claim, answer)
             for d in devices or ():
-                device = answer.devices.add(request_names=d.request_names, pool_name=d.pool_name,
+                # The kubelet matches a container's `request` against these names: a firstAvailable
+                # result "r/sub" is reported as "r", as the kubelet plugin helper does
+                # (k8s.io/dynamic-resource-allocation v0.36 kubeletplugin/draplugin.go, stripSubrequestNames).
+                names = [n.split("/", 1)[0] for n in d.request_names]
+                device = answer.devices.add(request_names=names, pool_name=d.pool_name,
                                             device_name=d.device_name, cdi_device_ids=d.cdi_device_ids)
                 if self.has_share_id and d.share_id:
                     device.share_id = d.share_id  # type: ignore[union-attr]  # has_share_id: v1 only

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import flags
+from ..cli import SHARING_MODES
 
 # The modules the `demo` extra installs (the emulator's schemas, the allocation stand-in's CEL).
 DEMO_EXTRA_MODULES = frozenset({"jsonschema", "kubernetes_validate", "referencing", "celpy"})
@@ -78,6 +79,9 @@ def add_commands(sub: Any, formatter_class: type[argparse.HelpFormatter],
     p.add_argument("--health-recovery-seconds", type=flags.positive_float, default=300.0,
                    help="the node's kubelet-plugin --health-recovery-seconds: how long after a simulated XID "
                         "its GPU is healthy again")
+    p.add_argument("--sharing-mode", default="auto", choices=SHARING_MODES,
+                   help="how the node's kubelet plugin publishes its GPUs (see kubelet-plugin --help): partition "
+                        "gives share devices, for pods that ask for gpushare.dev/share; auto: capacity here")
     p.add_argument("--workdir", default=None,
                    help="folder for the node's files: plugin state, CDI specs, container logs (default: a "
                         "temporary one, removed on exit)")

@@ -32,6 +32,21 @@ DEVICE_CLASS: Any = {
     "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
 }
 
+
+
+def _extended_class(name: str, resource: str, sharing: str) -> Any:
+    expression = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].sharing == "{sharing}"'
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"extendedResourceName": resource, "selectors": [{"cel": {"expression": expression}}]}}
+
+
+# The classes deploy/base/deviceclass-extended.yaml installs: pods that write
+# `resources.limits: {gpushare.dev/share: 1}` (or gpushare.dev/gpu) get a device with no claim.
+EXTENDED_DEVICE_CLASSES: list[Any] = [
+    _extended_class(f"share.{DRIVER}", f"{DRIVER}/share", "partition"),
+    _extended_class(f"gpu.{DRIVER}", f"{DRIVER}/gpu", "capacity"),
+]
+
 RUNTIMES = ("auto", "podman", "process")
 
 
@@ -50,11 +65,12 @@ class SimulatedNode:
     plugin: Plugin | None
     kubelet: Kubelet | None
 
-    def __init__(self, name: str, mock_gpus: str, workdir: str, runtime: str):
+    def __init__(self, name: str, mock_gpus: str, workdir: str, runtime: str, sharing_mode: str = "auto"):
         from ..hookpath import native_paths
 
         self.name = name
         self.mock_gpus = mock_gpus
+        self.sharing_mode = sharing_mode
         self.workdir = workdir
         self.runtime = choose_runtime(runtime)
         self.native = native_paths()
@@ -96,7 +112,8 @@ class SimulatedNode:
         """The Node object and the driver's DeviceClass, as joining the cluster and installing do."""
         core = client.CoreV1Api(api)
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name}})  # type: ignore[arg-type]
-        client.ResourceV1Api(api).create_device_class(DEVICE_CLASS)
+        for device_class in (DEVICE_CLASS, *EXTENDED_DEVICE_CLASSES):
+            client.ResourceV1Api(api).create_device_class(device_class)
 
     def start_plugin(self, api: client.ApiClient, health_recovery_seconds: float = 300.0) -> Plugin:
         from kubeletplugin.main import Plugin
@@ -109,7 +126,7 @@ class SimulatedNode:
             "kubelet-plugin", "--node-name", self.name, "--plugin-dir", os.path.join(w, "plugin"),
             "--registry-dir", os.path.join(w, "registry"), "--state-dir", self.state_dir,
             "--cdi-root", self.cdi_root, "--hook-dir", self.hook_dir, "--device-backend", "mock",
-            "--mock-gpus", self.mock_gpus, "--sharing-mode", "auto", "--metrics-addr", "127.0.0.1:0",
+            "--mock-gpus", self.mock_gpus, "--sharing-mode", self.sharing_mode, "--metrics-addr", "127.0.0.1:0",
             "--healthcheck-port", "0", "--health-recovery-seconds", str(health_recovery_seconds)])
         self.plugin = Plugin(args, api=api).start()
         self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)

@@ -8,7 +8,9 @@ For each pod bound to the node (spec.nodeName), as the kubelet's DRA manager and
   (a claim already prepared for another pod is not prepared again); an error is one
   FailedPrepareDynamicResources Event and the pod waits (tried again next pass);
 - each container runs its command and args with the CDI devices of the claims it names
-  (`resources.claims`, a `request` narrowing to that request's devices), on the node's runner;
+  (`resources.claims`, a `request` narrowing to that request's devices), and of the requests
+  status.extendedResourceClaimStatus maps to its extended resources (the scheduler's claim
+  for them, prepared like the others), on the node's runner;
   its output goes to `<workdir>/pods/<namespace>_<pod>_<uid>/<container>/0.log` (the kubelet's
   /var/log/pods layout), which `kubectl logs` reads;
 - status: Running with a running containerStatus each, then, when all containers ended,
@@ -37,6 +39,7 @@ from kubeletplugin.claimref import ClaimRef
 
 from ..kube import JSON, json_body, plain
 from ..log import get_logger
+from . import extended
 from .claims import DRIVER
 from .containers import Workload
 from .devicehealth import HealthInfoCache, HealthWatch, PreparedDevice, allocated_resources_status
@@ -44,6 +47,7 @@ from .node import SimulatedNode
 from .objects import list_all, pod_claim_names, pod_event
 
 COMPONENT = "kubelet"
+EXTENDED_CLAIM = "<extended-resources>"  # the key of the pod's extended resource claim (not a pod claim name)
 log = get_logger("playground.kubelet")
 
 
@@ -160,7 +164,11 @@ class PodSync:
     def _ready_claims(self, pod: JSON) -> dict[str, JSON] | None:
         """{pod claim name: ResourceClaim} once each is allocated and reserved for the pod, else None."""
         claims = {}
-        for pod_claim, name in pod_claim_names(pod).items():
+        names = pod_claim_names(pod)
+        special = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+        if special:  # written by the scheduler before it bound the pod
+            names[EXTENDED_CLAIM] = special
+        for pod_claim, name in names.items():
             if name is None:
                 return None
             try:
@@ -204,6 +212,9 @@ class PodSync:
         ids = [i for used in (spec.get("resources") or {}).get("claims") or []
                for requests, device in devices.get(used["name"], [])
                if not used.get("request") or used["request"] in requests for i in device.cdi_device_ids]
+        mapped = set(extended.container_request_names(pod, spec))
+        ids += [i for requests, device in devices.get(EXTENDED_CLAIM, []) if mapped & set(requests)
+                for i in device.cdi_device_ids]
         log_path = os.path.join(self.node.workdir, "pods", f"{meta['namespace']}_{meta['name']}_{meta['uid']}",
                                 name, "0.log")
         container = Container(name, spec.get("image", ""), self.node.runner.kind, log_path, None, _now())

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.playground.containers import PodmanRunner
-from dra_driver.playground.node import DEVICE_CLASS
+from dra_driver.playground.node import DEVICE_CLASS, EXTENDED_DEVICE_CLASSES
 
 ROOT = Path(__file__).parents[2]
 
@@ -60,3 +60,10 @@ def test_demo_device_class_is_the_shipped_one():
     shipped = yaml.safe_load((ROOT / "deploy/base/deviceclass.yaml").read_text())
     assert shipped["spec"]["selectors"] == DEVICE_CLASS["spec"]["selectors"]
     assert shipped["metadata"]["name"] == DEVICE_CLASS["metadata"]["name"]
+
+
+def test_playground_extended_resource_classes_are_the_shipped_ones():
+    import yaml
+
+    shipped = [d for d in yaml.safe_load_all((ROOT / "deploy/base/deviceclass-extended.yaml").read_text()) if d]
+    assert shipped == EXTENDED_DEVICE_CLASSES

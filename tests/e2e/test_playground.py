@@ -7,63 +7,26 @@ kubeconfig it wrote.
 """
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from dra_driver.playground.claimcontroller import POD_CLAIM_ANNOTATION, generate_name
-from tests.support.kubectl import Kubectl, needs_kubectl
+from tests.support.kubectl import needs_kubectl
+from tests.support.playground import NODE, meminfo, objects, playground, prepared, wait_for
 
 ROOT = Path(__file__).parents[2]
-EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("**/*.yaml"))
-NODE = "playground-node"
-DEADLINE_S = 40  # a loaded machine; the whole test takes a few seconds
-
-
-def wait_for(what: str, probe):
-    """probe() until it returns something truthy; fails naming `what` and the last value."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            assert value, f"{what}: not after {DEADLINE_S}s"
-            return value
-        time.sleep(0.2)
+# Every example that runs beside the others on 2 GPUs: extended-resources/ takes a whole GPU or
+# needs partition mode (tests below and test_playground_partition.py run them).
+EXAMPLES = sorted(p for p in (ROOT / "deploy" / "examples").glob("**/*.yaml") if "extended-resources" not in p.parts)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """(kubectl, the node's workdir) for a playground process on 2 x 80Gi simulated GPUs."""
-    work = tmp_path_factory.mktemp("playground")
-    kubeconfig, node_dir = work / "playground.kubeconfig", work / "node"
-    proc = subprocess.Popen([sys.executable, "-m", "dra_driver.cli", "playground", "--port", "0",
-                             "--kubeconfig-out", str(kubeconfig), "--workdir", str(node_dir), "--runtime", "process",
-                             "--node-name", NODE,
-                             "--log-format", "json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60  # imports and the plugin's start take seconds on a loaded machine
-        while not kubeconfig.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert kubeconfig.exists(), f"the playground wrote no kubeconfig: {proc.stderr.read() if proc.poll() else ''}"
-        yield Kubectl(work, kubeconfig=kubeconfig), node_dir
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
-def objects(kubectl, kind: str) -> list[dict]:
-    return json.loads(kubectl("get", kind, "-o", "json"))["items"]
-
-
-def prepared(node_dir: Path) -> set[str]:
-    """Claim uids with a CDI spec or a claim folder on the node."""
-    specs = {p.stem.split("_", 1)[1] for p in (node_dir / "cdi").glob("k8s.gpushare.dev-claim_*.json")}
-    folders = {p.name for p in (node_dir / "state" / "claims").glob("*")}
-    return specs | folders
+    with playground(tmp_path_factory.mktemp("playground")) as started:
+        yield started
 
 
 @needs_kubectl
@@ -73,7 +36,7 @@ def test_examples_run_and_delete_cleanly(cluster):
     kubectl("apply", *files)
     pods = {d["metadata"]["name"] for p in EXAMPLES for d in yaml.safe_load_all(p.read_text())
             if d and d["kind"] == "Pod"}
-    assert len(pods) == 6, pods  # the README's three and the e2e scenario's three
+    assert len(pods) == 7, pods  # the README's three, first-available's, the e2e scenario's three
 
     def all_running():
         items = objects(kubectl, "pods")
@@ -96,8 +59,9 @@ def test_examples_run_and_delete_cleanly(cluster):
     # Every claim a pod uses is allocated on the node, reserved for exactly its pods, and prepared.
     users: dict[str, set[str]] = {}
     for pod in running.values():
+        from_templates = {s["name"]: s["resourceClaimName"] for s in pod["status"].get("resourceClaimStatuses") or []}
         for pod_claim in pod["spec"]["resourceClaims"]:
-            claim_name = pod_claim.get("resourceClaimName") or generated[0]["resourceClaimName"]
+            claim_name = pod_claim.get("resourceClaimName") or from_templates[pod_claim["name"]]
             users.setdefault(claim_name, set()).add(pod["metadata"]["uid"])
     for claim_name, pod_uids in users.items():
         status = claims[claim_name]["status"]
@@ -194,3 +158,75 @@ def test_generated_claim_names_are_shortened_as_upstream():
     assert generate_name("trainer", "gpu") == "trainer-gpu-"
     # Past 57 characters both parts shrink in proportion (60 and 20 of 82): the claim's name survives.
     assert generate_name("p" * 60, "claim" * 4) == "p" * 41 + "-" + "claimclaimcla"
+
+
+@needs_kubectl
+def test_first_available_falls_through_to_its_second_choice(cluster):
+    """Both GPUs keep 10Gi free: the 20Gi share does not fit, the 10Gi share does; the container,
+    which names only the request `gpu`, gets that device with the 10Gi limit."""
+    kubectl, node_dir = cluster
+    fillers = "---".join(f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: filler-{i}}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpushare.dev
+        capacity: {{requests: {{memory: 70Gi, compute: "10"}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: filler-{i}}}
+spec:
+  resourceClaims: [{{name: gpu, resourceClaimName: filler-{i}}}]
+  containers:
+  - {{name: c, image: x, command: [sleep, infinity], resources: {{claims: [{{name: gpu}}]}}}}
+""" for i in (0, 1))
+    example = ROOT / "deploy/examples/first-available.yaml"
+    kubectl("apply", "-f", "-", input=fillers)
+    try:
+        wait_for("both fillers Running", lambda: [p["status"].get("phase") for p in objects(kubectl, "pods")]
+                 == ["Running", "Running"])
+        kubectl("apply", "-f", example)
+        pod = wait_for("flexible Running", lambda: next((p for p in objects(kubectl, "pods")
+                                                         if p["metadata"]["name"] == "flexible"
+                                                         and p["status"].get("phase") == "Running"), None))
+        claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        claim = json.loads(kubectl("get", "resourceclaim", claim_name, "-o", "json"))
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["request"] == "gpu/share-10gi", result
+        assert result["consumedCapacity"]["memory"] == "10Gi", result
+        info = wait_for("flexible's meminfo", lambda: meminfo(kubectl("logs", "flexible")))
+        assert info["cu_total"] == str(10 << 30), info  # the second choice's limit, enforced
+    finally:
+        kubectl("delete", "--ignore-not-found", "-f", example)
+        kubectl("delete", "-f", "-", input=fillers)
+    wait_for("every claim unprepared", lambda: not prepared(node_dir))
+
+
+@needs_kubectl
+def test_a_pod_with_only_a_gpu_limit_gets_a_whole_gpu(cluster):
+    """gpushare.dev/gpu in resources.limits, no claim: the scheduler's claim takes a capacity-mode
+    GPU whole (nothing asked, each capacity's default: all of it); it goes with the pod."""
+    kubectl, node_dir = cluster
+    example = ROOT / "deploy/examples/extended-resources/whole-gpu.yaml"
+    kubectl("apply", "-f", example)
+    try:
+        pod = wait_for("whole-gpu-pod Running", lambda: next((p for p in objects(kubectl, "pods")
+                                                              if p["status"].get("phase") == "Running"), None))
+        special = pod["status"]["extendedResourceClaimStatus"]
+        assert special["requestMappings"] == [{"containerName": "app", "resourceName": "gpushare.dev/gpu",
+                                               "requestName": "container-0-request-0"}]
+        claim = json.loads(kubectl("get", "resourceclaim", special["resourceClaimName"], "-o", "json"))
+        assert claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.gpushare.dev"
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "gpu-0" and result["consumedCapacity"]["memory"] == "80Gi", result
+        info = wait_for("whole-gpu-pod's meminfo", lambda: meminfo(kubectl("logs", "whole-gpu-pod")))
+        assert info["cu_total"] == str(80 << 30), info  # all of the 80Gi GPU
+    finally:
+        kubectl("delete", "--ignore-not-found", "-f", example)
+    wait_for("the claim unprepared", lambda: not prepared(node_dir))
+    wait_for("the claim deleted with its pod", lambda: not objects(kubectl, "resourceclaims"))

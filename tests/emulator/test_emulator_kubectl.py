@@ -134,8 +134,9 @@ def test_get_prints_the_real_servers_columns(kubectl, deployed):
     assert slice_row.pop("AGE").endswith(("s", "m"))
     assert slice_row == {"NAME": "node-a-gpushare.dev", "NODE": "node-a", "DRIVER": "gpushare.dev",
                          "POOL": "node-a"}
-    (device_class,) = table(kubectl("get", "deviceclasses"))
-    assert list(device_class) == ["NAME", "AGE"] and device_class["NAME"] == "gpushare.dev"
+    classes = table(kubectl("get", "deviceclasses"))
+    assert all(list(c) == ["NAME", "AGE"] for c in classes)
+    assert [c["NAME"] for c in classes] == ["gpu.gpushare.dev", "gpushare.dev", "share.gpushare.dev"]
     pods = {r["NAME"]: r for r in table(kubectl("get", "pods"))}
     assert list(pods["trainer"]) == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
     assert pods["trainer"]["READY"] == "0/1" and pods["trainer"]["STATUS"] == "Pending"

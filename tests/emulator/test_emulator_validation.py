@@ -166,3 +166,52 @@ def test_core_events_follow_the_legacy_namespace_rule(emu):
         assert code == 422, answer
         assert "involvedObject.namespace: Invalid value: " in answer["message"]
         assert "does not match event.namespace" in answer["message"]
+
+
+def test_extended_resources_in_pods_as_the_real_server_takes_them(emu):
+    """pkg/apis/core/v1/defaults.go SetDefaults_Pod: requests default to limits (the scheduler
+    reads requests); pkg/apis/core/validation: extended resources are whole numbers and cannot
+    be overcommitted (a request needs an equal limit)."""
+    def create(name, resources):
+        return http(emu, "POST", "/api/v1/namespaces/default/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": resources}]}})
+
+    code, _, stored = create("ok", {"limits": {"gpushare.dev/share": 2, "cpu": "1"}})
+    assert code == 201, stored
+    assert stored["spec"]["containers"][0]["resources"]["requests"] == {"gpushare.dev/share": "2", "cpu": "1"}
+    for name, resources, fields, message in (
+            # the limit, and the request defaulted from it, as upstream reports both
+            ("half", {"limits": {"gpushare.dev/share": "500m"}},
+             ["spec.containers[0].resources.limits[gpushare.dev/share]",
+              "spec.containers[0].resources.requests[gpushare.dev/share]"], "must be an integer"),
+            ("less", {"limits": {"gpushare.dev/share": 2}, "requests": {"gpushare.dev/share": 1}},
+             ["spec.containers[0].resources.requests[gpushare.dev/share]"],
+             "must be equal to gpushare.dev/share limit of 2")):
+        code, _, answer = create(name, resources)
+        assert code == 422, answer
+        assert [c["field"] for c in answer["details"]["causes"]] == fields, answer
+        assert message in answer["message"], answer
+
+
+def test_extended_resource_claim_status_and_class_names_are_checked(emu):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    assert http(emu, "POST", "/api/v1/namespaces/default/pods", pod)[0] == 201
+    status = {"status": {"extendedResourceClaimStatus": {"resourceClaimName": "p-extended-resources-abcde",
+              "requestMappings": [{"containerName": "nope", "resourceName": "gpushare.dev/share",
+                                   "requestName": "container-0-request-0"}]}}}
+    code, _, answer = http(emu, "PATCH", "/api/v1/namespaces/default/pods/p/status", status,
+                           content_type="application/merge-patch+json")
+    assert code == 422 and [c["field"] for c in answer["details"]["causes"]] == [
+        "status.extendedResourceClaimStatus.requestMappings[0].containerName"], answer
+    status["status"]["extendedResourceClaimStatus"]["requestMappings"][0]["containerName"] = "c"
+    code, _, stored = http(emu, "PATCH", "/api/v1/namespaces/default/pods/p/status", status,
+                           content_type="application/merge-patch+json")
+    assert code == 200 and stored["status"]["extendedResourceClaimStatus"] == status["status"][
+        "extendedResourceClaimStatus"]
+
+    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "bad"},
+                    "spec": {"extendedResourceName": "kubernetes.io/share"}}
+    code, _, answer = http(emu, "POST", "/apis/resource.k8s.io/v1/deviceclasses", device_class)
+    assert code == 422 and [c["field"] for c in answer["details"]["causes"]] == ["spec.extendedResourceName"], answer

@@ -371,3 +371,31 @@ def test_other_host_users_cannot_open_a_region(api, kubelet, dirs):
     assert proc.returncode != 0 and "Permission denied" in proc.stderr, proc
     with open(region, "rb") as f:
         assert f.read(6) == bytes(6)
+
+
+def test_first_available_subrequest_is_prepared_with_its_limits_and_reported_by_its_request(api, kubelet, dirs):
+    """A firstAvailable claim allocated to its second subrequest: the device gets that
+    subrequest's capacity as limits, and the kubelet hears the request's name, `gpu` (as the
+    kubelet plugin helper strips `/share-10gi`: a container names `request: gpu`)."""
+    def sub(name, memory):
+        return {"name": name, "deviceClassName": DRIVER,
+                "capacity": {"requests": {"memory": memory, "compute": "20"}}}
+
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "fallback"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+                sub("share-20gi", "20Gi"), sub("share-10gi", "10Gi")]}]}}}
+    rapi = client.ResourceV1Api(api)
+    created = rapi.create_namespaced_resource_claim(NAMESPACE, body)
+    share = str(uuid.uuid4())
+    allocated = result("gpu-0", request="gpu/share-10gi", share_id=share, consumed={"memory": "10Gi", "compute": "20"})
+    rapi.patch_namespaced_resource_claim_status("fallback", NAMESPACE, {"status": {"allocation": {"devices": {
+        "results": [allocated], "config": [opaque_config(gpushare_config(computeLimit=15), requests=["gpu"])]}}}})
+    claim = ClaimRef(NAMESPACE, "fallback", created.metadata.uid)
+    answer = kubelet.prepare(claim).claims[claim.uid]
+    assert answer.error == ""
+    (device,) = answer.devices
+    assert (list(device.request_names), device.device_name) == (["gpu"], "gpu-0")
+    env = env_of(load_spec(dirs, claim.uid))
+    # the subrequest's capacity, lowered by the config that names its request
+    assert (env["GPUSHARE_MEMORY_LIMIT_0"], env["GPUSHARE_COMPUTE_LIMIT_0"]) == (str(10 * GiB), "15")
+    assert kubelet.unprepare(claim).claims[claim.uid].error == ""

@@ -4,7 +4,7 @@
 through the API. See core.py for the search and devices.py / cel.py for the device model.
 """
 
-from .api import allocate_and_reserve
+from .api import allocate_and_reserve, allocate_on_node
 from .core import AllocationError, allocate
 
-__all__ = ["AllocationError", "allocate", "allocate_and_reserve"]
+__all__ = ["AllocationError", "allocate", "allocate_and_reserve", "allocate_on_node"]

@@ -22,6 +22,18 @@ def _allocated_node(allocation: JSON) -> list[str]:
             for v in f.get("values") or []]
 
 
+def allocate_on_node(api_client: ApiClient, claim: JSON, node_name: str, pod: JSON | None = None) -> JSON:
+    """The status allocate() gives the claim on the node, next to the claims allocated now; writes
+    nothing (the scheduler's Filter: a claim not yet in the API server can be tried too)."""
+    api = ResourceV1Api(api_client)
+    slices = [s for s in list_all(api.list_resource_slice)
+              if s["spec"].get("nodeName") == node_name or s["spec"]["pool"]["name"] == node_name]
+    allocated = [c for c in list_all(api.list_resource_claim_for_all_namespaces)
+                 if (c.get("status") or {}).get("allocation")]
+    return allocate(claim, node_name=node_name, slices=slices, device_classes=list_all(api.list_device_class),
+                    allocated_claims=allocated, pod=pod)
+
+
 def allocate_and_reserve(api_client: ApiClient, namespace: str, claim_name: str, node_name: str,
                          pod: JSON | None = None) -> JSON:
     """Allocate the claim on the node (unless it already is) and reserve it for the pod.
@@ -43,13 +55,7 @@ def allocate_and_reserve(api_client: ApiClient, namespace: str, claim_name: str,
                 return claim  # nothing to write
             reserved.append(pod_reference(pod))
         else:
-            slices = [s for s in list_all(api.list_resource_slice)
-                      if s["spec"].get("nodeName") == node_name or s["spec"]["pool"]["name"] == node_name]
-            allocated = [c for c in list_all(api.list_resource_claim_for_all_namespaces)
-                         if (c.get("status") or {}).get("allocation")]
-            status.update(allocate(claim, node_name=node_name, slices=slices,
-                                   device_classes=list_all(api.list_device_class),
-                                   allocated_claims=allocated, pod=pod))
+            status.update(allocate_on_node(api_client, claim, node_name, pod))
         try:
             return json_body(api.replace_namespaced_resource_claim_status(claim_name, namespace, plain(claim),
                                                                            _preload_content=False))

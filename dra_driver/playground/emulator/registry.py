@@ -50,6 +50,16 @@ class Write:
                               f'supported: use one of "Ignore", "Warn" or "Strict"')
 
 
+def default_requests_from_limits(pod):
+    """A container's limits are its requests where it names none (k8s.io/kubernetes
+    pkg/apis/core/v1/defaults.go, SetDefaults_Pod): the scheduler reads requests."""
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = (container or {}).get("resources") or {}
+        if isinstance(resources.get("limits"), dict):
+            resources["requests"] = {**resources["limits"], **(resources.get("requests") or {})}
+
+
 def _parent(obj, path):
     """The dict or list that holds the value at path."""
     node = obj
@@ -182,6 +192,8 @@ class Registry:
             status = STATUS_ON_CREATE[rt.kind]
             if status is not None:
                 obj["status"] = dict(status)
+        if rt.kind == "Pod":
+            default_requests_from_limits(obj)
         obj = self._finish(rt, obj, write)
         self._admit(rt, "CREATE", obj, None, None, write)
         return self.store.create(rt, obj, dry_run=write.dry_run)

@@ -13,13 +13,12 @@ from kubernetes.utils import parse_quantity
 from referencing import Registry, Resource
 
 from ..allocator.cel import compile_error
+from ..names import DNS_LABEL, DNS_SUBDOMAIN, is_extended_resource_name
 from . import admission
 from .errors import FieldError, bad_request
 
 SCHEMA_ROOT = pathlib.Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
 
-DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # fullmatch only
-DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # fullmatch only
 DNS_LABEL_HELP = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
                   "or '-', and must start and end with an alphanumeric character (e.g. 'my-name',"
                   "  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
@@ -287,6 +286,66 @@ def allocated_resources_status_errors(pod):
     return errors
 
 
+def _is_integer(value):
+    try:
+        amount = parse_quantity(value)
+    except ValueError:
+        return False
+    return amount == amount.to_integral_value()
+
+
+def _resource_errors(container, base):
+    """Extended resources (pkg/apis/core/validation ValidateResourceRequirements): whole
+    numbers, and a request only with an equal limit (they cannot be overcommitted)."""
+    resources = (container or {}).get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    errors: list[FieldError] = []
+    for kind, values in (("limits", limits), ("requests", requests)):
+        for name, value in values.items():
+            if is_extended_resource_name(name) and not _is_integer(value):
+                errors.append(FieldError(f"{base}.resources.{kind}[{name}]", "Invalid", "must be an integer",
+                                         value, True))
+    for name, value in requests.items():
+        if not is_extended_resource_name(name):
+            continue
+        if name not in limits:
+            errors.append(FieldError(f"{base}.resources.limits", "Required",
+                                     "Limit must be set for non overcommitable resources"))
+        elif canonical_quantity(value) != canonical_quantity(limits[name]):
+            errors.append(FieldError(f"{base}.resources.requests[{name}]", "Invalid",
+                                     f"must be equal to {name} limit of {limits[name]}", value, True))
+    return errors
+
+
+def pod_errors(pod):
+    """Claims named by containers, extended resources, and the scheduler's
+    status.extendedResourceClaimStatus (its claim name, and mappings to the pod's containers)."""
+    errors = pod_claim_errors(pod)
+    spec = pod.get("spec") or {}
+    names = set()
+    for group in ("initContainers", "containers"):
+        for i, container in enumerate(spec.get(group) or []):
+            errors += _resource_errors(container, f"spec.{group}[{i}]")
+            names.add((container or {}).get("name"))
+    status = (pod.get("status") or {}).get("extendedResourceClaimStatus")
+    if isinstance(status, dict):
+        base = "status.extendedResourceClaimStatus"
+        if not status.get("resourceClaimName"):
+            errors.append(FieldError(f"{base}.resourceClaimName", "Required", "must name the claim"))
+        _check_dns(status.get("resourceClaimName"), f"{base}.resourceClaimName", DNS_SUBDOMAIN,
+                   DNS_SUBDOMAIN_HELP, 253, errors)
+        if not status.get("requestMappings"):
+            errors.append(FieldError(f"{base}.requestMappings", "Required", "must not be empty"))
+        for i, mapping in enumerate(status.get("requestMappings") or []):
+            if (mapping or {}).get("containerName") not in names:
+                errors.append(FieldError(f"{base}.requestMappings[{i}].containerName", "Invalid",
+                                         "must be the name of a container of the pod",
+                                         (mapping or {}).get("containerName"), True))
+            _check_dns((mapping or {}).get("requestName"), f"{base}.requestMappings[{i}].requestName",
+                       DNS_LABEL, DNS_LABEL_HELP, 63, errors)
+    return errors
+
+
 def semantic_errors(obj, rt):
     if rt.kind == "ResourceSlice":
         return resource_slice_errors(obj)
@@ -297,9 +356,14 @@ def semantic_errors(obj, rt):
     if rt.kind == "DeviceClass":
         errors: list[FieldError] = []
         _selector_errors((obj.get("spec") or {}).get("selectors"), "spec.selectors", errors)
+        name = (obj.get("spec") or {}).get("extendedResourceName")
+        if name is not None and not is_extended_resource_name(name):
+            errors.append(FieldError("spec.extendedResourceName", "Invalid",
+                                     "must be an extended resource name: a domain-prefixed name outside "
+                                     "kubernetes.io (such as gpushare.dev/share)", name, True))
         return errors
     if rt.kind == "Pod":
-        return pod_claim_errors(obj) + allocated_resources_status_errors(obj)
+        return pod_errors(obj) + allocated_resources_status_errors(obj)
     if rt.kind == "Event" and rt.group == "":
         return core_event_errors(obj)
     if rt.kind == "ValidatingAdmissionPolicy":
