@@ -109,6 +109,7 @@ class Driver:
         self.partitions = partitions
         self.host_library = host_library
         self.sim = sim
+        self.state_dir = state_dir
         self.files = ClaimFiles(state_dir)
         self.specs = SpecDir(cdi_root, KIND)
         self.cdi_dirs = [*system_cdi_dirs, cdi_root]
@@ -202,7 +203,8 @@ class Driver:
                     break
             devices.append(replace(device, cdi_device_ids=tuple(ids)))
         nodes = () if toolkit or self.backend.name != "nvml" else _nvidia_device_nodes(plan.gpus)
-        prepared = PreparedClaim(ref.namespace, ref.name, ref.uid, plan.gpus, tuple(devices), nodes, self.host_library)
+        prepared = PreparedClaim(ref.namespace, ref.name, ref.uid, plan.gpus, tuple(devices), nodes, self.host_library,
+                                 plan.sharing_strategy)
         return prepared, unmet_capacity(claim, self.driver_name, self.node_name, plan.gpus)
 
     def _warn_author(self, claim: PreparedClaim, message: str) -> None:
@@ -263,7 +265,7 @@ class Driver:
             return self._gpus
 
     def _write_spec(self, claim: PreparedClaim) -> None:
-        self.specs.write(claim.uid, build_spec(claim, self.files, self.library_of(claim), self.sim))
+        self.specs.write(claim.uid, build_spec(claim, self.files, self.library_of(claim), self.sim, self.state_dir))
 
     def library_of(self, claim: PreparedClaim) -> str:
         """The library build a claim's containers map: the one it was prepared with, as long as
