@@ -9,9 +9,12 @@ import os
 from dra_driver.playground.claims import gpushare_config, make_claim, opaque_config, result
 from kubeletplugin.prepared import PreparedClaim
 from tests.support import GiB
-from tests.support.cdi import load_spec
+from tests.support.cdi import env_of, load_spec
 
-from .test_prepare import env_of, limits_of
+
+def limits_of(dirs, uid):
+    with open(os.path.join(dirs.state, "claims", uid, "limits")) as f:
+        return dict(line.split("=", 1) for line in f.read().splitlines() if line and not line.startswith("#"))
 
 
 def prepare(api, kubelet, *configs, results=None):
@@ -27,8 +30,8 @@ def test_none_injects_nothing_but_is_recorded(api, kubelet, dirs):
     env = env_of(spec)
     assert env["GPUSHARE_SHARING_STRATEGY"] == "None" and env["GPUSHARE_CLAIM_UID"] == claim.uid
     assert "LD_PRELOAD" not in env and not any(k.startswith("GPUSHARE_MEMORY_LIMIT") for k in env)
-    assert not [m for m in spec["containerEdits"].get("mounts") or []
-                if m["containerPath"].startswith(("/var/run/gpushare", "/etc/ld.so.preload", "/usr/local/gpushare/lib"))]
+    injected = ("/var/run/gpushare", "/etc/ld.so.preload", "/usr/local/gpushare/lib")
+    assert not [m for m in spec["containerEdits"].get("mounts") or [] if m["containerPath"].startswith(injected)]
     folder = os.path.join(dirs.state, "claims", claim.uid)
     assert os.listdir(folder) == ["prepared.json"]
     with open(os.path.join(folder, "prepared.json")) as f:
@@ -86,3 +89,5 @@ def test_mps_claim_gets_the_gpus_pipe_and_an_unpaced_library(api, kubelet, dirs)
     # the library still holds the memory budget; compute is the MPS server's, so it does not pace
     limits = limits_of(dirs, claim.uid)
     assert limits["GPUSHARE_MEMORY_LIMIT_0"] == str(4 * GiB) and limits["GPUSHARE_COMPUTE_LIMIT_0"] == "100"
+    kubelet.unprepare(claim)  # the GPU's last MPS claim: its control daemon stops
+    assert not os.path.exists(os.path.join(dirs.state, "mps", uuid0))
