@@ -91,3 +91,24 @@ def test_mps_claim_gets_the_gpus_pipe_and_an_unpaced_library(api, kubelet, dirs)
     assert limits["GPUSHARE_MEMORY_LIMIT_0"] == str(4 * GiB) and limits["GPUSHARE_COMPUTE_LIMIT_0"] == "100"
     kubelet.unprepare(claim)  # the GPU's last MPS claim: its control daemon stops
     assert not os.path.exists(os.path.join(dirs.state, "mps", uuid0))
+
+
+def test_one_claim_of_each_strategy_side_by_side_on_one_gpu(api, kubelet, dirs):
+    """What each holds on one simulated GPU: memory budget, compute, what is injected."""
+    held = {}
+    claims = []
+    for n, strategy in enumerate(("TimeSlicing", "MPS", "None")):
+        claim, error = prepare(api, kubelet, opaque_config(gpushare_config(sharingStrategy=strategy)),
+                               results=[result(f"gpu-0-share-{n}")])
+        assert error == "", error
+        claims.append(claim)
+        env = env_of(load_spec(dirs, claim.uid))
+        folder = os.path.join(dirs.state, "claims", claim.uid)
+        held[strategy] = (env.get("LD_PRELOAD") is not None, env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+                          limits_of(dirs, claim.uid)["GPUSHARE_COMPUTE_LIMIT_0"] if "limits" in os.listdir(folder)
+                          else None)
+    assert held == {"TimeSlicing": (True, None, "25"),  # library paces to the 25 % share
+                    "MPS": (True, "25", "100"),         # the server holds compute, the library memory
+                    "None": (False, None, None)}        # nothing injected
+    for claim in claims:
+        kubelet.unprepare(claim)
