@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hook-dir", default=None,
                    help="host folder holding libgpushare.so to mount into containers (default: the "
                         "library shipped in this package, see `gpushare-dra hook-path`)")
+    g.add_argument("--mps-control", default="nvidia-cuda-mps-control", type=shlex.split,
+                   help="command line of NVIDIA's MPS control program, run for claims with sharingStrategy MPS: "
+                        "one control daemon per GPU (docs/strategies.md)")
     g.add_argument("--metrics-addr", default=":9400", type=flags.host_port,
                    help="HOST:PORT serving Prometheus metrics at /metrics; empty disables")
     g.add_argument("--healthcheck-port", type=flags.port, default=51515,

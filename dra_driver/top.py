@@ -6,13 +6,14 @@ import argparse
 import sys
 import time
 import urllib.request
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-Samples = dict[str, dict[tuple[str, ...], float]]  # see scrape()
+Samples = dict[str, dict[tuple[str, ...], Any]]  # see scrape(): numbers, and the sharing strategy's name
 
-COLUMNS = ("NAMESPACE/CLAIM", "GPU", "MEM LIMIT", "MEM USED", "NVML MEM", "COMPUTE", "UTIL", "RATE", "PACED", "OOM",
-           "LIBRARY")  # LIBRARY: processes on the GPU the library holds / all (the rest: backstop only)
+COLUMNS = ("NAMESPACE/CLAIM", "GPU", "SHARING", "MEM LIMIT", "MEM USED", "NVML MEM", "COMPUTE", "UTIL", "RATE",
+           "PACED", "OOM", "LIBRARY")  # LIBRARY: processes on the GPU the library holds / all (the rest: backstop only)
 
 
 def human_bytes(n: float) -> str:
@@ -36,19 +37,20 @@ def scrape(url: str, timeout: float = 5.0) -> Samples:
             key = tuple(s.labels.get(k, "") for k in ("namespace", "claim", "gpu")) if "claim" in s.labels else \
                 tuple(s.labels.get(k, "") for k in ("gpu", "index"))
             name = f"{s.name}:{s.labels['enforcement']}" if "enforcement" in s.labels else s.name
-            out.setdefault(name, {})[key] = s.value
+            # gpushare_claim_sharing_strategy: its label is the value
+            out.setdefault(name, {})[key] = s.labels["strategy"] if "strategy" in s.labels else s.value
     return out
 
 
 def frame(m: Samples) -> str:
     def get(name: str, key: tuple[str, ...]) -> float:
-        return m.get(name, {}).get(key, 0.0)
+        return float(m.get(name, {}).get(key, 0.0))
 
     rows = []
     for key in sorted(m.get("gpushare_claim_memory_limit_bytes", {})):
         ns, claim, gpu = key
         library = get("gpushare_claim_processes:library", key)
-        rows.append((f"{ns}/{claim}", gpu[-12:],
+        rows.append((f"{ns}/{claim}", gpu[-12:], m.get("gpushare_claim_sharing_strategy", {}).get(key, "-"),
                      human_bytes(get("gpushare_claim_memory_limit_bytes", key)),
                      human_bytes(get("gpushare_claim_memory_used_bytes", key)),
                      human_bytes(get("gpushare_claim_memory_nvml_bytes", key)),

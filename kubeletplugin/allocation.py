@@ -7,6 +7,8 @@ Limits per GPU:
   share_compute(N, k).
 Then every GpuShareConfig that applies to one of the GPU's requests lowers them (FromClass
 before FromClaim, in order); a config never raises a limit. A config's limits are per GPU.
+The sharing strategy is the last one a config chose (a DeviceClass default, a claim's config
+overriding it), TimeSlicing if none did; it is one per claim (one CDI spec for all its GPUs).
 
 GPU `i` in the container's view is the claim's i-th distinct GPU, by host GPU index.
 
@@ -36,6 +38,7 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 class Plan:
     gpus: tuple[PreparedGpu, ...]
     devices: tuple[PreparedDevice, ...]  # CDI device IDs not chosen yet
+    sharing_strategy: str = gpuconfig.TIME_SLICING
 
 
 def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, GpuInfo], partitions: int) -> Plan:
@@ -76,18 +79,50 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
 
     configs = _configs(allocation, driver)
     limits: list[PreparedGpu] = []
+    strategies: dict[str, int | None] = {}  # strategy -> the config entry that chose it (None: default)
     for index in sorted(per_gpu):
         gpu, entry = gpus[index], per_gpu[index]
         memory = entry.memory + entry.shares * share_memory(gpu, partitions)
         compute = entry.compute + (share_compute(partitions, entry.shares) if entry.shares else 0)
         memory, compute = min(memory, gpu.memory_bytes), min(compute, FULL_COMPUTE)
-        policy = "Hard"
-        for requests, cfg in configs:
+        policy, strategy, chosen_by, limited_by, policy_by = "Hard", gpuconfig.TIME_SLICING, None, None, 0
+        for n, requests, cfg in configs:
             if not requests or any(_request_matches(r, requests) for r in entry.requests):
                 memory, compute = cfg.apply(memory, compute)
-                policy = cfg.compute_policy
+                policy, policy_by = cfg.compute_policy, n
+                if cfg.sharing_strategy is not None:
+                    strategy, chosen_by = cfg.sharing_strategy, n
+                if cfg.compute_limit is not None:
+                    limited_by = n
+        _check_merged(strategy, chosen_by, policy, policy_by, limited_by)
+        strategies.setdefault(strategy, chosen_by)
         limits.append(PreparedGpu(gpu.index, gpu.uuid, gpu.minor, memory, max(1, compute), policy))
-    return Plan(tuple(limits), tuple(devices))
+    if len(strategies) > 1:
+        chosen = ", ".join(f"{s} ({_CONFIG.format(n) if n is not None else 'the default'})"
+                           for s, n in strategies.items())
+        raise ClaimError(f"status.allocation.devices.config: one sharingStrategy per claim: its GPUs got {chosen}")
+    strategy = next(iter(strategies), gpuconfig.TIME_SLICING)
+    if strategy == gpuconfig.MPS and len(limits) > 1:  # a container reaches one GPU's control daemon
+        indexes = ", ".join(str(g.index) for g in limits)
+        raise ClaimError(f"status.allocation.devices.results: sharingStrategy MPS "
+                         f"({_CONFIG.format(strategies[strategy])}) serves one GPU per claim (got GPUs {indexes})")
+    return Plan(tuple(limits), tuple(devices), strategy)
+
+
+_CONFIG = "status.allocation.devices.config[{}]"
+
+
+def _check_merged(strategy: str, chosen_by: int | None, policy: str, policy_by: int, limited_by: int | None) -> None:
+    """Configs that each hold alone may not hold together (a DeviceClass's strategy, a claim's
+    Burst): the same rule the decoder applies to one config, naming both entries."""
+    conflict = gpuconfig.strategy_conflict(strategy, policy, limited_by is not None)
+    if conflict is None:
+        return
+    field_name, problem = conflict
+    at = policy_by if field_name == "computePolicy" else limited_by
+    value = policy if field_name == "computePolicy" else "set"
+    raise ClaimError(f"{_CONFIG.format(at)}.opaque.parameters.{field_name}: {problem} (got {show(value)}; "
+                     f"sharingStrategy {strategy} from {_CONFIG.format(chosen_by)})")
 
 
 @dataclass
@@ -114,8 +149,8 @@ def _consumed(consumed: dict[str, Any], gpu: GpuInfo, where: str) -> tuple[int, 
     return memory, compute
 
 
-def _configs(allocation: dict[str, Any], driver: str) -> list[tuple[list[str], gpuconfig.GpuShareConfig]]:
-    """Our opaque configs, decoded, FromClass before FromClaim (stable within each)."""
+def _configs(allocation: dict[str, Any], driver: str) -> list[tuple[int, list[str], gpuconfig.GpuShareConfig]]:
+    """Our opaque configs with their entry index, decoded, FromClass before FromClaim (stable within each)."""
     entries = (allocation.get("devices") or {}).get("config") or []
     decoded = []
     for n, entry in enumerate(entries):
@@ -130,7 +165,7 @@ def _configs(allocation: dict[str, Any], driver: str) -> list[tuple[list[str], g
                              f"{e.problem} (got {show(e.value)})") from None
         decoded.append((_SOURCE_ORDER.get(entry.get("source"), 1), n, list(entry.get("requests") or []), cfg))
     decoded.sort(key=lambda d: (d[0], d[1]))
-    return [(requests, cfg) for _, _, requests, cfg in decoded]
+    return [(n, requests, cfg) for _, n, requests, cfg in decoded]
 
 
 def _request_matches(request: str, requests: list[str]) -> bool:

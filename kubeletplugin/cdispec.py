@@ -6,6 +6,10 @@ which a runtime applies once per container that gets any device of the spec. A c
 holds one gpushare claim, and it may be given several of the claim's device IDs (one per
 request it uses) without getting duplicate mounts. Each device entry only sets an
 informational `GPUSHARE_ALLOCATION_<k>` (CDI rejects devices without edits).
+
+By sharing strategy (docs/strategies.md): TimeSlicing as above; MPS adds the GPU's MPS pipe
+folder and the client's limits (the library then does not pace); None injects no library,
+limits file, region or preload: device nodes, GPUSHARE_CLAIM_UID, GPUSHARE_SHARING_STRATEGY only.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import os
 from dataclasses import dataclass
 
 from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec
+from dra_driver import mpslayout
+from dra_driver.config import MPS
 
-from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
+from .claimfiles import CONTAINER_LIBRARY, ClaimFiles, library_compute
 from .prepared import PreparedClaim
 
 KIND = "k8s.gpushare.dev/claim"
@@ -25,6 +31,7 @@ CONTAINER_CONTROL_DIR = "/var/run/gpushare/control"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_SIM_DIR = "/usr/local/gpushare/sim"
 CONTAINER_SIM_STATE = "/var/run/gpushare/sim.state"
+STRATEGY_ENV = "GPUSHARE_SHARING_STRATEGY"
 SIM_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 
 _RO = ["ro", "nosuid", "nodev", "bind"]
@@ -67,20 +74,29 @@ class SimDriver:
         return env, mounts
 
 
-def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: SimDriver | None = None) -> Spec:
+def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: SimDriver | None = None,
+               mps_state_dir: str | None = None) -> Spec:
+    """`mps_state_dir`: where the GPUs' MPS folders are (mpslayout), for MPS claims."""
     uid = claim.uid
-    env = [f"GPUSHARE_CLAIM_UID={uid}", f"LD_PRELOAD={CONTAINER_LIBRARY}"]
-    mounts = [
-        Mount(host_library, CONTAINER_LIBRARY, _RO),
-        Mount(files.preload_path(uid), CONTAINER_PRELOAD, _RO),
-        Mount(files.limits_path(uid), CONTAINER_LIMITS, _RO),
-    ]
-    for i, gpu in enumerate(claim.gpus):
-        env += [f"GPUSHARE_MEMORY_LIMIT_{i}={gpu.memory_limit}", f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu.compute_limit}",
-                f"GPUSHARE_DEVICE_UUID_{i}={gpu.uuid}"]
-        mounts.append(Mount(files.region_path(uid, i), f"{CONTAINER_REGION_DIR}/{i}", _RW))
-        # the agent's rate: trusted by the library because no tenant can write it
-        mounts.append(Mount(files.control_path(uid, i), f"{CONTAINER_CONTROL_DIR}/{i}", _RO))
+    env = [f"GPUSHARE_CLAIM_UID={uid}", f"{STRATEGY_ENV}={claim.sharing_strategy}"]
+    mounts = []
+    if claim.injects_library:
+        env.append(f"LD_PRELOAD={CONTAINER_LIBRARY}")
+        mounts += [Mount(host_library, CONTAINER_LIBRARY, _RO), Mount(files.preload_path(uid), CONTAINER_PRELOAD, _RO),
+                   Mount(files.limits_path(uid), CONTAINER_LIMITS, _RO)]
+        for i, gpu in enumerate(claim.gpus):
+            env += [f"GPUSHARE_MEMORY_LIMIT_{i}={gpu.memory_limit}",
+                    f"GPUSHARE_COMPUTE_LIMIT_{i}={library_compute(claim, gpu.compute_limit)}",
+                    f"GPUSHARE_DEVICE_UUID_{i}={gpu.uuid}"]
+            mounts.append(Mount(files.region_path(uid, i), f"{CONTAINER_REGION_DIR}/{i}", _RW))
+            # the agent's rate: trusted by the library because no tenant can write it
+            mounts.append(Mount(files.control_path(uid, i), f"{CONTAINER_CONTROL_DIR}/{i}", _RO))
+    if claim.sharing_strategy == MPS:
+        if mps_state_dir is None:
+            raise ValueError("an MPS claim's spec needs the MPS state dir")
+        env_mps, mount_mps = mps_edits(claim, mps_state_dir)
+        env += env_mps
+        mounts += mount_mps
     if sim is not None:
         sim_env, sim_mounts = sim.edits()
         env += sim_env
@@ -94,3 +110,16 @@ def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: 
             seen.add(name)
             devices.append(Device(name, ContainerEdits(env=[f"GPUSHARE_ALLOCATION_{k}={name}"])))
     return Spec(KIND, devices, ContainerEdits(env=env, mounts=mounts, device_nodes=nodes))
+
+
+def mps_edits(claim: PreparedClaim, state_dir: str) -> tuple[list[str], list[Mount]]:
+    """The GPU's MPS pipe folder at MPS's default path, and the client's own share.
+
+    The share env vars only let a tenant lower its share: the control daemon's limits for the
+    server are the ceiling (kubeletplugin/mps.py sets them). One GPU per MPS claim: a pipe
+    folder names one control daemon, and Prepare refuses MPS claims of several GPUs.
+    """
+    gpu = claim.gpus[0]
+    env = [f"{mpslayout.PIPE_ENV}={mpslayout.CONTAINER_PIPE_DIR}", f"{mpslayout.THREAD_ENV}={gpu.compute_limit}",
+           f"{mpslayout.PINNED_ENV}=0={mpslayout.mebibytes(gpu.memory_limit)}"]
+    return env, [Mount(mpslayout.pipe_dir(state_dir, gpu.uuid), mpslayout.CONTAINER_PIPE_DIR, _RW)]

@@ -8,6 +8,8 @@
     claims/<uid>/ld.so.preload   0444: the library's container path, mounted at /etc/ld.so.preload
     claims/<uid>/prepared.json   0600: what Prepare answered (rebuilds a lost checkpoint)
 
+A claim with sharingStrategy None gets its folder and prepared.json only: nothing is injected.
+
 Containers reach their files through bind mounts of the files themselves, which do not
 traverse the folders: the region stays 0666 so a container of any UID (or user namespace)
 can map it, while the 0700 folders keep every other host user out.
@@ -20,6 +22,7 @@ import os
 import shutil
 
 from cdi import fsync_dir, remove_durable, remove_temp_files, write_atomic
+from dra_driver.config import MPS
 from dra_driver.hooklayout import CONTROL_SIZE, REGION_SIZE
 
 from .claimref import UID
@@ -37,9 +40,23 @@ def limits_text(claim: PreparedClaim) -> str:
              f"GPUSHARE_GPU_COUNT={len(claim.gpus)}"]
     for i, gpu in enumerate(claim.gpus):
         lines += [f"GPUSHARE_DEVICE_UUID_{i}={gpu.uuid}", f"GPUSHARE_MEMORY_LIMIT_{i}={gpu.memory_limit}",
-                  f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu.compute_limit}",
+                  f"GPUSHARE_COMPUTE_LIMIT_{i}={library_compute(claim, gpu.compute_limit)}",
                   f"GPUSHARE_COMPUTE_POLICY_{i}={gpu.compute_policy}"]
     return "\n".join(lines) + "\n"
+
+
+def library_compute(claim: PreparedClaim, compute_limit: int) -> int:
+    """The compute limit the library paces to: under MPS the server's active-thread percentage
+    holds compute (kernels run side by side), so the library does not pace (100 %)."""
+    return 100 if claim.sharing_strategy == MPS else compute_limit
+
+
+def file_names(claim: PreparedClaim) -> list[str]:
+    """The files of a prepared claim's folder."""
+    if not claim.injects_library:
+        return [PREPARED]
+    return ["limits", "ld.so.preload", PREPARED,
+            *(f"{kind}-{i}" for i in range(len(claim.gpus)) for kind in ("region", "control"))]
 
 
 class ClaimFiles:
@@ -72,11 +89,12 @@ class ClaimFiles:
         uid = claim.uid
         folder = self.dir(uid)
         _mkdir(folder, FOLDER_MODE)
-        write_atomic(self.limits_path(uid), limits_text(claim).encode(), mode=0o444)
-        write_atomic(self.preload_path(uid), (CONTAINER_LIBRARY + "\n").encode(), mode=0o444)
-        for i in range(len(claim.gpus)):
-            _create_zeroed(self.region_path(uid, i), REGION_SIZE, 0o666)
-            _create_zeroed(self.control_path(uid, i), CONTROL_SIZE, 0o644)
+        if claim.injects_library:
+            write_atomic(self.limits_path(uid), limits_text(claim).encode(), mode=0o444)
+            write_atomic(self.preload_path(uid), (CONTAINER_LIBRARY + "\n").encode(), mode=0o444)
+            for i in range(len(claim.gpus)):
+                _create_zeroed(self.region_path(uid, i), REGION_SIZE, 0o666)
+                _create_zeroed(self.control_path(uid, i), CONTROL_SIZE, 0o644)
         write_atomic(os.path.join(folder, PREPARED), json.dumps(claim.to_json()).encode(), mode=0o600)
         fsync_dir(folder)
 
@@ -84,8 +102,7 @@ class ClaimFiles:
         """Start-up: rewrite a prepared claim's missing files (regions kept), clear temporaries
         of interrupted writes, tighten an older release's folder mode. True when files were missing."""
         folder = self.dir(claim.uid)
-        names = ["limits", "ld.so.preload", PREPARED,
-                 *(f"{kind}-{i}" for i in range(len(claim.gpus)) for kind in ("region", "control"))]
+        names = file_names(claim)
         remove_temp_files(folder)
         if all(os.path.exists(os.path.join(folder, n)) for n in names):
             os.chmod(folder, FOLDER_MODE)
@@ -134,6 +151,8 @@ class ClaimFiles:
         """Zero the regions (after a reboot no process can still hold usage in them) and the
         control files (a rate from the old boot is stale until the agent measures again)."""
         for i in range(count):
+            if not os.path.exists(self.region_path(uid, i)):  # sharingStrategy None: no region
+                continue
             _zero(self.region_path(uid, i), REGION_SIZE)
             if os.path.exists(self.control_path(uid, i)):  # absent: prepared by an older plugin
                 _zero(self.control_path(uid, i), CONTROL_SIZE)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from cdi import SpecDir, find_devices_of_kind, remove_temp_files
+from dra_driver.config import MPS
 from dra_driver.devicemodel import parse_device_name
 from dra_driver.discovery import DeviceBackend, GpuInfo
 from dra_driver.install import LIBRARY_NAME, prune_versions
@@ -38,6 +39,7 @@ from .cdispec import KIND, SimDriver, build_spec
 from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
 from .instances import CallLock
+from .mps import MPS_CONTROL, MpsControl, MpsError
 from .prepared import PreparedClaim, PreparedDevice, PreparedError, PreparedGpu
 
 log = get_logger("kubeletplugin.driver")
@@ -100,7 +102,8 @@ def boot_id() -> str | None:
 class Driver:
     def __init__(self, api: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  partitions: int, state_dir: str, cdi_root: str, host_library: str,
-                 system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None) -> None:
+                 system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None,
+                 mps_control: Sequence[str] = (MPS_CONTROL,)) -> None:
         self.resource_api = client.ResourceV1Api(api)
         self.core_api = client.CoreV1Api(api)
         self.driver_name = driver_name
@@ -109,7 +112,9 @@ class Driver:
         self.partitions = partitions
         self.host_library = host_library
         self.sim = sim
+        self.state_dir = state_dir
         self.files = ClaimFiles(state_dir)
+        self.mps = MpsControl(state_dir, mps_control)
         self.specs = SpecDir(cdi_root, KIND)
         self.cdi_dirs = [*system_cdi_dirs, cdi_root]
         self.checkpoint = ckpt.Checkpoint(os.path.join(state_dir, "checkpoint.json"), boot_id())
@@ -170,9 +175,15 @@ class Driver:
             try:
                 self.files.write(claim)
                 faults.reached("prepare-files-written")
+                self._apply_mps(claim, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, claim))
                 self._write_spec(claim)
                 faults.reached("prepare-spec-written")
                 self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, claim))
+            except MpsError as e:
+                log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="mps",
+                          error=str(e))
+                self._remove(uid, "rollback of a failed prepare")
+                raise ClaimError(f"sharingStrategy MPS: {e}", reason="mps") from None
             except OSError as e:
                 log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="write",
                           error=str(e))
@@ -202,7 +213,8 @@ class Driver:
                     break
             devices.append(replace(device, cdi_device_ids=tuple(ids)))
         nodes = () if toolkit or self.backend.name != "nvml" else _nvidia_device_nodes(plan.gpus)
-        prepared = PreparedClaim(ref.namespace, ref.name, ref.uid, plan.gpus, tuple(devices), nodes, self.host_library)
+        prepared = PreparedClaim(ref.namespace, ref.name, ref.uid, plan.gpus, tuple(devices), nodes, self.host_library,
+                                 plan.sharing_strategy)
         return prepared, unmet_capacity(claim, self.driver_name, self.node_name, plan.gpus)
 
     def _warn_author(self, claim: PreparedClaim, message: str) -> None:
@@ -263,7 +275,7 @@ class Driver:
             return self._gpus
 
     def _write_spec(self, claim: PreparedClaim) -> None:
-        self.specs.write(claim.uid, build_spec(claim, self.files, self.library_of(claim), self.sim))
+        self.specs.write(claim.uid, build_spec(claim, self.files, self.library_of(claim), self.sim, self.state_dir))
 
     def library_of(self, claim: PreparedClaim) -> str:
         """The library build a claim's containers map: the one it was prepared with, as long as
@@ -293,6 +305,20 @@ class Driver:
         except Exception:  # never fails a call: an unused file left behind is harmless
             log.exception("pruning unused library versions failed")
 
+    def _apply_mps(self, claim: PreparedClaim, entry: ckpt.Entry | None) -> None:
+        """An MPS claim came (`entry`: its record to be) or went: its GPU's daemon gets the limits
+        of the GPU's MPS claims now (docs/strategies.md)."""
+        if claim.sharing_strategy != MPS:
+            return
+        uuid = claim.gpus[0].uuid
+        claims = {u: e.prepared for u, e in self.checkpoint.items() if e.prepared}
+        if entry is not None and entry.prepared is not None:
+            claims[claim.uid] = entry.prepared
+        else:
+            claims.pop(claim.uid, None)
+        self.mps.apply(uuid, [c.gpus[0] for c in claims.values()
+                              if c.sharing_strategy == MPS and c.gpus[0].uuid == uuid])
+
     # ---- Unprepare -------------------------------------------------------------------------
 
     def unprepare(self, namespace: str, name: str, uid: str) -> None:
@@ -311,6 +337,11 @@ class Driver:
                 self.checkpoint.set(uid, replace(entry, state=ckpt.UNPREPARE_STARTED))
             faults.reached("unprepare-started-recorded")
             self._remove(uid, "unprepare")
+            if entry and entry.prepared:
+                try:
+                    self._apply_mps(entry.prepared, None)
+                except MpsError as e:  # the claim is gone either way; its limits only ever loosen
+                    log.error("MPS limits not updated", uid=uid, step="unprepare", error=str(e))
             faults.reached("unprepare-completed")
             log.info("claim unprepared", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
             self._tell(entry.prepared if entry else None, prepared=False)
@@ -389,9 +420,20 @@ class Driver:
             if UID.fullmatch(uid):
                 log.warning("removing a CDI spec no claim owns", uid=uid, step="recover")
                 self.specs.remove(uid)
+        self._recover_mps()
         self.checkpoint.replace_all(dict(self.checkpoint.items()))  # records the current boot id
         log.info("state recovered", claims=len(known), rebooted=rebooted, step="recover")
         self.prune_libraries()
+
+    def _recover_mps(self) -> None:
+        """Each GPU with MPS claims has its daemon (found after a plugin restart, started again
+        after a reboot) with their limits; a failure is logged, the claims' containers retry."""
+        for uid, entry in self.checkpoint.items():
+            if entry.prepared and entry.prepared.sharing_strategy == MPS:
+                try:
+                    self._apply_mps(entry.prepared, entry)
+                except MpsError as e:
+                    log.error("MPS control daemon not ready", uid=uid, step="recover", error=str(e))
 
     def _adopt_unrecorded_claims(self) -> None:
         """Record as prepared every claim folder with a whole prepared.json the checkpoint lacks."""

@@ -128,7 +128,8 @@ class Plugin:
                 raise PluginConfigError(flag, f"cannot create {path!r}: {e.strerror}") from None
         self.driver = Driver(self.api, args.driver_name, args.node_name, self.backend, args.partitions,
                              os.path.abspath(args.state_dir), os.path.abspath(args.cdi_root), library,
-                             sim=self._sim_driver(library) if self.backend.name == "mock" else None)
+                             sim=self._sim_driver(library) if self.backend.name == "mock" else None,
+                             mps_control=args.mps_control)
         self.metrics = Metrics()
         self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error

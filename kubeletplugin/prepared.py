@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.config import COMPUTE_POLICIES
+from dra_driver.config import COMPUTE_POLICIES, NONE, SHARING_STRATEGIES, TIME_SLICING
 from dra_driver.devicemodel import FULL_COMPUTE, cdi_device_name, parse_device_name
 from dra_driver.quantity import show
 
@@ -80,6 +80,12 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     device_nodes: tuple[str, ...] = ()  # written by us where no NVIDIA toolkit spec is found
     library: str | None = None  # the libgpushare.so build it was prepared with (None: older release)
+    sharing_strategy: str = TIME_SLICING  # SHARING_STRATEGIES (docs/strategies.md)
+
+    @property
+    def injects_library(self) -> bool:
+        """Whether its containers get libgpushare.so, the limits file and regions (not under None)."""
+        return self.sharing_strategy != NONE
 
     def gpu_of(self, device: PreparedDevice) -> PreparedGpu:
         """The GPU a device of this claim is on."""
@@ -91,6 +97,8 @@ class PreparedClaim:
         if self.library is not None:
             doc["library"] = self.library
         doc["deviceNodes"] = list(self.device_nodes)
+        if self.sharing_strategy != TIME_SLICING:  # TimeSlicing claims read back by earlier releases unchanged
+            doc["sharingStrategy"] = self.sharing_strategy
         return doc
 
     @classmethod
@@ -107,7 +115,8 @@ class PreparedClaim:
         devices = tuple(_device(x, set(indexes)) for x in d.objects("devices"))
         nodes = d.strings("deviceNodes", lambda v: v.startswith("/dev/"), "a path under /dev/", optional=True)
         library = d.optional_text("library", lambda v: v.startswith("/"), "an absolute path")
-        return cls(namespace, name, uid, gpus, devices, nodes, library)
+        strategy = d.optional_text("sharingStrategy", lambda v: v in SHARING_STRATEGIES, ", ".join(SHARING_STRATEGIES))
+        return cls(namespace, name, uid, gpus, devices, nodes, library, strategy or TIME_SLICING)
 
 
 def _gpu(d: _Fields) -> PreparedGpu:

@@ -70,6 +70,9 @@ GOOD = [
     {**HEAD, "memoryLimit": "1.5Ki"},
     {**HEAD, "memoryLimit": 1024, "computeLimit": 100, "computePolicy": "Hard"},
     {**HEAD, "memoryLimit": "1e9", "computeLimit": 1},
+    {**HEAD, "sharingStrategy": "TimeSlicing", "computePolicy": "Burst", "computeLimit": 30},
+    {**HEAD, "sharingStrategy": "MPS", "computeLimit": 30, "memoryLimit": "4Gi"},
+    {**HEAD, "sharingStrategy": "None", "memoryLimit": "4Gi", "computePolicy": "Hard"},
 ]
 BAD = [
     {**HEAD, "memoryLimit": "-4Gi"},
@@ -92,6 +95,13 @@ BAD = [
     {**HEAD, "computePolicy": "Soft"},
     {**HEAD, "computePolicy": "hard"},
     {**HEAD, "computePolicy": 1},
+    {**HEAD, "sharingStrategy": "mps"},
+    {**HEAD, "sharingStrategy": "none"},
+    {**HEAD, "sharingStrategy": None},
+    {**HEAD, "sharingStrategy": 2},
+    {**HEAD, "sharingStrategy": "None", "computePolicy": "Burst"},
+    {**HEAD, "sharingStrategy": "MPS", "computePolicy": "Burst"},
+    {**HEAD, "sharingStrategy": "None", "computeLimit": 30},
     {**HEAD, "memorylimit": "4Gi"},
     {**HEAD, "extra": None},
     {**HEAD, "apiVersion": "gpushare.dev/v9"},

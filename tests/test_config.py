@@ -41,6 +41,10 @@ def test_config_only_lowers_limits():
     ({**HEAD, "computeLimit": "30"}, "computeLimit", "30"),
     ({**HEAD, "computePolicy": "Soft"}, "computePolicy", "Soft"),
     ({**HEAD, "memorylimit": "4Gi"}, "memorylimit", "4Gi"),
+    ({**HEAD, "sharingStrategy": "mps"}, "sharingStrategy", "mps"),
+    ({**HEAD, "sharingStrategy": "None", "computePolicy": "Burst"}, "computePolicy", "Burst"),
+    ({**HEAD, "sharingStrategy": "MPS", "computePolicy": "Burst"}, "computePolicy", "Burst"),
+    ({**HEAD, "sharingStrategy": "None", "computeLimit": 30}, "computeLimit", 30),
     ({**HEAD, "apiVersion": "gpushare.dev/v9"}, "apiVersion", "gpushare.dev/v9"),
     ({**HEAD, "kind": "Other"}, "kind", "Other"),
 ])
@@ -68,6 +72,7 @@ plausible_values = {
                              json_values),
     "computeLimit": st.one_of(st.integers(-5, 150), json_values),
     "computePolicy": st.one_of(st.sampled_from(["Hard", "Burst", "hard", ""]), json_values),
+    "sharingStrategy": st.one_of(st.sampled_from(["TimeSlicing", "MPS", "None", "mps", ""]), json_values),
 }
 plausible_configs = st.fixed_dictionaries(
     {"apiVersion": st.sampled_from(["gpushare.dev/v1alpha1", "gpushare.dev/v1alpha1", "v1", 7]),
@@ -89,6 +94,7 @@ def test_any_input_decodes_or_names_a_field(obj):
     assert cfg.memory_limit is None or cfg.memory_limit > 0
     assert cfg.compute_limit is None or 1 <= cfg.compute_limit <= 100
     assert cfg.compute_policy in ("Hard", "Burst")
+    assert cfg.sharing_strategy in (None, "TimeSlicing", "MPS", "None")
 
 
 @settings(max_examples=300, deadline=None)
@@ -104,9 +110,20 @@ def test_schema_accepts_every_config_the_decoder_accepts(obj):
 
 def test_schema_rejects_what_users_get_wrong():
     for bad in [{**HEAD, "foo": 1}, {**HEAD, "computeLimit": 0}, {**HEAD, "memoryLimit": "4Gx"},
-                {"kind": "GpuShareConfig"}]:
+                {"kind": "GpuShareConfig"}, {**HEAD, "sharingStrategy": "mps"},
+                {**HEAD, "sharingStrategy": "None", "computePolicy": "Burst"},
+                {**HEAD, "sharingStrategy": "MPS", "computePolicy": "Burst"},
+                {**HEAD, "sharingStrategy": "None", "computeLimit": 30}]:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, SCHEMA)
+
+
+def test_sharing_strategy_is_optional_and_kept_unset():
+    """Unset stays None: a claim's config without it keeps its DeviceClass's choice (Prepare merges)."""
+    assert decode(dict(HEAD)).sharing_strategy is None
+    for strategy in ("TimeSlicing", "MPS", "None"):
+        assert decode({**HEAD, "sharingStrategy": strategy}).sharing_strategy == strategy
+    assert decode({**HEAD, "sharingStrategy": "None", "memoryLimit": "2Gi"}).memory_limit == 2 << 30
 
 
 def test_burst_policy_is_accepted():

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
+from dra_driver.config import TIME_SLICING
 from dra_driver.kube import BACKGROUND_API_TIMEOUT_S
 from dra_driver.log import get_logger
 from kubeletplugin.cdispec import SimDriver
@@ -72,6 +73,7 @@ class ClaimView:
     paced_ns: list[int] = field(default_factory=list)                  # per GPU: the region's, last period
     pods: dict[str, str] = field(default_factory=dict)  # status.reservedFor: pod UID -> name
     charged_ns: list[int] = field(default_factory=list)                # per GPU: the region's, last period
+    sharing_strategy: str = TIME_SLICING  # None: no region or control file, the backstop only
 
     def set_rate(self, i: int, ppm: int) -> None:
         """The library's refill rate for GPU i: the control file when there is one, else the region."""
@@ -347,7 +349,7 @@ class Agent:
         uid = claim.uid
         regions: list[Region | None] = []
         controls: list[Control | None] = []
-        for i in range(len(claim.gpus)):
+        for i in range(len(claim.gpus) if claim.injects_library else 0):
             try:
                 regions.append(Region(files.region_path(uid, i)))
             except (OSError, ValueError) as e:
@@ -360,8 +362,10 @@ class Agent:
             except (OSError, ValueError) as e:
                 log.error("cannot map a control file", uid=uid, gpu=i, error=str(e))
                 controls.append(None)
+        if not claim.injects_library:  # sharingStrategy None: nothing to map, nothing to pace
+            regions, controls = [None] * len(claim.gpus), [None] * len(claim.gpus)
         pods = self._reserved_for(claim.namespace, claim.name, uid)
         shares = [Share(limit=g.compute_limit / 100.0, burst=g.compute_policy == "Burst",
                         trusted=controls[i] is not None) for i, g in enumerate(claim.gpus)]
         return ClaimView(uid, claim.namespace, claim.name, claim.gpus, files.limits_path(uid), regions, controls,
-                         shares, [{} for _ in claim.gpus], pods=pods)
+                         shares, [{} for _ in claim.gpus], pods=pods, sharing_strategy=claim.sharing_strategy)

@@ -57,6 +57,8 @@ class AgentCollector:
             "enforcement=library (the claim's library took a usage slot: limit, pacing, memory queries) or "
             "enforcement=backstop (musl or static programs, private loaders: the node's memory backstop only). "
             "Informational: a tenant can write its usage region", labels=[*CLAIM, "enforcement"])
+        strategy = GaugeMetricFamily("gpushare_claim_sharing_strategy", "1 for the claim's sharingStrategy "
+                                     "(TimeSlicing, MPS, None: docs/strategies.md)", labels=[*CLAIM, "strategy"])
         with a.lock:
             claims = list(a.claims.values())
             gpus = list(a.gpus)
@@ -66,6 +68,7 @@ class AgentCollector:
                     region = cl.regions[i]
                     share = cl.shares[i]
                     g["memory_limit_bytes"].add_metric(labels, gpu.memory_limit)
+                    strategy.add_metric([*labels, cl.sharing_strategy], 1)
                     g["memory_used_bytes"].add_metric(labels, region.used if region else 0)
                     g["memory_nvml_bytes"].add_metric(labels, sum(cl.process_memory[i].values()))
                     g["compute_limit_ratio"].add_metric(labels, gpu.compute_limit / 100)
@@ -83,6 +86,7 @@ class AgentCollector:
         yield from g.values()
         yield from c.values()
         yield processes
+        yield strategy
         yield GaugeMetricFamily("gpushare_prepared_claims", "Claims prepared on this node", value=len(claims))
         yield GaugeMetricFamily("gpushare_agent_period_seconds", "Time the agent's last period took",
                                 value=a.last_tick_s)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from . import v1alpha1
 from .errors import ConfigError
+from .strategies import MPS, NONE, SHARING_STRATEGIES, TIME_SLICING, strategy_conflict
 
 GROUP = "gpushare.dev"
 KIND = "GpuShareConfig"
@@ -44,6 +45,7 @@ class GpuShareConfig:
     memory_limit: int | None = None  # bytes
     compute_limit: int | None = None  # percent, 1..100
     compute_policy: str = "Hard"
+    sharing_strategy: str | None = None  # SHARING_STRATEGIES; None: not chosen here
 
     def apply(self, memory_bytes: int, compute_percent: int) -> tuple[int, int]:
         """Lower an allocation's limits by this config; never raises them."""
@@ -72,4 +74,5 @@ def decode(obj: Any) -> GpuShareConfig:
     return versioned.to_internal(GpuShareConfig)
 
 
-__all__ = ["ConfigError", "GpuShareConfig", "GROUP", "KIND", "COMPUTE_POLICIES", "decode"]
+__all__ = ["ConfigError", "GpuShareConfig", "GROUP", "KIND", "COMPUTE_POLICIES", "MPS", "NONE", "SHARING_STRATEGIES",
+           "TIME_SLICING", "decode", "strategy_conflict"]

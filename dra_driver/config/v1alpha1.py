@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from ..quantity import QuantityError, parse_bytes
 from .errors import ConfigError
+from .strategies import SHARING_STRATEGIES, TIME_SLICING, strategy_conflict
 
 API_VERSION = "gpushare.dev/v1alpha1"
 
@@ -24,6 +25,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "memoryLimit": (str, int),
     "computeLimit": (int,),
     "computePolicy": (str,),
+    "sharingStrategy": (str,),
 }
 
 
@@ -32,6 +34,7 @@ class GpuShareConfigV1alpha1:
     memoryLimit: int | None = None  # bytes after decoding
     computeLimit: int | None = None
     computePolicy: str | None = None
+    sharingStrategy: str | None = None  # unset: the DeviceClass's choice, else TimeSlicing
 
     def normalize(self) -> None:
         """Fill defaults."""
@@ -45,10 +48,18 @@ class GpuShareConfigV1alpha1:
             raise ConfigError("computeLimit", self.computeLimit, "must be a percentage from 1 to 100")
         if self.computePolicy not in ("Hard", "Burst"):
             raise ConfigError("computePolicy", self.computePolicy, "must be Hard or Burst")
+        if self.sharingStrategy is not None and self.sharingStrategy not in SHARING_STRATEGIES:
+            raise ConfigError("sharingStrategy", self.sharingStrategy, "must be " + ", ".join(SHARING_STRATEGIES[:-1])
+                              + " or " + SHARING_STRATEGIES[-1])
+        conflict = strategy_conflict(self.sharingStrategy or TIME_SLICING, self.computePolicy or "Hard",
+                                     self.computeLimit is not None)
+        if conflict:
+            field, problem = conflict
+            raise ConfigError(field, getattr(self, field), problem)
 
     def to_internal(self, hub: Callable[..., _Hub]) -> _Hub:
         return hub(memory_limit=self.memoryLimit, compute_limit=self.computeLimit,
-                   compute_policy=self.computePolicy)
+                   compute_policy=self.computePolicy, sharing_strategy=self.sharingStrategy)
 
 
 def decode(obj: dict[str, Any]) -> GpuShareConfigV1alpha1:
@@ -60,7 +71,8 @@ def decode(obj: dict[str, Any]) -> GpuShareConfigV1alpha1:
             names = " or ".join("quantity string" if t is str and key == "memoryLimit" else
                                 {str: "string", int: "integer"}[t] for t in _FIELDS[key])
             raise ConfigError(key, value, f"expected {names}")
-    config = GpuShareConfigV1alpha1(computeLimit=obj.get("computeLimit"), computePolicy=obj.get("computePolicy"))
+    config = GpuShareConfigV1alpha1(computeLimit=obj.get("computeLimit"), computePolicy=obj.get("computePolicy"),
+                                    sharingStrategy=obj.get("sharingStrategy"))
     if "memoryLimit" in obj:
         try:
             config.memoryLimit = parse_bytes(obj["memoryLimit"], "memoryLimit")

@@ -77,3 +77,8 @@ def duplicate_devices(cdi_root: str) -> list[str]:
                 spec = json.load(f)
             names.update(f"{spec['kind']}={d['name']}" for d in spec["devices"])
     return [name for name, n in names.items() if n > 1]
+
+
+def env_of(spec: dict) -> dict[str, str]:
+    """A CDI spec's spec-level environment as a dict."""
+    return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])

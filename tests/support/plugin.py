@@ -24,6 +24,7 @@ from kubeletplugin.main import Plugin
 from . import BUILD
 
 REAL_LIBRARY = str(BUILD / "libgpushare.so")
+MPS_CONTROL = f"{sys.executable} -m dra_driver.playground.mpscontrol"  # the stand-in control daemon
 
 
 class Dirs:
@@ -48,7 +49,8 @@ class Dirs:
         return ["--node-name", NODE, "--plugin-dir", self.plugin, "--registry-dir", self.registry,
                 "--state-dir", self.state, "--cdi-root", cdi_root or self.cdi, "--hook-dir", hook_dir,
                 "--device-backend", "mock", "--mock-gpus", "4x16Gi", "--partitions", "4",
-                "--no-publish-slices", "--metrics-addr", "", "--healthcheck-port", "0"]
+                "--no-publish-slices", "--metrics-addr", "", "--healthcheck-port", "0",
+                "--mps-control", MPS_CONTROL]
 
 
 def plugin_args(dirs: Dirs, hook_dir: str, *extra: str, cdi_root: str | None = None) -> argparse.Namespace:
