@@ -14,6 +14,7 @@
 
 #include "../src/liveness.h"
 #include "../src/rawstat.h"
+#include "sim_mps.h"
 
 struct sim_state *sim;
 struct sim_proc *sim_me;
@@ -164,6 +165,7 @@ int sim_open(void)
             rc = g_lock_fd < 0 ? -1 : 0;
         }
         if (rc == 0) {
+            struct sim_mps_client mps = sim_mps_connect();
             lock_state();
             reap_locked();
             struct sim_proc *me = NULL;
@@ -175,6 +177,8 @@ int sim_open(void)
                 me->pid = getpid();
                 me->pidns = sim_pidns();
                 me->start_ns = sim_now_ns();
+                me->mps_server = mps.server;
+                me->mps_threads_ppm = mps.threads_pct * (SIM_FULL / 100);
             }
             pthread_mutex_unlock(&sim->lock.m);
             if (me) __atomic_store_n(&sim_me, me, __ATOMIC_RELEASE);
