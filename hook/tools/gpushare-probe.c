@@ -363,21 +363,22 @@ static int cmd_launch(int argc, char **argv)
         float ms = time_one();
         if (ms < best) best = ms;
     }
-    /* an event after every batch of 16: at the window's end, the newest one complete tells how
-     * many kernels ran within the window (the rest were queued and run after it) */
-    enum { BATCHES = 128 };
-    static CUevent ev[BATCHES];
-    for (int i = 0; i < BATCHES; i++) CHECK(p_cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
-    long long launches = 0, batches = 0, in_window = 0;
+    /* an event after every kernel: at the window's end, the newest one complete tells how many
+     * kernels ran within the window (the rest were queued and run after it) */
+    enum { EVENTS = 2048 }; /* more than a driver queues (1024 kernels) */
+    static CUevent ev[EVENTS];
+    for (int i = 0; i < EVENTS; i++) CHECK(p_cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
+    long long launches = 0, in_window = 0;
     double t0 = now_s(), end = t0 + g_seconds;
     while (now_s() < end) {
-        for (int i = 0; i < 16; i++) CHECK(spin(NULL, &cycles, g_kernel_us));
-        CHECK(p_cuEventRecord(ev[batches++ % BATCHES], NULL));
-        launches += 16;
+        for (int i = 0; i < 16; i++) {
+            CHECK(spin(NULL, &cycles, g_kernel_us));
+            CHECK(p_cuEventRecord(ev[launches++ % EVENTS], NULL));
+        }
     }
     double window = now_s() - t0;
-    for (long long b = batches - 1; b >= 0 && b >= batches - BATCHES && !in_window; b--)
-        if (p_cuEventQuery(ev[b % BATCHES]) == CUDA_SUCCESS) in_window = (b + 1) * 16;
+    for (long long k = launches - 1; k >= 0 && k >= launches - EVENTS && !in_window; k--)
+        if (p_cuEventQuery(ev[k % EVENTS]) == CUDA_SUCCESS) in_window = k + 1;
     CHECK(p_cuCtxSynchronize());
     double wall = now_s() - t0;
     printf("launches=%lld seconds=%.3f launches_per_s=%.1f kernel_us=%.1f busy_share=%.2f grid=%d"
