@@ -363,22 +363,22 @@ static int cmd_launch(int argc, char **argv)
         float ms = time_one();
         if (ms < best) best = ms;
     }
-    /* an event after every kernel: at the window's end, the newest one complete tells how many
-     * kernels ran within the window (the rest were queued and run after it) */
-    enum { EVENTS = 2048 }; /* more than a driver queues (1024 kernels) */
+    /* an event after every 16 kernels: at the window's end, the newest one complete tells how
+     * many kernels ran within the window (the rest were queued and run after it). Not after
+     * every kernel: the simulated driver timestamps 32 events in flight per process */
+    enum { EVENTS = 128 }; /* more than a driver queues (1024 kernels) */
     static CUevent ev[EVENTS];
     for (int i = 0; i < EVENTS; i++) CHECK(p_cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
-    long long launches = 0, in_window = 0;
+    long long launches = 0, batches = 0, in_window = 0;
     double t0 = now_s(), end = t0 + g_seconds;
     while (now_s() < end) {
-        for (int i = 0; i < 16; i++) {
-            CHECK(spin(NULL, &cycles, g_kernel_us));
-            CHECK(p_cuEventRecord(ev[launches++ % EVENTS], NULL));
-        }
+        for (int i = 0; i < 16; i++) CHECK(spin(NULL, &cycles, g_kernel_us));
+        CHECK(p_cuEventRecord(ev[batches++ % EVENTS], NULL));
+        launches += 16;
     }
     double window = now_s() - t0;
-    for (long long k = launches - 1; k >= 0 && k >= launches - EVENTS && !in_window; k--)
-        if (p_cuEventQuery(ev[k % EVENTS]) == CUDA_SUCCESS) in_window = k + 1;
+    for (long long b = batches - 1; b >= 0 && b >= batches - EVENTS && !in_window; b--)
+        if (p_cuEventQuery(ev[b % EVENTS]) == CUDA_SUCCESS) in_window = (b + 1) * 16;
     CHECK(p_cuCtxSynchronize());
     double wall = now_s() - t0;
     printf("launches=%lld seconds=%.3f launches_per_s=%.1f kernel_us=%.1f busy_share=%.2f grid=%d"
