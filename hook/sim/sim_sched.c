@@ -7,6 +7,11 @@
  * A context that gets work after its neighbour's slice has already run out takes the device at
  * once (the neighbour's slice started long ago); there is no switch cost.
  *
+ * The clients of one MPS server (sim_mps.h) are one context: while it is resident, each client
+ * with work runs at the same time at its own rate (runners(), below), so a queue's work advances
+ * at a rate that changes only when a client starts or stops, or a kernel of another SM demand
+ * comes up (the queue keeps where its demand changes).
+ *
  * The schedule is computed lazily: every call that enqueues or observes work first advances
  * the device's schedule to now under its lock. Work arrives only at such calls, so the lazy
  * schedule equals the eager one.
