@@ -154,6 +154,7 @@ SIM_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *v = CLOCK_KHZ; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: *v = (int)__atomic_load_n(&sim->dev[d].compute_mode, __ATOMIC_RELAXED); break;
     default: *v = 0;
     }
     return CUDA_SUCCESS;
@@ -164,6 +165,7 @@ SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
     NEED_INIT();
     VALID_DEV(d);
+    if (sim_ctx_claim(d) != 0) return CUDA_ERROR_DEVICE_UNAVAILABLE;
     *c = &g_primary[d];
     return CUDA_SUCCESS;
 }
@@ -185,6 +187,7 @@ SIM_API CUresult cuCtxCreate_v2(CUcontext *pc, unsigned int flags, CUdevice d)
     (void)flags;
     NEED_INIT();
     VALID_DEV(d);
+    if (sim_ctx_claim(d) != 0) return CUDA_ERROR_DEVICE_UNAVAILABLE;
     CUcontext c = malloc(sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = d;
@@ -550,6 +553,7 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
     {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"},
     {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},

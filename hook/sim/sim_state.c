@@ -212,6 +212,27 @@ void sim_uuid_bytes(int dev, unsigned char out[16])
     }
 }
 
+/* The compute mode decides, as on a real GPU: DEFAULT, any process; PROHIBITED, none;
+ * EXCLUSIVE_PROCESS, one process, or the clients of one MPS server (whose server holds the one
+ * context). A context is held until the process exits. */
+int sim_ctx_claim(int dev)
+{
+    uint32_t bit = 1u << dev;
+    if (__atomic_load_n(&sim_me->ctx_devs, __ATOMIC_RELAXED) & bit) return 0;
+    lock_state();
+    reap_locked();
+    uint32_t mode = sim->dev[dev].compute_mode;
+    int ok = mode != SIM_COMPUTEMODE_PROHIBITED;
+    for (int i = 0; ok && mode == SIM_COMPUTEMODE_EXCLUSIVE_PROCESS && i < SIM_MAX_PROC; i++) {
+        struct sim_proc *p = &sim->proc[i];
+        if (p == sim_me || !p->in_use || !(p->ctx_devs & bit)) continue;
+        ok = sim_me->mps_server && p->mps_server == sim_me->mps_server;
+    }
+    if (ok) __atomic_or_fetch(&sim_me->ctx_devs, bit, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&sim->lock.m);
+    return ok ? 0 : -1;
+}
+
 int sim_mem_reserve(int dev, uint64_t size)
 {
     struct sim_dev *d = &sim->dev[dev];

@@ -54,9 +54,16 @@ struct sim_sched {
     struct sim_sample samples[SIM_SAMPLES];
 };
 
+/* compute modes, as NVML's nvmlComputeMode_t and CUDA's CUcomputemode number them */
+#define SIM_COMPUTEMODE_DEFAULT 0u
+#define SIM_COMPUTEMODE_PROHIBITED 2u
+#define SIM_COMPUTEMODE_EXCLUSIVE_PROCESS 3u
+
 struct sim_dev {
     uint64_t total;
     uint64_t used;          /* atomic */
+    uint32_t compute_mode;  /* nvmlDeviceSetComputeMode; decides who may hold a context */
+    uint32_t pad;
     struct sim_sched sched;
 };
 
@@ -69,7 +76,7 @@ struct sim_proc {
     uint64_t busy_ns[SIM_MAX_DEV]; /* GPU ns executed (= q.done_ns), read by NVML */
     uint64_t mps_server;           /* MPS server it is a client of (sim_mps.h); 0 none */
     uint32_t mps_threads_ppm;      /* its active-thread share, ppm of the SMs */
-    uint32_t pad;
+    uint32_t ctx_devs;             /* devices it holds a context on (bit per device), until it exits */
     struct sim_queue q[SIM_MAX_DEV];
 };
 
@@ -95,6 +102,7 @@ void sim_sleep_until(uint64_t t);
 void sim_uuid_bytes(int dev, unsigned char out[16]);
 void sim_uuid_string(int dev, char *out, unsigned len);
 int sim_mem_reserve(int dev, uint64_t size);  /* 0 ok, -1 out of memory */
+int sim_ctx_claim(int dev);                   /* 0: this process may hold a context on dev; -1 not (compute mode) */
 void sim_mem_unreserve(int dev, uint64_t size);
 uint64_t sim_busy_done(int dev, uint64_t now); /* GPU ns of kernels finished by now */
 void sim_robust_lock(pthread_mutex_t *m);

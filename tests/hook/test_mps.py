@@ -5,6 +5,8 @@ done within its launch window (`done_in_window` kernels of known length), relati
 alone: 1.0 is one client's worth of work at full speed."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,31 @@ def test_a_directory_without_a_server_is_no_mps(make_claim, tmp_path):
     p = claim.run("gpushare-probe", "launch", "--seconds", 0.3, "--kernel-us", LARGE_US,
                   env={SIM_MPS_PIPE_ENV: str(empty), SIM_MPS_THREADS_ENV: "10"})
     assert p.stderr == "" and throughput(kv(p.stdout), LARGE_US) > 0.9, (p.stdout, p.stderr)
+
+
+def set_compute_mode(claim, mode: int) -> None:
+    """`nvidia-smi -c MODE` on GPU 0, through the simulated NVML, from a process of its own"""
+    code = ("import ctypes, sys; n = ctypes.CDLL('libnvidia-ml.so.1'); d = ctypes.c_void_p(); "
+            "assert n.nvmlInit_v2() == 0 and n.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(d)) == 0; "
+            "sys.exit(n.nvmlDeviceSetComputeMode(d, int(sys.argv[1])))")
+    subprocess.run([sys.executable, "-c", code, str(mode)], env=claim.env, check=True, timeout=60)
+
+
+def test_exclusive_process_mode_admits_only_the_clients_of_one_server(make_claim, tmp_path):
+    """With the GPU in EXCLUSIVE_PROCESS mode beside an MPS server (as NVIDIA advises), a tenant
+    that drops or swaps its pipe directory gets no context, so no time slice beside the server."""
+    claim = make_claim()
+    set_compute_mode(claim, 3)
+    client = {SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "a", 30))}
+    holder = claim.popen("gpushare-probe", "alloc", "--chunk", "1Mi", "--max", "1Mi", "--hold", "30", env=client)
+    try:
+        assert holder.stdout.readline().startswith("step=0 rc=0"), holder.stderr.read()  # holds a context
+        same = claim.run("gpushare-probe", "meminfo", env={SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "b", 70))})
+        assert "cu_rc=0" in same.stdout
+        for env in ({}, {SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "c", 100, server="gpu1"))}):
+            p = claim.run("gpushare-probe", "meminfo", env=env, check=False)
+            assert p.returncode == 2 and "error=CUDA_ERROR_DEVICE_UNAVAILABLE rc=46" in p.stdout, (env, p.stdout)
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert "cu_rc=0" in claim.run("gpushare-probe", "meminfo").stdout  # the holder gone, one process may
