@@ -33,6 +33,9 @@ void sim_sched_init(struct sim_sched *s)
 
 static struct sim_queue *queue_of(int p, int dev) { return &sim->proc[p].q[dev]; }
 
+/* proc[] entries in use lie below this (registrations take the lowest free entry) */
+static int procs(void) { return (int)__atomic_load_n(&sim->proc_hw, __ATOMIC_RELAXED); }
+
 static int has_work(int p, int dev)
 {
     struct sim_queue *q = queue_of(p, dev);
@@ -51,7 +54,7 @@ static int same_ctx(int a, int b)
 static int ctx_has_work(int r, int dev)
 {
     if (!sim->proc[r].mps_server) return has_work(r, dev);
-    for (int p = 0; p < SIM_MAX_PROC; p++)
+    for (int p = 0, n = procs(); p < n; p++)
         if (same_ctx(p, r) && has_work(p, dev)) return 1;
     return 0;
 }
@@ -59,8 +62,9 @@ static int ctx_has_work(int r, int dev)
 /* the next process after `after` (round robin) with work, of another context; -1 none */
 static int next_waiting(int dev, int after)
 {
-    for (int k = 1; k <= SIM_MAX_PROC; k++) {
-        int p = ((after < 0 ? -1 : after) + k + SIM_MAX_PROC) % SIM_MAX_PROC;
+    int n = procs();
+    for (int k = 1; k <= n; k++) {
+        int p = ((after < 0 ? -1 : after) + k + n) % n;
         if (!same_ctx(p, after) && has_work(p, dev)) return p;
     }
     return -1;
@@ -132,7 +136,7 @@ static int runners(int dev, int r, int *who, uint32_t *rate, uint64_t *left)
     uint32_t ask[SIM_MAX_PROC], got[SIM_MAX_PROC];
     uint64_t sum = 0;
     int n = 0;
-    for (int p = 0; p < SIM_MAX_PROC; p++) {
+    for (int p = 0, np = procs(); p < np; p++) {
         if (!same_ctx(p, r) || !has_work(p, dev)) continue;
         ask[n] = demand_now(queue_of(p, dev), &left[n]);
         if (ask[n] == 0) ask[n] = 1;
@@ -184,7 +188,7 @@ static void advance(int dev, uint64_t now)
         if (other >= 0 && s->slice_end > s->t && s->slice_end < end) end = s->slice_end;
         if (n) take_samples(s, end, 1);
         uint64_t dt = end - s->t;
-        for (int p = 0, i; p < SIM_MAX_PROC; p++) {
+        for (int p = 0, i, np = procs(); p < np; p++) {
             struct sim_queue *q = queue_of(p, dev);
             for (i = 0; i < n && who[i] != p; i++) {}
             if (i == n) { /* not running in this stretch */

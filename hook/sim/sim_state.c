@@ -172,6 +172,9 @@ int sim_open(void)
             for (int i = 0; i < SIM_MAX_PROC && !me; i++)
                 if (!sim->proc[i].in_use && gs_live_claim(g_lock_fd, proc_offset(i)) == 0) me = &sim->proc[i];
             if (me) {
+                uint32_t idx = (uint32_t)(me - sim->proc);
+                if (idx >= __atomic_load_n(&sim->proc_hw, __ATOMIC_RELAXED))
+                    __atomic_store_n(&sim->proc_hw, idx + 1, __ATOMIC_RELAXED);
                 memset(me, 0, sizeof *me);
                 me->in_use = 1;
                 me->pid = getpid();

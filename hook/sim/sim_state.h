@@ -86,6 +86,7 @@ struct sim_state {
     union { pthread_mutex_t m; char pad[64]; } lock; /* robust, guards proc[] */
     uint64_t slice_ns;         /* GPUSHARE_SIM_SLICE_US when the state was created */
     uint64_t sample_ns;        /* GPUSHARE_SIM_NVML_SAMPLE_MS when the state was created */
+    uint32_t proc_hw, pad2;    /* proc[] entries [0, proc_hw) have been used: the scheduler looks no further */
     struct sim_dev dev[SIM_MAX_DEV];
     struct sim_proc proc[SIM_MAX_PROC];
 };
