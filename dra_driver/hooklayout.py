@@ -86,3 +86,30 @@ CONTROL: dict[str, Field] = {
 def slot_offset(index: int) -> int:
     """Where slot `index` of a region starts."""
     return HEADER_SIZE + index * SLOT_SIZE
+
+
+# ---- simulated MPS server (hook/sim/sim_mps.h): what the simulated driver reads -----------------
+# A process is a client of a simulated MPS server when $CUDA_MPS_PIPE_DIRECTORY/SIM_MPS_FILE
+# describes one (the trusted side writes it where the real control daemon would keep its pipes);
+# the client's own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE may only lower the file's percentage.
+SIM_MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"                         # GS_SIM_MPS_PIPE_ENV
+SIM_MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"            # GS_SIM_MPS_THREADS_ENV
+SIM_MPS_FILE = "gpushare-sim-mps"                                    # GS_SIM_MPS_FILE
+SIM_MPS_VERSION = 1                                                  # GS_SIM_MPS_VERSION
+SIM_MPS_KEY_VERSION = "GPUSHARE_SIM_MPS_VERSION"                     # GS_SIM_MPS_KEY_VERSION
+SIM_MPS_KEY_SERVER = "GPUSHARE_SIM_MPS_SERVER"                       # GS_SIM_MPS_KEY_SERVER
+SIM_MPS_KEY_THREADS = "GPUSHARE_SIM_MPS_ACTIVE_THREAD_PERCENTAGE"    # GS_SIM_MPS_KEY_THREADS
+SIM_MPS_SERVER_MAX = 63                                              # GS_SIM_MPS_SERVER_MAX
+_SIM_MPS_SERVER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def sim_mps_server_text(server: str, active_thread_percentage: int) -> str:
+    """The SIM_MPS_FILE text for clients of `server` (clients naming one server run concurrently)
+    at `active_thread_percentage` (1..100). ValueError names the field and value the simulated
+    driver would refuse."""
+    if not 1 <= len(server) <= SIM_MPS_SERVER_MAX or not set(server) <= _SIM_MPS_SERVER_CHARS:
+        raise ValueError(f"{SIM_MPS_KEY_SERVER}={server!r}: expected 1 to {SIM_MPS_SERVER_MAX} of [A-Za-z0-9._-]")
+    if isinstance(active_thread_percentage, bool) or not 1 <= active_thread_percentage <= 100:
+        raise ValueError(f"{SIM_MPS_KEY_THREADS}={active_thread_percentage!r}: expected 1..100")
+    return (f"{SIM_MPS_KEY_VERSION}={SIM_MPS_VERSION}\n{SIM_MPS_KEY_SERVER}={server}\n"
+            f"{SIM_MPS_KEY_THREADS}={active_thread_percentage}\n")

@@ -13,23 +13,52 @@
 #      inference-like client's p50/p99 solo, beside a busy neighbour without the library, and
 #      under the library at 50/50
 #   5. launch overhead with and without the library
-# Prints a table; exits non-zero if a check fails. Usage: hack/gpu-validate.sh [GPU index]
+#   6. MPS (issue 20): an nvidia-cuda-mps-control daemon with its own pipe directory; 30/70
+#      matmul clients (each lowering the server's 100 % with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):
+#      the 30-client's part of the pair's work within 3 points, the pair's work vs solo
+#      recorded (the H100: 75 %); two small-kernel inference clients (batch-1 MLP) at 50/50 do
+#      more than 1.5x one alone; a server at 30 holds a client whose variable says 100, a
+#      client at 10 gets 10; an inference client's p50/p99 beside a busy one
+# Prints a table; exits non-zero if a check fails.
+#   hack/gpu-validate.sh [--mps-only] [GPU index]
+#   hack/gpu-validate.sh --sim      the MPS cases on the simulated GPU (hook/build/sim, its
+#                                   simulated MPS server and the probe instead of PyTorch)
 # (SHARE_SECONDS=15 by default: the window of each share measurement; not SECONDS, which bash
 # sets to the shell's age)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+SIM=0
+MPS_ONLY=0
+while [ $# -gt 0 ]; do
+    case $1 in
+        --sim) SIM=1; MPS_ONLY=1 ;;
+        --mps-only) MPS_ONLY=1 ;;
+        -*) echo "gpu-validate: unknown option $1 (expected --sim, --mps-only, a GPU index)" >&2; exit 64 ;;
+        *) break ;;
+    esac
+    shift
+done
 GPU=${1:-0}
 LIMIT=$((2 * 1024 * 1024 * 1024))     # 2 GiB
 WORK=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+MPS_DIRS=()  # control daemons started here: told to quit on exit
+# shellcheck disable=SC2317  # called by the trap
+cleanup() {
+    jobs -p | xargs -r kill 2>/dev/null || true
+    for d in "${MPS_DIRS[@]}"; do mps_stop "$d"; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
 PY=${PYTHON:-python3}
 SECONDS_SHARE=${SHARE_SECONDS:-15}
 
 make -s -C "$REPO/hook"
 LIB=$REPO/hook/build/libgpushare.so
 PROBE=$REPO/hook/build/gpushare-probe
-UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$GPU")
+if [ "$SIM" = 1 ]; then
+    export LD_LIBRARY_PATH=$REPO/hook/build/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} GPUSHARE_SIM_STATE=$WORK/sim.state
+fi
 
 # claim DIR COMPUTE [POLICY]: a run dir laid out as docs/interfaces.md says
 claim() {
@@ -54,6 +83,8 @@ check() { # name, ok(0/1), detail
     [ "$2" = 1 ] || FAILED=1
 }
 
+if [ "$MPS_ONLY" = 0 ]; then
+UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$GPU")
 # 1. probe
 claim "$WORK/a" 100
 allocated=$(under "$WORK/a" "$PROBE" alloc --chunk 256Mi | val allocated)
@@ -91,6 +122,8 @@ second=$(under "$WORK/a" "$PROBE" alloc --chunk 256Mi | val allocated)
 kill $holder 2>/dev/null || true; wait $holder 2>/dev/null || true
 check "two processes share one budget" "$([ "$second" = $((LIMIT - 1024 * 1024 * 1024)) ] && echo 1 || echo 0)" \
     "second process got $second"
+
+fi  # sections 1-3
 
 # 4. compute shares, with the node agent's slots as in a cluster
 cat > "$WORK/work.py" <<'PYEOF'
@@ -150,6 +183,14 @@ elif kind == "triton":
         tl.store(x_ptr + i, x, mask=m)
     big = torch.randn(1 << 26, device=dev)
     loop(lambda: k[(big.numel() // 1024,)](big, big.numel(), BLOCK=1024), torch.cuda.synchronize)
+elif kind == "infer":  # batch-1 fp16 MLP of 8 x 4096 flat out: small kernels (MPS's case)
+    layers = [torch.randn(4096, 4096, device=dev, dtype=torch.half) / 64 for _ in range(8)]
+    x = torch.randn(1, 4096, device=dev, dtype=torch.half)
+    def step():
+        y = x
+        for w in layers:
+            y = torch.relu(y @ w)
+    loop(step, torch.cuda.synchronize)
 elif kind == "serve":  # batch-1 fp16 MLP of 8 x 4096, a request every ~2.4 ms, each waited for
     layers = [torch.randn(4096, 4096, device=dev, dtype=torch.half) / 64 for _ in range(8)]
     x = torch.randn(1, 4096, device=dev, dtype=torch.half)
@@ -174,6 +215,7 @@ rate() {  # iterations per second of a work.py output; a run that did no work st
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", 100 * a / b }'; }
 within() { awk -v g="$1" -v t="$2" -v b="$3" 'BEGIN { print ((g >= t - b && g <= t + b) ? 1 : 0) }'; }
 declare -A SOLO   # iterations per second of each kind alone on the GPU, without the library
+if [ "$MPS_ONLY" = 0 ]; then
 KINDS="matmul elementwise graph compile"
 for kind in jax triton; do "$PY" -c "import $kind" 2>/dev/null && KINDS="$KINDS $kind"; done
 for kind in $KINDS; do
@@ -245,6 +287,92 @@ paced=$(under "$WORK/c50" "$PROBE" launch --seconds 3 --kernel-us 200 | val busy
 check "launch rate, 1 us kernels: without / with library" 1 "$plain / $hooked launches/s"
 check "probe busy share at compute limit 50" \
     "$(awk -v s="$paced" 'BEGIN { print ((s >= 45 && s <= 55) ? 1 : 0) }')" "busy_share=$paced"
+
+fi  # sections 4-5 (work.py and its helpers above are for section 6 too)
+
+# 6. MPS (issue 20). A control daemon with its own pipe directory whose servers give clients
+# at most the default active-thread percentage; a client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+# may only lower it (NVIDIA's MPS documentation). With --sim: the simulated server
+# (hook/sim/sim_mps.h: the file the trusted side writes in the pipe directory) and the probe's
+# spin kernels instead of PyTorch: matmul = 0.5 ms kernels on every SM (short: what a client
+# has queued drains soon at 10 %), infer = 0.41 ms kernels
+# on a quarter of them, serve = the probe's inference-like client on a quarter of them.
+mps_start() {  # DIR PERCENT: a control daemon (its servers' default active-thread percentage)
+    mkdir -p "$1/pipe" "$1/log"
+    MPS_DIRS+=("$1")
+    if [ "$SIM" = 1 ]; then
+        "$PY" - "$REPO" "$1/pipe" "$2" <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[1])
+from dra_driver.hooklayout import SIM_MPS_FILE, sim_mps_server_text
+with open(f"{sys.argv[2]}/{SIM_MPS_FILE}", "w") as f:
+    f.write(sim_mps_server_text("gpu0", int(sys.argv[3])))
+PYEOF
+    else
+        CUDA_VISIBLE_DEVICES=$GPU CUDA_MPS_PIPE_DIRECTORY=$1/pipe CUDA_MPS_LOG_DIRECTORY=$1/log nvidia-cuda-mps-control -d
+        echo "set_default_active_thread_percentage $2" | CUDA_MPS_PIPE_DIRECTORY=$1/pipe nvidia-cuda-mps-control > /dev/null
+    fi
+}
+mps_stop() {
+    if [ "$SIM" = 1 ]; then rm -f "$1/pipe/"*
+    else echo quit | CUDA_MPS_PIPE_DIRECTORY=$1/pipe nvidia-cuda-mps-control > /dev/null 2>&1 || true; fi
+}
+SMS=132
+[ "$SIM" = 1 ] || SMS=$(nvidia-smi --query-gpu=multiprocessor_count --format=csv,noheader -i "$GPU" 2>/dev/null || echo 132)
+[[ "$SMS" =~ ^[0-9]+$ ]] || SMS=132
+# mps_run DIR PERCENT|- KIND SECONDS: one client (DIR "": no MPS) lowering its server's
+# percentage to PERCENT; prints its rate (work per second; serve: the latency line)
+mps_run() {
+    local dir=$1 pct=$2 kind=$3 secs=$4 out
+    local env=(CUDA_VISIBLE_DEVICES="$GPU")
+    [ -n "$dir" ] && env+=(CUDA_MPS_PIPE_DIRECTORY="$dir/pipe")
+    [ "$pct" != - ] && env+=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="$pct")
+    if [ "$SIM" = 0 ]; then
+        out=$(env "${env[@]}" "$PY" "$WORK/work.py" "$kind" "$secs")
+        if [ "$kind" = serve ]; then echo "$out"; else rate "$out"; fi
+        return
+    fi
+    case $kind in
+        matmul) out=$(env "${env[@]}" "$PROBE" launch --seconds "$secs" --kernel-us 500) ;;
+        infer) out=$(env "${env[@]}" "$PROBE" launch --seconds "$secs" --kernel-us 410 --grid $((SMS / 4))) ;;
+        serve) env "${env[@]}" "$PROBE" serve --seconds "$secs" --grid $((SMS / 4)); return ;;
+    esac
+    awk -v d="$(echo "$out" | val done_in_window)" -v w="$(echo "$out" | val window_s)" 'BEGIN { printf "%.3f", d / w }'
+}
+# mps_pair KIND PCT_A PCT_B: two clients of one server at 100 lowering it to PCT_A / PCT_B;
+# prints "rate_a rate_b"
+mps_pair() {
+    local d="$WORK/mps-pair-$1-$2-$3"; mps_start "$d" 100
+    mps_run "$d" "$2" "$1" "$SECONDS_SHARE" > "$d/a.rate" & local pa=$!
+    mps_run "$d" "$3" "$1" "$SECONDS_SHARE" > "$d/b.rate"; wait $pa
+    mps_stop "$d"
+    echo "$(cat "$d/a.rate") $(cat "$d/b.rate")"
+}
+for kind in matmul infer; do  # solo: alone on the GPU, no MPS
+    [ -n "${SOLO[$kind]:-}" ] || SOLO[$kind]=$(mps_run "" - "$kind" 5)
+done
+read -r ra rb <<< "$(mps_pair matmul 30 70)"
+s30=$(pct "$ra" "$(awk -v a="$ra" -v b="$rb" 'BEGIN { print a + b }')")
+pair=$(pct "$(awk -v a="$ra" -v b="$rb" 'BEGIN { print a + b }')" "${SOLO[matmul]}")
+check "MPS 30/70 matmul: client 30 within 3 points" "$(within "$s30" 30 3)" "client 30 did ${s30}% of the pair's work (H100: 30.1)"
+check "MPS 30/70 matmul: the pair's work vs solo (recorded)" 1 "${pair}% of solo (H100: 75)"
+read -r ra rb <<< "$(mps_pair infer 50 50)"
+small=$(awk -v a="$ra" -v b="$rb" -v s="${SOLO[infer]}" 'BEGIN { printf "%.2f", (a + b) / s }')
+check "MPS 50/50 small kernels: pair > 1.5x one alone" "$(awk -v x="$small" 'BEGIN { print ((x > 1.5) ? 1 : 0) }')" \
+    "pair ${small}x one client alone"
+d="$WORK/mps-limit"; mps_start "$d" 30
+raised=$(pct "$(mps_run "$d" 100 matmul 5)" "${SOLO[matmul]}")
+lowered=$(pct "$(mps_run "$d" 10 matmul 5)" "${SOLO[matmul]}")
+mps_stop "$d"
+check "MPS server at 30: a client's variable at 100 does not raise it" "$(within "$raised" 30 3)" "${raised}% of solo"
+check "MPS server at 30: a client's variable at 10 lowers it" "$(within "$lowered" 10 3)" "${lowered}% of solo"
+d="$WORK/mps-latency"; mps_start "$d" 50
+lat_alone=$(mps_run "" - serve 8)
+mps_run "$d" - infer 10 > /dev/null & nb=$!; sleep 1
+lat_mps=$(mps_run "$d" - serve 8); wait $nb
+mps_stop "$d"
+check "MPS 50/50: inference client beside a busy one (recorded)" 1 \
+    "p50/p99 alone $(echo "$lat_alone" | val p50_ms)/$(echo "$lat_alone" | val p99_ms), MPS $(echo "$lat_mps" | val p50_ms)/$(echo "$lat_mps" | val p99_ms) ms"
 
 echo
 printf '%-52s %-4s %s\n' "check" "" "detail"

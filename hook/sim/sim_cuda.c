@@ -150,10 +150,11 @@ SIM_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
     switch (attr) {
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = SIM_SM_COUNT; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *v = CLOCK_KHZ; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: *v = (int)__atomic_load_n(&sim->dev[d].compute_mode, __ATOMIC_RELAXED); break;
     default: *v = 0;
     }
     return CUDA_SUCCESS;
@@ -164,6 +165,7 @@ SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
     NEED_INIT();
     VALID_DEV(d);
+    if (sim_ctx_claim(d) != 0) return CUDA_ERROR_DEVICE_UNAVAILABLE;
     *c = &g_primary[d];
     return CUDA_SUCCESS;
 }
@@ -185,6 +187,7 @@ SIM_API CUresult cuCtxCreate_v2(CUcontext *pc, unsigned int flags, CUdevice d)
     (void)flags;
     NEED_INIT();
     VALID_DEV(d);
+    if (sim_ctx_claim(d) != 0) return CUDA_ERROR_DEVICE_UNAVAILABLE;
     CUcontext c = malloc(sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     c->dev = d;
@@ -550,6 +553,7 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
     {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"},
     {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
@@ -759,8 +763,17 @@ static uint64_t kernel_ns(CUfunction f, void **params)
     return sim_kernel_ns;
 }
 
+/* the share of the SMs (ppm) a kernel of this grid asks for: a block per SM, one wave at most;
+ * it matters to MPS clients only (sim_sched.c) */
+static uint32_t grid_demand(unsigned gx, unsigned gy, unsigned gz)
+{
+    uint64_t blocks = (uint64_t)gx * gy; /* saturates below: any grid past SIM_SM_COUNT blocks is full */
+    if (blocks < SIM_SM_COUNT) blocks *= gz;
+    return blocks >= SIM_SM_COUNT ? SIM_FULL : (uint32_t)(blocks * SIM_FULL / SIM_SM_COUNT);
+}
+
 /* ns of GPU work on stream s: into its capture, or queued behind this process's earlier work */
-static CUresult launch(CUstream s, int ptsz, uint64_t ns)
+static CUresult launch(CUstream s, int ptsz, uint64_t ns, uint32_t demand)
 {
     NEED_CTX();
     CUresult rc = capture_use(stream_of(s, ptsz), ns, 0);
@@ -770,21 +783,21 @@ static CUresult launch(CUstream s, int ptsz, uint64_t ns)
     uint64_t n = __atomic_fetch_add(&g_nlaunch[dev], 1, __ATOMIC_RELAXED);
     uint64_t *slot = &g_ends[dev][n % QUEUE_KERNELS];
     if (n >= QUEUE_KERNELS) sim_wait(dev, __atomic_load_n(slot, __ATOMIC_RELAXED)); /* the queue is full */
-    __atomic_store_n(slot, sim_enqueue(dev, ns), __ATOMIC_RELAXED);
+    __atomic_store_n(slot, sim_enqueue(dev, ns, demand), __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 
 SIM_API CUresult cuLaunchKernel(GS_LAUNCH_ARGS, void **extra)
 {
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
+    (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
-    return launch(s, 0, kernel_ns(f, params));
+    return launch(s, 0, kernel_ns(f, params), grid_demand(gx, gy, gz));
 }
 SIM_API CUresult cuLaunchKernel_ptsz(GS_LAUNCH_ARGS, void **extra)
 {
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
+    (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
-    return launch(s, 1, kernel_ns(f, params));
+    return launch(s, 1, kernel_ns(f, params), grid_demand(gx, gy, gz));
 }
 SIM_API CUresult cuLaunchCooperativeKernel(GS_LAUNCH_ARGS)
 {
@@ -798,23 +811,24 @@ SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void 
 {
     (void)extra;
     if (!cfg || !f) return CUDA_ERROR_INVALID_VALUE;
-    return launch(cfg->hStream, 0, kernel_ns(f, params));
+    return launch(cfg->hStream, 0, kernel_ns(f, params), grid_demand(cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ));
 }
 SIM_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
 {
     (void)extra;
     if (!cfg || !f) return CUDA_ERROR_INVALID_VALUE;
-    return launch(cfg->hStream, 1, kernel_ns(f, params));
+    return launch(cfg->hStream, 1, kernel_ns(f, params), grid_demand(cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ));
 }
+/* a graph replay asks for every SM (its nodes' grids are not kept) */
 SIM_API CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
     if (!g) return CUDA_ERROR_INVALID_HANDLE;
-    return launch(s, 0, g->ns);
+    return launch(s, 0, g->ns, SIM_FULL);
 }
 SIM_API CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
     if (!g) return CUDA_ERROR_INVALID_HANDLE;
-    return launch(s, 1, g->ns);
+    return launch(s, 1, g->ns, SIM_FULL);
 }
 
 /* ---- other device-memory paths (for the hook's tests of hook/README.md's list): legacy

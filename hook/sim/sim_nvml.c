@@ -98,6 +98,25 @@ SIM_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int 
     return copy_str(uuid, len, s);
 }
 SIM_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) { DEV(d); return copy_str(name, len, "NVIDIA Simulated GPU"); }
+
+/* the compute mode (nvmlComputeMode_t: 0 default, 2 prohibited, 3 exclusive process; the
+ * deprecated exclusive thread, 1, is refused as the real driver does since CUDA 8). A real GPU
+ * wants root to set it; here, whoever may write the state file. */
+SIM_API nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, unsigned int *mode)
+{
+    DEV(d);
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = __atomic_load_n(&sim->dev[d->index].compute_mode, __ATOMIC_RELAXED);
+    return NVML_SUCCESS;
+}
+SIM_API nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, unsigned int mode)
+{
+    DEV(d);
+    if (mode != SIM_COMPUTEMODE_DEFAULT && mode != SIM_COMPUTEMODE_PROHIBITED && mode != SIM_COMPUTEMODE_EXCLUSIVE_PROCESS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    __atomic_store_n(&sim->dev[d->index].compute_mode, mode, __ATOMIC_RELAXED);
+    return NVML_SUCCESS;
+}
 SIM_API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch) { DEV(d); *arch = 9; /* Hopper */ return NVML_SUCCESS; }
 SIM_API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand) { DEV(d); *brand = 14; /* NVML_BRAND_NVIDIA */ return NVML_SUCCESS; }
 /* GPU i sits on PCI bus i + 1 of domain 0 (dra_driver/discovery.py sim_pci_bus_id) */

@@ -7,6 +7,11 @@
  * A context that gets work after its neighbour's slice has already run out takes the device at
  * once (the neighbour's slice started long ago); there is no switch cost.
  *
+ * The clients of one MPS server (sim_mps.h) are one context: while it is resident, each client
+ * with work runs at the same time at its own rate (runners(), below), so a queue's work advances
+ * at a rate that changes only when a client starts or stops, or a kernel of another SM demand
+ * comes up (the queue keeps where its demand changes).
+ *
  * The schedule is computed lazily: every call that enqueues or observes work first advances
  * the device's schedule to now under its lock. Work arrives only at such calls, so the lazy
  * schedule equals the eager one.
@@ -23,10 +28,13 @@
 void sim_sched_init(struct sim_sched *s)
 {
     gs_robust_mutex_init(&s->lock.m);
-    s->resident = s->running = -1;
+    s->resident = -1;
 }
 
 static struct sim_queue *queue_of(int p, int dev) { return &sim->proc[p].q[dev]; }
+
+/* proc[] entries in use lie below this (registrations take the lowest free entry) */
+static int procs(void) { return (int)__atomic_load_n(&sim->proc_hw, __ATOMIC_RELAXED); }
 
 static int has_work(int p, int dev)
 {
@@ -34,16 +42,33 @@ static int has_work(int p, int dev)
     return sim->proc[p].in_use && q->queued_ns > q->done_ns;
 }
 
-/* the next process after `after` (round robin) with work, other than `after`; -1 none */
+/* one context on the device: a process, or every client of one MPS server */
+static int same_ctx(int a, int b)
+{
+    if (a == b) return 1;
+    if (a < 0 || b < 0) return 0;
+    uint64_t m = sim->proc[a].mps_server;
+    return m && m == sim->proc[b].mps_server;
+}
+
+static int ctx_has_work(int r, int dev)
+{
+    if (!sim->proc[r].mps_server) return has_work(r, dev);
+    for (int p = 0, n = procs(); p < n; p++)
+        if (same_ctx(p, r) && has_work(p, dev)) return 1;
+    return 0;
+}
+
+/* the next process after `after` (round robin) with work, of another context; -1 none */
 static int next_waiting(int dev, int after)
 {
-    for (int k = 1; k <= SIM_MAX_PROC; k++) {
-        int p = ((after < 0 ? -1 : after) + k + SIM_MAX_PROC) % SIM_MAX_PROC;
-        if (p != after && has_work(p, dev)) return p;
+    int n = procs();
+    for (int k = 1; k <= n; k++) {
+        int p = ((after < 0 ? -1 : after) + k + n) % n;
+        if (!same_ctx(p, after) && has_work(p, dev)) return p;
     }
     return -1;
 }
-
 static uint64_t realtime_us(uint64_t mono_ns)
 {
     struct timespec r, m;
@@ -75,44 +100,115 @@ static void take_samples(struct sim_sched *s, uint64_t end, int rate)
     }
 }
 
+/* the SM demand of q's work at its done position, and the GPU ns left before it changes */
+static uint32_t demand_now(struct sim_queue *q, uint64_t *left)
+{
+    uint32_t ppm = SIM_FULL, n = q->ndemand, k = n > SIM_DEMANDS ? SIM_DEMANDS : n;
+    *left = q->queued_ns - q->done_ns;
+    for (uint32_t i = 1; i <= k; i++) {
+        struct sim_demand *d = &q->demand[(n - i) % SIM_DEMANDS];
+        if (d->from <= q->done_ns) {
+            ppm = d->ppm;
+            break;
+        }
+        if (d->from - q->done_ns < *left) *left = d->from - q->done_ns;
+    }
+    return ppm;
+}
+
+/* MPS (calibration: docs/compute.md). Each client's kernel takes the SMs it asks for up to its
+ * active-thread share (scaled down together when they ask for more than the GPU has) and runs
+ * at (SMs it got) / (SMs it asked for) of its solo speed; kernels of clients running together
+ * lose MPS_LOSS_PPM times the share of the SMs in use, to the memory system they share. The
+ * H100 (2026-11-22): 30/70 clients of large matmuls did 75 % of solo work together. */
+#define MPS_LOSS_PPM 250000u
+
+/* who of r's context runs now and at what rate (ppm GPU-ns per ns); left: GPU ns until its
+ * demand changes. Returns how many. */
+static int runners(int dev, int r, int *who, uint32_t *rate, uint64_t *left)
+{
+    if (!sim->proc[r].mps_server) {
+        uint64_t l;
+        demand_now(queue_of(r, dev), &l);
+        who[0] = r, rate[0] = SIM_FULL, left[0] = l;
+        return 1;
+    }
+    uint32_t ask[SIM_MAX_PROC], got[SIM_MAX_PROC];
+    uint64_t sum = 0;
+    int n = 0;
+    for (int p = 0, np = procs(); p < np; p++) {
+        if (!same_ctx(p, r) || !has_work(p, dev)) continue;
+        ask[n] = demand_now(queue_of(p, dev), &left[n]);
+        if (ask[n] == 0) ask[n] = 1;
+        uint32_t share = sim->proc[p].mps_threads_ppm ? sim->proc[p].mps_threads_ppm : SIM_FULL;
+        got[n] = ask[n] < share ? ask[n] : share;
+        sum += got[n];
+        who[n++] = p;
+    }
+    uint64_t used = sum > SIM_FULL ? SIM_FULL : sum;
+    uint64_t keep = n > 1 ? SIM_FULL - (uint64_t)MPS_LOSS_PPM * used / SIM_FULL : SIM_FULL;
+    for (int i = 0; i < n; i++) {
+        uint64_t g = sum > SIM_FULL ? (uint64_t)got[i] * SIM_FULL / sum : got[i];
+        uint64_t x = g * keep / ask[i];
+        rate[i] = x < 1 ? 1 : x > SIM_FULL ? SIM_FULL : (uint32_t)x;
+    }
+    return n;
+}
+
+static uint64_t at_rate(uint64_t gpu_ns, uint32_t ppm) { return (gpu_ns * SIM_FULL + ppm - 1) / ppm; }
+
 /* under the lock: compute the schedule up to now */
 static void advance(int dev, uint64_t now)
 {
     struct sim_sched *s = &sim->dev[dev].sched;
+    int who[SIM_MAX_PROC];
+    uint32_t rate[SIM_MAX_PROC];
+    uint64_t left[SIM_MAX_PROC];
     if (s->next_sample == 0) s->next_sample = now - now % sim->sample_ns + sim->sample_ns;
     if (s->t == 0) s->t = now;
     while (s->t < now) {
         int r = s->resident;
-        int r_work = r >= 0 && has_work(r, dev);
+        int r_work = r >= 0 && ctx_has_work(r, dev);
         int other = next_waiting(dev, r);
+        int n = 0;
         if (!r_work || (other >= 0 && s->t >= s->slice_end)) {
             if (other < 0) { /* idle until now */
                 take_samples(s, now, 0);
                 s->t = now;
-                s->running = -1;
-                break;
+            } else {
+                s->resident = r = other; /* context switch: a fresh slice */
+                s->slice_end = s->t + sim->slice_ns;
             }
-            s->resident = r = other; /* context switch: a fresh slice */
-            s->slice_end = s->t + sim->slice_ns;
         }
-        struct sim_queue *q = queue_of(r, dev);
-        if (s->running != r) { /* r starts running: a segment for its event times */
-            q->seg[q->nseg++ % SIM_SEGMENTS] = (struct sim_seg){s->t, q->done_ns};
-            s->running = r;
-        }
-        uint64_t end = now, left = q->queued_ns - q->done_ns;
-        if (s->t + left < end) end = s->t + left;
+        if (s->t < now) n = runners(dev, r, who, rate, left);
+        /* the stretch ends at now, the slice's end, or the first change of a runner's demand */
+        uint64_t end = now;
+        for (int i = 0; i < n; i++)
+            if (s->t + at_rate(left[i], rate[i]) < end) end = s->t + at_rate(left[i], rate[i]);
         if (other >= 0 && s->slice_end > s->t && s->slice_end < end) end = s->slice_end;
-        take_samples(s, end, 1);
+        if (n) take_samples(s, end, 1);
         uint64_t dt = end - s->t;
-        for (int w = 0; w < SIM_WATCHES; w++) /* events reached in this stretch */
-            if (!q->watch[w].t0 && q->watch[w].done0 > q->done_ns && q->watch[w].done0 <= q->done_ns + dt)
-                q->watch[w].t0 = s->t + (q->watch[w].done0 - q->done_ns);
-        q->done_ns += dt;
-        s->busy_ns += dt;
-        __atomic_store_n(&sim->proc[r].busy_ns[dev], q->done_ns, __ATOMIC_RELAXED);
+        for (int p = 0, i, np = procs(); p < np; p++) {
+            struct sim_queue *q = queue_of(p, dev);
+            for (i = 0; i < n && who[i] != p; i++) {}
+            if (i == n) { /* not running in this stretch */
+                q->run_ppm = 0;
+                continue;
+            }
+            if (q->run_ppm != rate[i]) /* starts running, or at another rate: for its event times */
+                q->seg[q->nseg++ % SIM_SEGMENTS] = (struct sim_seg){s->t, q->done_ns, rate[i], 0};
+            q->run_ppm = rate[i];
+            uint64_t done = s->t + at_rate(left[i], rate[i]) == end ? left[i] : dt * rate[i] / SIM_FULL;
+            if (done > left[i]) done = left[i];
+            for (int w = 0; w < SIM_WATCHES; w++) /* events reached in this stretch */
+                if (!q->watch[w].t0 && q->watch[w].done0 > q->done_ns && q->watch[w].done0 <= q->done_ns + done)
+                    q->watch[w].t0 = s->t + at_rate(q->watch[w].done0 - q->done_ns, rate[i]);
+            q->done_ns += done;
+            if (q->done_ns == q->queued_ns) q->run_ppm = 0; /* drained: new work starts a new stretch */
+            __atomic_store_n(&sim->proc[p].busy_ns[dev], q->done_ns, __ATOMIC_RELAXED);
+        }
+        if (n) s->busy_ns += dt;
         s->t = end;
-        if (q->done_ns == q->queued_ns) s->running = -1;
     }
 }
 
@@ -126,10 +222,23 @@ static struct sim_sched *lock_dev(int dev, uint64_t now)
 
 static int me(void) { return (int)(sim_me - sim->proc); }
 
-uint64_t sim_enqueue(int dev, uint64_t ns)
+/* under the lock: work from q's queued position on asks for ppm of the SMs. With SIM_DEMANDS
+ * changes already ahead of the schedule, the newest stays in force (a lossy corner: a process
+ * alternating kernel sizes more than that far ahead). */
+static void set_demand(struct sim_queue *q, uint32_t ppm)
+{
+    uint32_t n = q->ndemand;
+    if (ppm == 0 || (n && q->demand[(n - 1) % SIM_DEMANDS].ppm == ppm)) return;
+    if (n >= SIM_DEMANDS && q->demand[(n - SIM_DEMANDS + 1) % SIM_DEMANDS].from > q->done_ns) return;
+    q->demand[n % SIM_DEMANDS] = (struct sim_demand){q->queued_ns, ppm, 0};
+    q->ndemand = n + 1;
+}
+
+uint64_t sim_enqueue(int dev, uint64_t ns, uint32_t demand_ppm)
 {
     struct sim_sched *s = lock_dev(dev, sim_now_ns());
     struct sim_queue *q = queue_of(me(), dev);
+    set_demand(q, demand_ppm);
     q->queued_ns += ns;
     uint64_t pos = q->queued_ns;
     pthread_mutex_unlock(&s->lock.m);
@@ -142,7 +251,7 @@ uint64_t sim_enqueue_watched(int dev, uint64_t ns, uint32_t *watch)
     struct sim_queue *q = queue_of(me(), dev);
     q->queued_ns += ns;
     *watch = q->nwatch++ % SIM_WATCHES;
-    q->watch[*watch] = (struct sim_seg){0, q->queued_ns};
+    q->watch[*watch] = (struct sim_seg){0, q->queued_ns, 0, 0};
     uint64_t pos = q->queued_ns;
     pthread_mutex_unlock(&s->lock.m);
     return pos;
@@ -195,7 +304,7 @@ uint64_t sim_pos_time(int dev, uint64_t pos, uint32_t watch, uint64_t floor)
         struct sim_seg *g = &q->seg[(n - i) % SIM_SEGMENTS];
         t = g->t0; /* older than the ring: the oldest start we still know */
         if (g->done0 < pos) {
-            t = g->t0 + (pos - g->done0);
+            t = g->t0 + at_rate(pos - g->done0, g->ppm ? g->ppm : SIM_FULL);
             break;
         }
     }

@@ -14,6 +14,7 @@
 
 #include "../src/liveness.h"
 #include "../src/rawstat.h"
+#include "sim_mps.h"
 
 struct sim_state *sim;
 struct sim_proc *sim_me;
@@ -164,17 +165,23 @@ int sim_open(void)
             rc = g_lock_fd < 0 ? -1 : 0;
         }
         if (rc == 0) {
+            struct sim_mps_client mps = sim_mps_connect();
             lock_state();
             reap_locked();
             struct sim_proc *me = NULL;
             for (int i = 0; i < SIM_MAX_PROC && !me; i++)
                 if (!sim->proc[i].in_use && gs_live_claim(g_lock_fd, proc_offset(i)) == 0) me = &sim->proc[i];
             if (me) {
+                uint32_t idx = (uint32_t)(me - sim->proc);
+                if (idx >= __atomic_load_n(&sim->proc_hw, __ATOMIC_RELAXED))
+                    __atomic_store_n(&sim->proc_hw, idx + 1, __ATOMIC_RELAXED);
                 memset(me, 0, sizeof *me);
                 me->in_use = 1;
                 me->pid = getpid();
                 me->pidns = sim_pidns();
                 me->start_ns = sim_now_ns();
+                me->mps_server = mps.server;
+                me->mps_threads_ppm = mps.threads_pct * (SIM_FULL / 100);
             }
             pthread_mutex_unlock(&sim->lock.m);
             if (me) __atomic_store_n(&sim_me, me, __ATOMIC_RELEASE);
@@ -206,6 +213,27 @@ void sim_uuid_bytes(int dev, unsigned char out[16])
         out[n / 2] |= (unsigned char)(n % 2 ? v : v << 4);
         n++;
     }
+}
+
+/* The compute mode decides, as on a real GPU: DEFAULT, any process; PROHIBITED, none;
+ * EXCLUSIVE_PROCESS, one process, or the clients of one MPS server (whose server holds the one
+ * context). A context is held until the process exits. */
+int sim_ctx_claim(int dev)
+{
+    uint32_t bit = 1u << dev;
+    if (__atomic_load_n(&sim_me->ctx_devs, __ATOMIC_RELAXED) & bit) return 0;
+    lock_state();
+    reap_locked();
+    uint32_t mode = sim->dev[dev].compute_mode;
+    int ok = mode != SIM_COMPUTEMODE_PROHIBITED;
+    for (int i = 0; ok && mode == SIM_COMPUTEMODE_EXCLUSIVE_PROCESS && i < SIM_MAX_PROC; i++) {
+        struct sim_proc *p = &sim->proc[i];
+        if (p == sim_me || !p->in_use || !(p->ctx_devs & bit)) continue;
+        ok = sim_me->mps_server && p->mps_server == sim_me->mps_server;
+    }
+    if (ok) __atomic_or_fetch(&sim_me->ctx_devs, bit, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&sim->lock.m);
+    return ok ? 0 : -1;
 }
 
 int sim_mem_reserve(int dev, uint64_t size)

@@ -15,6 +15,10 @@
  *       capture N kernels on a stream into a CUDA graph, then replay it flat out; --side-us: while
  *       capturing, also launch kernels on another stream, 2 ms apart; --record: record an event
  *       on the capturing stream (the capture must fail)
+ *
+ *   launch, time, serve and graph take --grid BLOCKS: the blocks of each kernel (default: the
+ *   GPU's SM count, a kernel that fills the GPU; fewer is a small kernel, which MPS can run
+ *   beside another client's)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -53,7 +57,7 @@ FN(cuMemAllocManaged); FN(cuMemAllocAsync); FN(cuMemFreeAsync); FN(cuMemAllocPit
 FN(cuMemRelease); FN(cuModuleLoadData); FN(cuModuleGetFunction); FN(cuLaunchKernel); FN(cuEventCreate);
 FN(cuEventRecord); FN(cuEventSynchronize); FN(cuEventElapsedTime); FN(cuGetErrorName);
 FN(cuStreamCreate); FN(cuStreamSynchronize); FN(cuStreamBeginCapture_v2); FN(cuStreamEndCapture);
-FN(cuGraphInstantiateWithFlags); FN(cuGraphLaunch);
+FN(cuGraphInstantiateWithFlags); FN(cuGraphLaunch); FN(cuEventQuery);
 
 static void *get(const char *base)
 {
@@ -107,7 +111,7 @@ static void load_driver(void)
     GET(cuModuleLoadData, "cuModuleLoadData"); GET(cuModuleGetFunction, "cuModuleGetFunction");
     GET(cuLaunchKernel, "cuLaunchKernel"); GET(cuEventCreate, "cuEventCreate");
     GET(cuEventRecord, "cuEventRecord"); GET(cuEventSynchronize, "cuEventSynchronize");
-    GET(cuEventElapsedTime, "cuEventElapsedTime");
+    GET(cuEventElapsedTime, "cuEventElapsedTime"); GET(cuEventQuery, "cuEventQuery");
     GET(cuStreamCreate, "cuStreamCreate"); GET(cuStreamSynchronize, "cuStreamSynchronize");
     GET(cuStreamBeginCapture_v2, "cuStreamBeginCapture"); GET(cuStreamEndCapture, "cuStreamEndCapture");
     GET(cuGraphInstantiateWithFlags, "cuGraphInstantiate"); GET(cuGraphLaunch, "cuGraphLaunch");
@@ -265,7 +269,7 @@ static int cmd_gpus(void)
 }
 
 static double g_seconds = 1, g_kernel_us = 100, g_interval_us = 2400, g_request_us = 410;
-static int g_count = 50, g_kernels = 8, g_nodes = 10, g_record;
+static int g_count = 50, g_kernels = 8, g_nodes = 10, g_record, g_grid;
 static double g_side_us;
 static const char *g_mode = "global";
 
@@ -282,7 +286,13 @@ static void parse_opts(int argc, char **argv)
         else if (!strcmp(argv[i], "--mode")) g_mode = argv[i + 1];
         else if (!strcmp(argv[i], "--side-us")) g_side_us = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--record")) g_record = atoi(argv[i + 1]);
-        else {
+        else if (!strcmp(argv[i], "--grid")) {
+            g_grid = atoi(argv[i + 1]);
+            if (g_grid < 1) {
+                fprintf(stderr, "bad --grid %s: blocks, at least 1\n", argv[i + 1]);
+                exit(64);
+            }
+        } else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             exit(64);
         }
@@ -298,6 +308,8 @@ static void load_spin(void)
     load_driver();
     CHECK(p_cuDeviceGetAttribute(&g_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, g_device));
     if (g_khz <= 0) g_khz = 1000000;
+    if (!g_grid) CHECK(p_cuDeviceGetAttribute(&g_grid, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, g_device));
+    if (g_grid < 1) g_grid = 1;
     CUmodule mod;
     CHECK(p_cuModuleLoadData(&mod, spin_ptx));
     CHECK(p_cuModuleGetFunction(&g_spin, mod, "spin"));
@@ -307,7 +319,7 @@ static CUresult spin(CUstream s, unsigned long long *cycles, double us)
 {
     *cycles = (unsigned long long)(us * g_khz / 1000.0);
     void *params[] = {cycles};
-    return p_cuLaunchKernel(g_spin, 1, 1, 1, 1, 1, 1, 0, s, params, NULL);
+    return p_cuLaunchKernel(g_spin, (unsigned)g_grid, 1, 1, 1, 1, 1, 0, s, params, NULL);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -351,16 +363,27 @@ static int cmd_launch(int argc, char **argv)
         float ms = time_one();
         if (ms < best) best = ms;
     }
-    long long launches = 0;
+    /* an event after every 16 kernels: at the window's end, the newest one complete tells how
+     * many kernels ran within the window (the rest were queued and run after it). Not after
+     * every kernel: the simulated driver timestamps 32 events in flight per process */
+    enum { EVENTS = 128 }; /* more than a driver queues (1024 kernels) */
+    static CUevent ev[EVENTS];
+    for (int i = 0; i < EVENTS; i++) CHECK(p_cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
+    long long launches = 0, batches = 0, in_window = 0;
     double t0 = now_s(), end = t0 + g_seconds;
     while (now_s() < end) {
         for (int i = 0; i < 16; i++) CHECK(spin(NULL, &cycles, g_kernel_us));
+        CHECK(p_cuEventRecord(ev[batches++ % EVENTS], NULL));
         launches += 16;
     }
+    double window = now_s() - t0;
+    for (long long b = batches - 1; b >= 0 && b >= batches - EVENTS && !in_window; b--)
+        if (p_cuEventQuery(ev[b % EVENTS]) == CUDA_SUCCESS) in_window = (b + 1) * 16;
     CHECK(p_cuCtxSynchronize());
     double wall = now_s() - t0;
-    printf("launches=%lld seconds=%.3f launches_per_s=%.1f kernel_us=%.1f busy_share=%.2f\n", launches, wall,
-           launches / wall, best * 1000.0, 100.0 * launches * best / 1000.0 / wall);
+    printf("launches=%lld seconds=%.3f launches_per_s=%.1f kernel_us=%.1f busy_share=%.2f grid=%d"
+           " window_s=%.3f done_in_window=%lld\n", launches, wall, launches / wall, best * 1000.0,
+           100.0 * launches * best / 1000.0 / wall, g_grid, window, in_window);
     return 0;
 }
 
@@ -462,6 +485,7 @@ int main(int argc, char **argv)
                     "       gpushare-probe [--device N] launch --seconds T [--kernel-us US]\n"
                     "       gpushare-probe [--device N] time --count N [--kernel-us US]\n"
                     "       gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]\n"
-                    "       gpushare-probe [--device N] graph --seconds T [--kernel-us US] [--nodes N] [--mode M]\n");
+                    "       gpushare-probe [--device N] graph --seconds T [--kernel-us US] [--nodes N] [--mode M]\n"
+                    "       (launch, time, serve, graph: --grid BLOCKS, default the SM count)\n");
     return 64;
 }

@@ -1,6 +1,6 @@
-"""dra_driver/hooklayout.py against hook/src/region.h and control.h: the field lists are read from
-the headers' struct declarations, and offsets, sizes and constants from gcc (offsetof, sizeof,
-the #defines' values), so C and Python cannot drift apart unnoticed."""
+"""dra_driver/hooklayout.py against hook/src/region.h, control.h and hook/sim/sim_mps.h: the field
+lists are read from the headers' struct declarations, and offsets, sizes and constants from gcc
+(offsetof, sizeof, the #defines' values), so C and Python cannot drift apart unnoticed."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from dra_driver import hooklayout as L
 
 SRC = Path(__file__).resolve().parents[2] / "hook" / "src"
+SIM = SRC.parent / "sim"
 
 # struct -> (header, Python's fields)
 STRUCTS = {"gs_region_header": ("region.h", L.REGION_HEADER), "gs_slot": ("region.h", L.SLOT),
@@ -21,7 +22,11 @@ STRUCTS = {"gs_region_header": ("region.h", L.REGION_HEADER), "gs_slot": ("regio
 DEFINES = {"GS_REGION_SIZE": L.REGION_SIZE, "GS_REGION_MAGIC": L.REGION_MAGIC, "GS_REGION_VERSION": L.REGION_VERSION,
            "GS_HEADER_SIZE": L.HEADER_SIZE, "GS_SLOT_SIZE": L.SLOT_SIZE, "GS_SLOT_COUNT": L.SLOT_COUNT,
            "GS_CONTROL_SIZE": L.CONTROL_SIZE, "GS_CONTROL_MAGIC": L.CONTROL_MAGIC,
-           "GS_CONTROL_VERSION": L.CONTROL_VERSION}
+           "GS_CONTROL_VERSION": L.CONTROL_VERSION, "GS_SIM_MPS_VERSION": L.SIM_MPS_VERSION,
+           "GS_SIM_MPS_SERVER_MAX": L.SIM_MPS_SERVER_MAX}
+STRINGS = {"GS_SIM_MPS_PIPE_ENV": L.SIM_MPS_PIPE_ENV, "GS_SIM_MPS_THREADS_ENV": L.SIM_MPS_THREADS_ENV,
+           "GS_SIM_MPS_FILE": L.SIM_MPS_FILE, "GS_SIM_MPS_KEY_VERSION": L.SIM_MPS_KEY_VERSION,
+           "GS_SIM_MPS_KEY_SERVER": L.SIM_MPS_KEY_SERVER, "GS_SIM_MPS_KEY_THREADS": L.SIM_MPS_KEY_THREADS}
 
 
 def c_fields(text: str, struct: str) -> list[str]:
@@ -43,8 +48,8 @@ def c_fields(text: str, struct: str) -> list[str]:
     raise AssertionError(f"struct {struct}: no closing brace")
 
 
-def mismatches(src: Path, tmp: Path) -> list[str]:
-    """Every way hooklayout.py differs from the headers in `src`; [] when they agree."""
+def mismatches(src: Path, tmp: Path, sim: Path = SIM) -> list[str]:
+    """Every way hooklayout.py differs from the headers in `src` and `sim`; [] when they agree."""
     out, prints = [], []
     for struct, (header, fields) in STRUCTS.items():
         in_c = c_fields((src / header).read_text(), struct)
@@ -55,10 +60,12 @@ def mismatches(src: Path, tmp: Path) -> list[str]:
                 prints.append(f'printf("{struct}.{name} %zu %zu\\n", offsetof(struct {struct}, {name}), '
                               f"sizeof(((struct {struct} *)0)->{name}));")
     prints += [f'printf("{d} %llu\\n", (unsigned long long)({d}));' for d in DEFINES]
+    prints += [f'printf("{d} %s\\n", {d});' for d in STRINGS]
     program = tmp / "layout.c"
     program.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "region.h"\n#include "control.h"\n'
+                       '#include "sim_mps.h"\n'
                        "int main(void) {\n" + "\n".join(prints) + "\nreturn 0;\n}\n")
-    built = subprocess.run(["gcc", "-std=gnu11", f"-I{src}", "-o", str(tmp / "layout"), str(program)],
+    built = subprocess.run(["gcc", "-std=gnu11", f"-I{src}", f"-I{sim}", "-o", str(tmp / "layout"), str(program)],
                            capture_output=True, text=True, timeout=60)
     if built.returncode != 0:
         return out + [f"gcc: {built.stderr.strip()}"]
@@ -70,6 +77,9 @@ def mismatches(src: Path, tmp: Path) -> list[str]:
             c, py = L.Field(*map(int, values)), STRUCTS[struct][1][field]
             if c != py:
                 out.append(f"{name}: C has offset {c.offset} size {c.size}, Python offset {py.offset} size {py.size}")
+        elif name in STRINGS:
+            if values != [STRINGS[name]]:
+                out.append(f"{name}: C has {' '.join(values)!r}, Python {STRINGS[name]!r}")
         elif int(values[0]) != DEFINES[name]:
             out.append(f"{name}: C has {int(values[0]):#x}, Python {DEFINES[name]:#x}")
     return out
@@ -101,18 +111,37 @@ EDITS = {
                     ["struct gs_control: C has fields"]),
     "version bumped": ("control.h", lambda t: t.replace("GS_CONTROL_VERSION 1u", "GS_CONTROL_VERSION 2u"),
                        ["GS_CONTROL_VERSION: C has 0x2, Python 0x1"]),
+    "MPS file renamed": ("sim_mps.h", lambda t: t.replace('"gpushare-sim-mps"', '"gpushare-mps"'),
+                         ["GS_SIM_MPS_FILE: C has 'gpushare-mps', Python 'gpushare-sim-mps'"]),
 }
 
 
 @pytest.mark.parametrize("edit", EDITS)
 def test_a_changed_header_is_caught(tmp_path, edit):
     header, change, expected = EDITS[edit]
-    src = tmp_path / "src"
+    src, sim = tmp_path / "src", tmp_path / "sim"
     shutil.copytree(SRC, src, ignore=shutil.ignore_patterns("*.c"))
-    text = (src / header).read_text()
+    shutil.copytree(SIM, sim, ignore=shutil.ignore_patterns("*.c"))
+    edited = (sim if header.startswith("sim_") else src) / header
+    text = edited.read_text()
     assert change(text) != text
-    (src / header).write_text(change(text))
+    edited.write_text(change(text))
     (tmp_path / "build").mkdir()
-    found = mismatches(src, tmp_path / "build")
+    found = mismatches(src, tmp_path / "build", sim)
     for e in expected:
         assert any(e in m for m in found), found
+
+
+@pytest.mark.parametrize(("server", "pct", "message"), [
+    ("gpu 0", 30, "GPUSHARE_SIM_MPS_SERVER='gpu 0'"), ("", 30, "GPUSHARE_SIM_MPS_SERVER=''"),
+    ("x" * 64, 30, "expected 1 to 63"), ("gpu0", 0, "GPUSHARE_SIM_MPS_ACTIVE_THREAD_PERCENTAGE=0"),
+    ("gpu0", 101, "ACTIVE_THREAD_PERCENTAGE=101"), ("gpu0", True, "ACTIVE_THREAD_PERCENTAGE=True")])
+def test_sim_mps_server_text_refuses_what_the_simulator_would(server, pct, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        L.sim_mps_server_text(server, pct)
+
+
+def test_sim_mps_server_text():
+    assert L.sim_mps_server_text("gpu-0.a_b", 30).splitlines() == [
+        "GPUSHARE_SIM_MPS_VERSION=1", "GPUSHARE_SIM_MPS_SERVER=gpu-0.a_b",
+        "GPUSHARE_SIM_MPS_ACTIVE_THREAD_PERCENTAGE=30"]

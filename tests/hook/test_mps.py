@@ -1,0 +1,129 @@
+"""MPS on the simulated GPU (hook/sim, calibration in docs/compute.md): clients of one server run
+their kernels at the same time, each on the SMs its grid asks for up to the active-thread
+percentage its server's file gives it (hook/sim/sim_mps.h). Throughput is each client's GPU work
+done within its launch window (`done_in_window` kernels of known length), relative to the GPU
+alone: 1.0 is one client's worth of work at full speed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dra_driver.hooklayout import SIM_MPS_FILE, SIM_MPS_PIPE_ENV, SIM_MPS_THREADS_ENV, sim_mps_server_text
+from tests.support import CPU_TIMED
+from tests.support.hook import kv
+
+SECONDS = 2
+LARGE_US = 500  # a kernel of the GPU's SM count in blocks (the probe's default grid)
+SMALL_US, SMALL_GRID = 410, 33  # a batch-1 inference kernel on a quarter of the 132 SMs
+
+
+def pipe_dir(tmp_path: Path, name: str, percentage: int, server: str = "gpu0") -> Path:
+    """A pipe directory where the trusted side has started a simulated MPS server."""
+    d = tmp_path / "mps" / name
+    d.mkdir(parents=True)
+    (d / SIM_MPS_FILE).write_text(sim_mps_server_text(server, percentage))
+    return d
+
+
+def throughput(out: dict, kernel_us: float) -> float:
+    """GPU work done within the window, as a fraction of the GPU's solo speed"""
+    return int(out["done_in_window"]) * kernel_us / 1e6 / float(out["window_s"])
+
+
+def run_together(claim, clients: list[tuple[dict, list]]) -> list[dict]:
+    """Start every (env, probe args) at once; their outputs"""
+    procs = [claim.popen("gpushare-probe", "launch", "--seconds", SECONDS, *args, env=env) for env, args in clients]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        outs.append(kv(stdout))
+    return outs
+
+
+@CPU_TIMED
+def test_two_small_kernel_clients_together_do_more_than_one(make_claim, tmp_path):
+    claim = make_claim()  # the library for memory only (compute 100), as under the MPS strategy
+    small = ["--kernel-us", SMALL_US, "--grid", SMALL_GRID]
+    a, b = ({SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, n, 50))} for n in "ab")
+    [solo] = run_together(claim, [(a, small)])
+    pair = run_together(claim, [(a, small), (b, small)])
+    sliced = run_together(claim, [({}, small), ({}, small)])  # the same pair, no MPS: time-sliced
+    one = throughput(solo, SMALL_US)
+    assert one > 0.9, solo  # alone, a small kernel runs at full speed within its 50 %
+    together = sum(throughput(o, SMALL_US) for o in pair)
+    assert together > 1.5 * one, (solo, pair)
+    assert sum(throughput(o, SMALL_US) for o in sliced) < 1.1 * one, sliced
+
+
+@CPU_TIMED
+def test_large_kernels_split_by_share_and_lose_what_the_h100_lost(make_claim, tmp_path):
+    claim = make_claim()
+    outs = run_together(claim, [({SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "a", 30))}, ["--kernel-us", LARGE_US]),
+                                ({SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "b", 70))}, ["--kernel-us", LARGE_US])])
+    got = [throughput(o, LARGE_US) for o in outs]
+    assert abs(100 * got[0] / sum(got) - 30) <= 3, outs  # the H100: 30.1 %
+    assert 0.70 <= sum(got) <= 0.80, outs  # the H100: the pair did 75 % of solo
+
+
+@pytest.mark.parametrize(("own", "expected"), [("100", 0.30), ("10", 0.10), (None, 0.30)])
+@CPU_TIMED
+def test_a_client_env_can_lower_its_share_but_not_raise_it(make_claim, tmp_path, own, expected):
+    claim = make_claim()
+    env = {SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "a", 30))}
+    if own is not None:
+        env[SIM_MPS_THREADS_ENV] = own
+    [out] = run_together(claim, [(env, ["--kernel-us", 200])])  # short: 1024 queued drain soon at 10 %
+    assert abs(throughput(out, 200) - expected) <= 0.03, out  # MPS partitions: alone, no more
+
+
+def test_a_bad_server_file_is_named_and_the_client_runs_without_mps(make_claim, tmp_path):
+    claim = make_claim()
+    d = pipe_dir(tmp_path, "a", 30)
+    (d / SIM_MPS_FILE).write_text(sim_mps_server_text("gpu0", 30).replace("=30", "=300"))
+    p = claim.run("gpushare-probe", "launch", "--seconds", 0.3, "--kernel-us", LARGE_US,
+                  env={SIM_MPS_PIPE_ENV: str(d), SIM_MPS_THREADS_ENV: "x"})
+    assert f"{d / SIM_MPS_FILE} line 3: bad GPUSHARE_SIM_MPS_ACTIVE_THREAD_PERCENTAGE=300" in p.stderr
+    assert p.stderr.count("gpushare-sim:") == 1, p.stderr  # not a client: its own variable is not read
+    assert throughput(kv(p.stdout), LARGE_US) > 0.9, p.stdout  # a plain context, the whole GPU
+
+
+def test_a_directory_without_a_server_is_no_mps(make_claim, tmp_path):
+    """As a real client that reaches no control daemon: it runs as a plain context."""
+    claim = make_claim()
+    empty = tmp_path / "no-server"
+    empty.mkdir()
+    p = claim.run("gpushare-probe", "launch", "--seconds", 0.3, "--kernel-us", LARGE_US,
+                  env={SIM_MPS_PIPE_ENV: str(empty), SIM_MPS_THREADS_ENV: "10"})
+    assert p.stderr == "" and throughput(kv(p.stdout), LARGE_US) > 0.9, (p.stdout, p.stderr)
+
+
+def set_compute_mode(claim, mode: int) -> None:
+    """`nvidia-smi -c MODE` on GPU 0, through the simulated NVML, from a process of its own"""
+    code = ("import ctypes, sys; n = ctypes.CDLL('libnvidia-ml.so.1'); d = ctypes.c_void_p(); "
+            "assert n.nvmlInit_v2() == 0 and n.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(d)) == 0; "
+            "sys.exit(n.nvmlDeviceSetComputeMode(d, int(sys.argv[1])))")
+    subprocess.run([sys.executable, "-c", code, str(mode)], env=claim.env, check=True, timeout=60)
+
+
+def test_exclusive_process_mode_admits_only_the_clients_of_one_server(make_claim, tmp_path):
+    """With the GPU in EXCLUSIVE_PROCESS mode beside an MPS server (as NVIDIA advises), a tenant
+    that drops or swaps its pipe directory gets no context, so no time slice beside the server."""
+    claim = make_claim()
+    set_compute_mode(claim, 3)
+    client = {SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "a", 30))}
+    holder = claim.popen("gpushare-probe", "alloc", "--chunk", "1Mi", "--max", "1Mi", "--hold", "30", env=client)
+    try:
+        assert holder.stdout.readline().startswith("step=0 rc=0"), holder.stderr.read()  # holds a context
+        same = claim.run("gpushare-probe", "meminfo", env={SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "b", 70))})
+        assert "cu_rc=0" in same.stdout
+        for env in ({}, {SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "c", 100, server="gpu1"))}):
+            p = claim.run("gpushare-probe", "meminfo", env=env, check=False)
+            assert p.returncode == 2 and "error=CUDA_ERROR_DEVICE_UNAVAILABLE rc=46" in p.stdout, (env, p.stdout)
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert "cu_rc=0" in claim.run("gpushare-probe", "meminfo").stdout  # the holder gone, one process may
