@@ -185,10 +185,9 @@ class ProcessRunner:
                 os.makedirs(os.path.dirname(link), exist_ok=True)
                 os.symlink(host_path, link)
         host = {**os.environ, **env, "GPUSHARE_RUN_DIR": run_dir}
-        for var, preloaded in (("LD_PRELOAD", env.get("LD_PRELOAD")),
-                               ("GPUSHARE_SIM_STATE", env.get("GPUSHARE_SIM_STATE"))):
-            if preloaded in mounts:
-                host[var] = mounts[preloaded]
+        for var in ("LD_PRELOAD", "GPUSHARE_SIM_STATE", "CUDA_MPS_PIPE_DIRECTORY"):  # paths into mounts
+            if env.get(var) in mounts:
+                host[var] = mounts[env[var]]
         if "LD_LIBRARY_PATH" in env:
             sim_lib = mounts.get(env["LD_LIBRARY_PATH"] + "/libcuda.so.1")
             if sim_lib:

@@ -5,7 +5,9 @@ control daemon for the GPUs of CUDA_VISIBLE_DEVICES, listening in CUDA_MPS_PIPE_
 logging to CUDA_MPS_LOG_DIRECTORY/control.log; without arguments it sends the commands on stdin
 to that daemon and prints the replies. It keeps the limits as the real daemon does: defaults for
 servers started later, per server for running ones (the real command names); `start_server -uid`
-starts a pretend server (a pid, no GPU context). Every command is recorded in control.log.
+starts a pretend server (a pid, no GPU context). Every command is recorded in control.log. For
+the simulated driver it keeps the server's active-thread percentage in the pipe folder
+(hooklayout.SIM_MPS_FILE), so simulated CUDA processes that name the folder are MPS clients.
 
 effective_share() is MPS's rule for a client: its CUDA_MPS_ACTIVE_THREAD_PERCENTAGE can lower
 its share below its server's, never raise it.
@@ -20,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from dra_driver import mpslayout
+from dra_driver.hooklayout import SIM_MPS_FILE, SIM_MPS_SERVER_MAX, sim_mps_server_text
 
 SOCKET = "control"  # in the pipe folder (the real daemon keeps its control pipe there too)
 _next_pid = [40000]
@@ -100,8 +103,9 @@ def _serve(pipe: str, log_path: str) -> None:
     listener.listen(8)
     daemon = Daemon()
     running = True
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     with open(log_path, "a", buffering=1) as log:
-        log.write(f"[control] started for CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n")
+        log.write(f"[control] started for CUDA_VISIBLE_DEVICES={gpu}\n")
         while running:
             conn, _ = listener.accept()
             # separate reader and writer: a text file's write drops what its reader buffered
@@ -113,8 +117,24 @@ def _serve(pipe: str, log_path: str) -> None:
                     if not running:
                         break
                 replies.write("\0\n")
+            if running:
+                _serve_simulated_clients(gpu, daemon.default_threads)
     listener.close()
     os.unlink(SOCKET)
+    if os.path.exists(SIM_MPS_FILE):
+        os.unlink(SIM_MPS_FILE)
+
+
+def _serve_simulated_clients(gpu: str, threads: int) -> None:
+    """Where the simulated driver looks (docs/interfaces.md, "Simulated MPS server"): processes
+    started from now on that name this pipe folder are clients of this GPU's one server, at the
+    server's active-thread percentage, as a real client gets the server's limit."""
+    server = "mps-" + ("".join(c if c.isalnum() or c in "._-" else "-" for c in gpu) or "gpu")
+    tmp = f".{SIM_MPS_FILE}.tmp"
+    with open(tmp, "w") as f:
+        f.write(sim_mps_server_text(server[:SIM_MPS_SERVER_MAX], threads))
+    os.chmod(tmp, 0o644)
+    os.rename(tmp, SIM_MPS_FILE)
 
 
 def main(argv: list[str]) -> int:
