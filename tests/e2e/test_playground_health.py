@@ -7,7 +7,6 @@ kubelet, which writes `status.containerStatuses[].allocatedResourcesStatus` as t
 """
 
 import os
-import time
 
 import pytest
 from kubernetes import client
@@ -15,18 +14,7 @@ from kubernetes import client
 from dra_driver.cli import build_parser
 from dra_driver.devicemodel import cdi_device_name
 from dra_driver.playground.cluster import Playground
-
-DEADLINE_S = 40  # a loaded machine; the test takes a few seconds
-
-
-def wait_for(what, probe):
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            assert value, f"{what}: not after {DEADLINE_S}s"
-            return value
-        time.sleep(0.2)
+from tests.support.playground import wait_for
 
 
 @pytest.fixture
