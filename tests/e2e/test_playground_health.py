@@ -1,31 +1,26 @@
 """KEP-4680 on the playground: an XID on a simulated GPU shows in the status of the pod using it.
 
-The playground runs in this process (the emulator, the scheduler, the real kubelet plugin and the
-node's kubelet), containers as host processes. The XID goes where the simulated NVML reads its
-events (docs/operations.md, GPU health); the plugin's health stream carries it to the node's
+The playground runs as its own process, as a user starts it (tests/support/playground.py; in this
+process it would load the simulated NVML on another state file than the agent tests' node, and the
+simulated NVML is loaded once per process), containers as host processes. The XID goes where the
+simulated NVML reads its events (docs/operations.md, GPU health); the plugin's health stream carries it to the node's
 kubelet, which writes `status.containerStatuses[].allocatedResourcesStatus` as the kubelet does.
 """
 
+import json
 import os
 
 import pytest
-from kubernetes import client
 
-from dra_driver.cli import build_parser
 from dra_driver.devicemodel import cdi_device_name
-from dra_driver.playground.cluster import Playground
-from tests.support.playground import wait_for
+from tests.support.kubectl import needs_kubectl
+from tests.support.playground import playground, wait_for
 
 
 @pytest.fixture
-def playground(tmp_path):
-    args = build_parser().parse_args(["playground", "--port", "0", "--runtime", "process", "--node-name", "node-h",
-                                      "--mock-gpus", "2x80Gi", "--health-recovery-seconds", "2"])
-    cluster = Playground(args, None, str(tmp_path))
-    try:
-        yield cluster, tmp_path
-    finally:
-        cluster.stop()
+def cluster(tmp_path):
+    with playground(tmp_path, "--health-recovery-seconds", "2") as started:
+        yield started
 
 
 def claim(name):
@@ -43,38 +38,37 @@ def pod(name, claim_name):
                          {"name": "side", "image": "x", "command": ["sleep", "120"]}]}}
 
 
-def health_of(core, name):
+def health_of(kubectl, name):
     """{container: allocatedResourcesStatus} once the pod runs, else None."""
-    status = core.read_namespaced_pod(name, "default", _preload_content=False).json()["status"]
+    status = json.loads(kubectl("get", "pod", name, "-o", "json"))["status"]
     if status.get("phase") != "Running":
         return None
     return {c["name"]: c.get("allocatedResourcesStatus") for c in status.get("containerStatuses") or []}
 
 
-def test_xid_shows_unhealthy_in_pod_status_then_healthy(playground):
-    cluster, workdir = playground
-    api = cluster.emulator.api_client()
-    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
-    resource.create_namespaced_resource_claim("default", claim("c1"))
-    core.create_namespaced_pod("default", pod("p1", "c1"))
+@needs_kubectl
+def test_xid_shows_unhealthy_in_pod_status_then_healthy(cluster):
+    kubectl, node_dir = cluster
+    for obj in (claim("c1"), pod("p1", "c1")):
+        kubectl("apply", "-f", "-", input=json.dumps(obj))
 
-    healthy = wait_for("p1 running with a Healthy device", lambda: (h := health_of(core, "p1")) and h["main"] and
+    healthy = wait_for("p1 running with a Healthy device", lambda: (h := health_of(kubectl, "p1")) and h["main"] and
                        h["main"][0]["resources"][0]["health"] == "Healthy" and h)
-    c1 = resource.read_namespaced_resource_claim("c1", "default")
-    result = c1.status.allocation.devices.results[0]
-    device = result.device  # gpu-<i>: capacity mode on 1.37
-    resource_id = f"k8s.gpushare.dev/claim={cdi_device_name(c1.metadata.uid, device, result.share_id)}"  # the CDI ID
+    c1 = json.loads(kubectl("get", "resourceclaim", "c1", "-o", "json"))
+    result = c1["status"]["allocation"]["devices"]["results"][0]
+    device = result["device"]  # gpu-<i>: capacity mode on 1.37
+    resource_id = f"k8s.gpushare.dev/claim={cdi_device_name(c1['metadata']['uid'], device, result.get('shareID'))}"
     assert healthy == {"main": [{"name": "claim:share/gpu", "resources": [
         {"resourceID": resource_id, "health": "Healthy"}]}],
         "side": None}  # a container that names no claim gets none
 
     gpu = device.split("-")[1]
-    with open(os.path.join(workdir, "state", "sim.state.events"), "a") as f:
+    with open(os.path.join(node_dir, "state", "sim.state.events"), "a") as f:
         f.write(f"{gpu} xid 79\n")
     wait_for("the device Unhealthy in p1's status",
-             lambda: (health_of(core, "p1") or {}).get("main", [{}])[0].get("resources", [{}])[0].get("health")
+             lambda: (health_of(kubectl, "p1") or {}).get("main", [{}])[0].get("resources", [{}])[0].get("health")
              == "Unhealthy")
     # no further event for 2 s (--health-recovery-seconds): healthy again
     wait_for("the device Healthy again in p1's status",
-             lambda: (health_of(core, "p1") or {}).get("main", [{}])[0].get("resources", [{}])[0].get("health")
+             lambda: (health_of(kubectl, "p1") or {}).get("main", [{}])[0].get("resources", [{}])[0].get("health")
              == "Healthy")
