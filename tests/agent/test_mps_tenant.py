@@ -22,10 +22,15 @@ PROBE = str(BUILD / "gpushare-probe")
 
 @pytest.fixture
 def mps_node(node_factory):
-    """Two MPS claims of 25 % on GPU 0: the server's ceiling is 25 %."""
+    """Two MPS claims of 25 % on GPU 0: the server's ceiling is 25 %. Unprepared at the end, which
+    quits the GPU's control daemon (it is detached and would outlive the test)."""
     node = node_factory("--mps-control", STAND_IN)
-    (_, ids_a), (_, _) = (node.claim(memory="1Gi", compute=25, config=MPS) for _ in range(2))
-    return node, ids_a
+    (a, ids_a), (b, _) = (node.claim(memory="1Gi", compute=25, config=MPS) for _ in range(2))
+    yield node, ids_a
+    for workload in node.workloads:
+        workload.stop()
+    for ref in (a, b):
+        assert node.kubelet.unprepare(ref).claims[ref.uid].error == ""
 
 
 def tenant(node, ids, *env_edits: str) -> float:
