@@ -14,7 +14,7 @@ import yaml
 
 from dra_driver.playground.claimcontroller import POD_CLAIM_ANNOTATION, generate_name
 from tests.support.kubectl import needs_kubectl
-from tests.support.playground import NODE, meminfo, objects, playground, prepared, wait_for
+from tests.support.playground import NODE, meminfo, objects, playground, pod_events, prepared, wait_for
 
 ROOT = Path(__file__).parents[2]
 # Every example that runs beside the others on 2 GPUs: extended-resources/ takes a whole GPU or
@@ -111,11 +111,7 @@ spec:
 """
     kubectl("apply", "-f", "-", input=manifest)
     try:
-        def failed_scheduling():
-            return [e["message"] for e in objects(kubectl, "events")
-                    if e["involvedObject"]["name"] == "too-big" and e["reason"] == "FailedScheduling"]
-
-        (message,) = wait_for("a FailedScheduling Event", failed_scheduling)
+        (message,) = wait_for("a FailedScheduling Event", lambda: pod_events(kubectl, "too-big", "FailedScheduling"))
         assert "memory" in message and "100Gi" in message, message
         pod = json.loads(kubectl("get", "pod", "too-big", "-o", "json"))
         assert not pod["spec"].get("nodeName") and pod["status"].get("phase", "Pending") == "Pending"
@@ -142,8 +138,7 @@ spec:
     kubectl("apply", "-f", "-", input=manifest)
     try:
         def events(reason):
-            return [e["message"] for e in objects(kubectl, "events")
-                    if e["involvedObject"]["name"] == "no-template" and e["reason"] == reason]
+            return pod_events(kubectl, "no-template", reason)
 
         (message,) = wait_for("a FailedResourceClaimCreation Event", lambda: events("FailedResourceClaimCreation"))
         assert message == ('PodResourceClaim gpu: resource claim template "nowhere": '

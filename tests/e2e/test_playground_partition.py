@@ -10,7 +10,7 @@ import pytest
 
 from dra_driver.playground.extended import CLAIM_ANNOTATION
 from tests.support.kubectl import needs_kubectl
-from tests.support.playground import NODE, meminfo, objects, playground, prepared, wait_for
+from tests.support.playground import NODE, meminfo, objects, playground, pod_events, prepared, wait_for
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "deploy/examples/extended-resources/share.yaml"
@@ -20,11 +20,6 @@ EXAMPLE = ROOT / "deploy/examples/extended-resources/share.yaml"
 def cluster(tmp_path_factory):
     with playground(tmp_path_factory.mktemp("partition"), "--sharing-mode", "partition") as started:
         yield started
-
-
-def pod_events(kubectl, pod: str, reason: str) -> list[str]:
-    return [e["message"] for e in objects(kubectl, "events")
-            if e["involvedObject"]["name"] == pod and e["reason"] == reason]
 
 
 @needs_kubectl

@@ -30,13 +30,13 @@ CPU_TIMED = pytest.mark.flaky(reruns=2, reruns_delay=1)
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.1) -> T:
-    """Poll until check() is truthy and return its value; fail with the last value on timeout."""
+def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.1, what: str = "") -> T:
+    """Poll until check() is truthy and return its value; fail naming `what` and the last value on timeout."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value or time.monotonic() > deadline:
-            assert value, f"timed out after {timeout} s waiting; last value {value!r}"
+            assert value, f"timed out after {timeout} s waiting{' for ' + what if what else ''}; last value {value!r}"
             return value
         time.sleep(interval)
 

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support import wait_for as support_wait_for
 from tests.support.kubectl import Kubectl
 
 NODE = "playground-node"
@@ -18,15 +19,18 @@ DEADLINE_S = 40  # a loaded machine; each wait takes a few seconds
 def playground(work: Path, *flags: str):
     """(kubectl, the node's workdir) for a playground process on 2 x 80Gi simulated GPUs."""
     kubeconfig, node_dir = work / "playground.kubeconfig", work / "node"
-    proc = subprocess.Popen([sys.executable, "-m", "dra_driver.cli", "playground", "--port", "0",
-                             "--kubeconfig-out", str(kubeconfig), "--workdir", str(node_dir), "--runtime", "process",
-                             "--node-name", NODE, "--log-format", "json", *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # its log goes to a file: a pipe nobody reads while the tests run would fill and block it
+    log = work / "playground.log"
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "dra_driver.cli", "playground", "--port", "0",
+                                 "--kubeconfig-out", str(kubeconfig), "--workdir", str(node_dir), "--runtime",
+                                 "process", "--node-name", NODE, "--log-format", "json", *flags],
+                                stdout=subprocess.DEVNULL, stderr=log_file)
     try:
         deadline = time.monotonic() + 60  # imports and the plugin's start take seconds on a loaded machine
         while not kubeconfig.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert kubeconfig.exists(), f"the playground wrote no kubeconfig: {proc.stderr.read() if proc.poll() else ''}"
+        assert kubeconfig.exists(), f"the playground wrote no kubeconfig: {log.read_text()[-3000:]}"
         yield Kubectl(work, kubeconfig=kubeconfig), node_dir
     finally:
         proc.terminate()
@@ -34,18 +38,18 @@ def playground(work: Path, *flags: str):
 
 
 def wait_for(what: str, probe):
-    """probe() until it returns something truthy; fails naming `what` and the last value."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            assert value, f"{what}: not after {DEADLINE_S}s"
-            return value
-        time.sleep(0.2)
+    """probe() until it returns something truthy, as long as a loaded machine may need."""
+    return support_wait_for(probe, timeout=DEADLINE_S, interval=0.2, what=what)
 
 
 def objects(kubectl, kind: str) -> list[dict]:
     return json.loads(kubectl("get", kind, "-o", "json"))["items"]
+
+
+def pod_events(kubectl, pod: str, reason: str) -> list[str]:
+    """The messages of the Events with this reason about the object named `pod`."""
+    return [e["message"] for e in objects(kubectl, "events")
+            if e["involvedObject"]["name"] == pod and e["reason"] == reason]
 
 
 def prepared(node_dir: Path) -> set[str]:
