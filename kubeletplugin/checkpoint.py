@@ -131,15 +131,22 @@ class Checkpoint:
         self._identity: tuple[int, ...] | None = None  # of the file as last read or written here
         self._view: tuple[tuple[int, ...] | None, dict[str, Entry]] = (None, {})  # on_disk()'s cache
 
-    def load(self) -> str | None:
-        """Read the file (missing = empty); return the boot id it was written under."""
+    def _read(self) -> tuple[dict[str, Entry], str | None, tuple[int, ...]] | None:
+        """(claims, boot id, file identity) of the file as it is now; None when there is none."""
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
                 identity = _identity(os.fstat(f.fileno()))
         except FileNotFoundError:
+            return None
+        return (*decode(data), identity)
+
+    def load(self) -> str | None:
+        """Read the file (missing = empty); return the boot id it was written under."""
+        read = self._read()
+        if read is None:
             return self.boot_id
-        claims, boot_id = decode(data)
+        claims, boot_id, identity = read
         with self._lock:
             self._claims = claims
             self._identity = identity
@@ -167,10 +174,8 @@ class Checkpoint:
         if identity == cached_identity:
             return entries
         try:
-            with open(self.path, "rb") as f:
-                entries, _ = decode(f.read())
-        except FileNotFoundError:
-            entries = {}
+            read = self._read()
+            entries = read[0] if read is not None else {}
         except CheckpointCorrupt as e:
             log.error("checkpoint unreadable; the node agent keeps its last good read", path=self.path, error=str(e))
         self._view = (identity, entries)

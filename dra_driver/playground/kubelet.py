@@ -78,7 +78,6 @@ class PluginManager:
         self.driver_name = driver_name
         self.poll_s = poll_s
         self._plugins: list[_Registered] = []  # registration order, newest last
-        self._by_socket: dict[str, _Registered] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plugin-watcher", daemon=True)
@@ -97,7 +96,6 @@ class PluginManager:
             for p in self._plugins:
                 p.close()
             self._plugins.clear()
-            self._by_socket.clear()
 
     def endpoints(self) -> list[str]:
         with self._lock:
@@ -115,12 +113,11 @@ class PluginManager:
         except FileNotFoundError:
             present = set()
         with self._lock:
-            known = set(self._by_socket)
-        for socket in sorted(known - present):
-            with self._lock:
-                gone = self._by_socket.pop(socket)
-                self._plugins.remove(gone)
-            gone.close()
+            gone = [p for p in self._plugins if p.socket not in present]
+            self._plugins = [p for p in self._plugins if p.socket in present]
+            known = {p.socket for p in self._plugins}
+        for plugin in gone:
+            plugin.close()
         for socket in sorted(present - known):
             self._register(socket)
 
@@ -145,7 +142,6 @@ class PluginManager:
         plugin = _Registered(socket, info.endpoint)
         with self._lock:
             self._plugins.append(plugin)
-            self._by_socket[socket] = plugin
 
     def _pick(self) -> _Registered:
         with self._lock:
