@@ -31,6 +31,12 @@ SIM_COMPUTE_CAPABILITY = "9.0"
 SIM_DRIVER_VERSION = "580.0.0"
 SIM_CUDA_DRIVER_VERSION = "13.0"
 SIM_BRAND = "Nvidia"  # what NVML reports for data-center GPUs since Hopper (NVML_BRAND_NVIDIA)
+SIM_SM_COUNT = 132  # an H100 SXM's (hook/sim/sim_state.h SIM_SM_COUNT)
+
+# CUDA cores per SM by compute capability, as NVIDIA's cuda-samples list them (helper_cuda.h,
+# _ConvertSMVer2Cores): NVML gives a GPU's cores, not its SMs. Volta (7.0) on: MPS's SM limits.
+_CORES_PER_SM = {"7.0": 64, "7.2": 64, "7.5": 64, "8.0": 64, "8.6": 128, "8.7": 128, "8.9": 128,
+                 "9.0": 128, "10.0": 128, "10.1": 128, "10.3": 128, "11.0": 128, "12.0": 128, "12.1": 128}
 
 # NVML_BRAND_* values as NVIDIA's DRA driver names them (go-nvlib's GetBrandAsString), so
 # selectors on `brand` mean the same on both drivers.
@@ -70,6 +76,7 @@ class GpuInfo:
     brand: str = ""  # "Nvidia", "Tesla", ... (NVML's brand); "" when unknown
     pci_bus_id: str = ""  # "0000:3b:00.0"; "" when unknown
     pcie_root: str = ""  # the PCIe root complex, "pci0000:3a"; "" when sysfs does not say
+    sm_count: int = 0  # streaming multiprocessors; 0 when NVML cannot tell (MPS claims are then paced)
     healthy: bool = True
     health_reason: str = ""  # why it is unhealthy, for taints and logs
 
@@ -132,6 +139,7 @@ def _mock_gpu(index: int, memory_bytes: int, **overrides: Any) -> GpuInfo:  # An
         pci_bus_id=sim_pci_bus_id(index),
         # one root complex per PCI domain, as on a single-socket host
         pcie_root=f"pci{sim_pci_bus_id(index)[:4]}:00",
+        sm_count=SIM_SM_COUNT,
     )
     return replace(gpu, **overrides) if overrides else gpu
 
@@ -353,11 +361,22 @@ class NvmlBackend:
                 brand=brand,
                 pci_bus_id=bus_id,
                 pcie_root=pcie_root(bus_id, self._sysfs),
+                sm_count=self._sm_count(handle, f"{major}.{minor_cc}"),
             )
         except nvml.NVMLError as e:
             return GpuInfo(index, uuid, index, "unknown", 0, "unknown", "0.0", driver, cuda_version,
                            healthy=False, health_reason=f"NVML query of GPU {index} ({uuid}) failed: {e}")
 
+
+    def _sm_count(self, handle: Any, compute_capability: str) -> int:
+        """The GPU's SMs: NVML's CUDA cores over the cores per SM of its compute capability; 0
+        when either is unknown (an older driver, a newer GPU than the table)."""
+        per_sm = _CORES_PER_SM.get(compute_capability)
+        try:
+            cores = int(self._nvml.nvmlDeviceGetNumGpuCores(handle)) if per_sm else 0
+        except self._nvml.NVMLError:
+            cores = 0
+        return cores // per_sm if per_sm and cores % per_sm == 0 else 0
 
     def _placement(self, handle: Any) -> tuple[str, str]:
         """(brand, PCI address); "" for what this GPU's NVML does not tell: they describe the GPU

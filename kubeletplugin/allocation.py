@@ -19,7 +19,7 @@ not honour.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_driver import config as gpuconfig
@@ -102,6 +102,8 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
                            for s, n in strategies.items())
         raise ClaimError(f"status.allocation.devices.config: one sharingStrategy per claim: its GPUs got {chosen}")
     strategy = next(iter(strategies), gpuconfig.TIME_SLICING)
+    if strategy == gpuconfig.MPS:  # the library checks an MPS client's SMs against the GPU's
+        limits = [replace(g, sm_count=gpus[g.index].sm_count) for g in limits]
     if strategy == gpuconfig.MPS and len(limits) > 1:  # a container reaches one GPU's control daemon
         indexes = ", ".join(str(g.index) for g in limits)
         raise ClaimError(f"status.allocation.devices.results: sharingStrategy MPS "

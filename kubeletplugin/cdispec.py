@@ -8,7 +8,8 @@ request it uses) without getting duplicate mounts. Each device entry only sets a
 informational `GPUSHARE_ALLOCATION_<k>` (CDI rejects devices without edits).
 
 By sharing strategy (docs/strategies.md): TimeSlicing as above; MPS adds the GPU's MPS pipe
-folder and the client's limits (the library then does not pace); None injects no library,
+folder and the client's limits (the library leaves a client within its share to the MPS server
+and paces any other process of the claim); None injects no library,
 limits file, region or preload: device nodes, GPUSHARE_CLAIM_UID, GPUSHARE_SHARING_STRATEGY only.
 """
 
@@ -21,7 +22,7 @@ from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec
 from dra_driver import mpslayout
 from dra_driver.config import MPS
 
-from .claimfiles import CONTAINER_LIBRARY, ClaimFiles, library_compute
+from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
 from .prepared import PreparedClaim
 
 KIND = "k8s.gpushare.dev/claim"
@@ -86,7 +87,7 @@ def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: 
                    Mount(files.limits_path(uid), CONTAINER_LIMITS, _RO)]
         for i, gpu in enumerate(claim.gpus):
             env += [f"GPUSHARE_MEMORY_LIMIT_{i}={gpu.memory_limit}",
-                    f"GPUSHARE_COMPUTE_LIMIT_{i}={library_compute(claim, gpu.compute_limit)}",
+                    f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu.compute_limit}",
                     f"GPUSHARE_DEVICE_UUID_{i}={gpu.uuid}"]
             mounts.append(Mount(files.region_path(uid, i), f"{CONTAINER_REGION_DIR}/{i}", _RW))
             # the agent's rate: trusted by the library because no tenant can write it
@@ -116,7 +117,8 @@ def mps_edits(claim: PreparedClaim, state_dir: str) -> tuple[list[str], list[Mou
     """The GPU's MPS pipe folder at MPS's default path, and the client's own share.
 
     The share env vars only let a tenant lower its share: the control daemon's limits for the
-    server are the ceiling (kubeletplugin/mps.py sets them). One GPU per MPS claim: a pipe
+    server are the ceiling (kubeletplugin/mps.py sets them), and the library paces a process
+    that is no client within the claim's share (hook/src/hook.c, mps_holds). One GPU per MPS claim: a pipe
     folder names one control daemon, and Prepare refuses MPS claims of several GPUs.
     """
     gpu = claim.gpus[0]

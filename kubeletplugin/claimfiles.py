@@ -38,17 +38,15 @@ def limits_text(claim: PreparedClaim) -> str:
     lines = ["# gpushare limits: written by the kubelet plugin, read by libgpushare.so",
              f"GPUSHARE_LIMITS_VERSION={LIMITS_VERSION}", f"GPUSHARE_CLAIM_UID={claim.uid}",
              f"GPUSHARE_GPU_COUNT={len(claim.gpus)}"]
+    if claim.sharing_strategy == MPS:  # the library leaves a client within its share to the server
+        lines.append(f"GPUSHARE_SHARING_STRATEGY={MPS}")
     for i, gpu in enumerate(claim.gpus):
         lines += [f"GPUSHARE_DEVICE_UUID_{i}={gpu.uuid}", f"GPUSHARE_MEMORY_LIMIT_{i}={gpu.memory_limit}",
-                  f"GPUSHARE_COMPUTE_LIMIT_{i}={library_compute(claim, gpu.compute_limit)}",
+                  f"GPUSHARE_COMPUTE_LIMIT_{i}={gpu.compute_limit}",
                   f"GPUSHARE_COMPUTE_POLICY_{i}={gpu.compute_policy}"]
+        if gpu.sm_count:
+            lines.append(f"GPUSHARE_SM_COUNT_{i}={gpu.sm_count}")
     return "\n".join(lines) + "\n"
-
-
-def library_compute(claim: PreparedClaim, compute_limit: int) -> int:
-    """The compute limit the library paces to: under MPS the server's active-thread percentage
-    holds compute (kernels run side by side), so the library does not pace (100 %)."""
-    return 100 if claim.sharing_strategy == MPS else compute_limit
 
 
 def file_names(claim: PreparedClaim) -> list[str]:

@@ -40,10 +40,14 @@ class PreparedGpu:
     memory_limit: int  # bytes
     compute_limit: int  # percent, 1..100
     compute_policy: str = "Hard"  # COMPUTE_POLICIES
+    sm_count: int = 0  # the GPU's SMs, recorded for MPS claims only (the library checks MPS clients against it)
 
     def to_json(self) -> JSON:
-        return {"index": self.index, "uuid": self.uuid, "minor": self.minor, "memoryLimit": self.memory_limit,
-                "computeLimit": self.compute_limit, "computePolicy": self.compute_policy}
+        doc: JSON = {"index": self.index, "uuid": self.uuid, "minor": self.minor, "memoryLimit": self.memory_limit,
+                     "computeLimit": self.compute_limit, "computePolicy": self.compute_policy}
+        if self.sm_count:  # absent before MPS claims carried it: earlier releases read the rest unchanged
+            doc["smCount"] = self.sm_count
+        return doc
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,8 @@ def _gpu(d: _Fields) -> PreparedGpu:
     policy = d.optional_text("computePolicy", lambda v: v in COMPUTE_POLICIES, " or ".join(COMPUTE_POLICIES))
     return PreparedGpu(index=d.integer("index", 0), uuid=d.text("uuid", _any, "a string"),
                        minor=d.integer("minor", 0), memory_limit=d.integer("memoryLimit", 0),
-                       compute_limit=d.integer("computeLimit", 1, FULL_COMPUTE), compute_policy=policy or "Hard")
+                       compute_limit=d.integer("computeLimit", 1, FULL_COMPUTE), compute_policy=policy or "Hard",
+                       sm_count=d.integer("smCount", 0, optional=True))
 
 
 def _device(d: _Fields, gpus: set[int]) -> PreparedDevice:
@@ -168,7 +173,10 @@ class _Fields:
             raise PreparedError(f"{self.where}.{key}: expected {what} (got {show(value)})")
         return value
 
-    def integer(self, key: str, low: int, high: int | None = None) -> int:
+    def integer(self, key: str, low: int, high: int | None = None, optional: bool = False) -> int:
+        """`optional`: a missing or null key reads as `low`."""
+        if optional and self.doc.get(key) is None:
+            return low
         value = self._required(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
             span = f"from {low} to {high}" if high is not None else f"of at least {low}"

@@ -119,6 +119,7 @@ def test_nvml_backend_maps_every_field(monkeypatch, tmp_path):
     assert (g.architecture, g.cuda_compute_capability, g.driver_version, g.cuda_driver_version) == (
         "Hopper", "9.0", "580.65.06", "13.0")
     assert (g.brand, g.pci_bus_id, g.pcie_root) == ("Nvidia", "0000:3c:00.0", "pci0000:3a")
+    assert g.sm_count == 132  # 16896 cores of compute capability 9.0, 128 a SM
     assert (gpus[0].pci_bus_id, gpus[0].pcie_root) == ("0000:3b:00.0", "")  # not in this sysfs
 
 
@@ -129,10 +130,18 @@ def test_nvml_without_brand_or_pci_info_leaves_them_unknown(monkeypatch):
     def not_supported(handle):
         raise pynvml.NVMLError("Not Supported")
 
-    pynvml.nvmlDeviceGetBrand = pynvml.nvmlDeviceGetPciInfo = not_supported
+    pynvml.nvmlDeviceGetBrand = pynvml.nvmlDeviceGetPciInfo = pynvml.nvmlDeviceGetNumGpuCores = not_supported
     monkeypatch.setitem(sys.modules, "pynvml", pynvml)
     g = make_backend("nvml").discover()[0]
     assert (g.healthy, g.brand, g.pci_bus_id, g.pcie_root, g.memory_bytes) == (True, "", "", "", 80 << 30)
+    assert g.sm_count == 0  # unknown: the library paces MPS claims' processes (docs/strategies.md)
+
+
+def test_sm_count_is_unknown_for_a_compute_capability_not_in_the_table(monkeypatch):
+    pynvml = fake_pynvml()
+    pynvml.nvmlDeviceGetCudaComputeCapability = lambda h: (13, 0)
+    monkeypatch.setitem(sys.modules, "pynvml", pynvml)
+    assert make_backend("nvml").discover()[0].sm_count == 0
 
 
 def test_pcie_root_from_sysfs(tmp_path):

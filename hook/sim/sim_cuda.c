@@ -143,6 +143,17 @@ SIM_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
     return CUDA_SUCCESS;
 }
 
+/* The SMs an MPS client may use: its active-thread share of them, rounded up to whole TPCs
+ * (2 SMs), as the driver rounds an SM limit "up to the next hardware-supported amount"
+ * (cuda.h, cuCtxCreate_v4). */
+static int mps_sm_count(void)
+{
+    uint32_t ppm = sim_me->mps_threads_ppm;
+    uint64_t sms = ((uint64_t)ppm * SIM_SM_COUNT + SIM_FULL - 1) / SIM_FULL;
+    sms += sms & 1;
+    return sms > SIM_SM_COUNT ? SIM_SM_COUNT : (int)sms;
+}
+
 SIM_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
 {
     NEED_INIT();
@@ -150,6 +161,9 @@ SIM_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
     switch (attr) {
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+    /* the whole GPU's, also for an MPS client, which on real MPS sees its share's SMs here
+     * (NVIDIA/k8s-device-plugin#679): the probe sizes its grids from this, and its figures are
+     * GPU shares only for grids of the whole GPU. The library never reads it (mps_holds). */
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = SIM_SM_COUNT; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
@@ -231,6 +245,16 @@ SIM_API CUresult cuCtxGetDevice(CUdevice *d)
 {
     NEED_CTX();
     *d = me()->cur->dev;
+    return CUDA_SUCCESS;
+}
+/* "only supported under Volta+ MPS" (cuda.h): a plain context has no execution affinity */
+SIM_API CUresult cuCtxGetExecAffinity(CUexecAffinityParam *p, int type)
+{
+    NEED_CTX();
+    if (!p || type != CU_EXEC_AFFINITY_TYPE_SM_COUNT) return CUDA_ERROR_INVALID_VALUE;
+    if (!sim_me || !sim_me->mps_server) return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
+    p->type = type;
+    p->param.smCount.val = (unsigned)mps_sm_count();
     return CUDA_SUCCESS;
 }
 static void wait_idle(void)
@@ -557,6 +581,7 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY", "the provided execution affinity is not supported"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
@@ -934,6 +959,7 @@ static const struct proc g_procs[] = {
     P(cuCtxDestroy, 4000, 0, cuCtxDestroy_v2), P(cuCtxSetCurrent, 0, 0, cuCtxSetCurrent),
     P(cuCtxGetCurrent, 0, 0, cuCtxGetCurrent), P(cuCtxPushCurrent, 4000, 0, cuCtxPushCurrent_v2),
     P(cuCtxPopCurrent, 4000, 0, cuCtxPopCurrent_v2), P(cuCtxGetDevice, 0, 0, cuCtxGetDevice),
+    P(cuCtxGetExecAffinity, 11040, 0, cuCtxGetExecAffinity),
     P(cuCtxSynchronize, 0, 0, cuCtxSynchronize),
     P(cuStreamCreate, 0, 0, cuStreamCreate), P(cuStreamCreateWithPriority, 0, 0, cuStreamCreateWithPriority),
     P(cuStreamDestroy, 4000, 0, cuStreamDestroy_v2), P(cuStreamSynchronize, 0, 0, cuStreamSynchronize),

@@ -117,6 +117,8 @@ SIM_API nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, unsigned int mode)
     __atomic_store_n(&sim->dev[d->index].compute_mode, mode, __ATOMIC_RELAXED);
     return NVML_SUCCESS;
 }
+/* an H100 SXM's: 132 SMs of 128 CUDA cores (SIM_SM_COUNT) */
+SIM_API nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t d, unsigned int *cores) { DEV(d); *cores = SIM_SM_COUNT * 128; return NVML_SUCCESS; }
 SIM_API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch) { DEV(d); *arch = 9; /* Hopper */ return NVML_SUCCESS; }
 SIM_API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand) { DEV(d); *brand = 14; /* NVML_BRAND_NVIDIA */ return NVML_SUCCESS; }
 /* GPU i sits on PCI bus i + 1 of domain 0 (dra_driver/discovery.py sim_pci_bus_id) */

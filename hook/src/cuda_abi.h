@@ -33,6 +33,7 @@ enum {
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY = 224,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
@@ -51,6 +52,14 @@ enum {
 #define CU_GET_PROC_ADDRESS_SUCCESS 0
 #define CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND 1
 #define CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT 2
+
+/* cuCtxGetExecAffinity (CUDA 11.4+): the SMs a context may use; "only supported under
+ * Volta+ MPS" (cuda.h), so a plain context answers CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY */
+#define CU_EXEC_AFFINITY_TYPE_SM_COUNT 0
+typedef struct {
+    int type;
+    union { struct { unsigned int val; } smCount; } param;
+} CUexecAffinityParam;
 
 #define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK 1
 #define CU_DEVICE_ATTRIBUTE_WARP_SIZE 10
@@ -223,6 +232,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
 CUresult cuCtxGetDevice(CUdevice *dev);
+CUresult cuCtxGetExecAffinity(CUexecAffinityParam *param, int type);
 CUresult cuCtxSynchronize(void);
 CUresult cuStreamCreate(CUstream *ps, unsigned int flags);
 CUresult cuStreamDestroy_v2(CUstream s);

@@ -65,7 +65,7 @@ REAL(cuEventRecord); REAL(cuEventRecord_ptsz); REAL(cuEventQuery); REAL(cuEventS
 REAL(cuEventElapsedTime_v2);
 REAL(nvmlDeviceGetUUID); REAL(nvmlDeviceGetIndex); REAL(nvmlDeviceGetCount_v2);
 REAL(nvmlDeviceGetHandleByIndex_v2);
-REAL(cuCtxGetCurrent); REAL(cuDeviceGetAttribute);
+REAL(cuCtxGetCurrent); REAL(cuDeviceGetAttribute); REAL(cuCtxGetExecAffinity);
 
 enum { LIB_CUDA, LIB_NVML };
 
@@ -140,6 +140,7 @@ static const struct hook hooks[] = {
     HELPER(nvmlDeviceGetUUID, LIB_NVML), HELPER(nvmlDeviceGetIndex, LIB_NVML),
     HELPER(nvmlDeviceGetCount_v2, LIB_NVML), HELPER(nvmlDeviceGetHandleByIndex_v2, LIB_NVML),
     HELPER(cuCtxGetCurrent, LIB_CUDA), HELPER(cuDeviceGetAttribute, LIB_CUDA),
+    HELPER(cuCtxGetExecAffinity, LIB_CUDA),
 };
 #define NHOOKS (sizeof hooks / sizeof hooks[0])
 
@@ -167,6 +168,9 @@ struct gpu_state {
     int failed;                /* fail closed: every allocation refused, 0 reported */
     uint64_t limit;
     int compute, burst;
+    int mps;                   /* sharingStrategy MPS: the server may hold compute (mps_holds) */
+    uint32_t sm_count;         /* the GPU's SMs, from the limits file; 0 = unknown */
+    uintptr_t mps_seen;        /* the context last checked, | 1 if the server holds it; 0 = none */
     struct gs_region region;
     const struct gs_control *control; /* the agent's trusted rate and slot; NULL = none */
     /* pacing: cost of a launch (GPU ns) measured with an event pair every SAMPLE_NS */
@@ -226,6 +230,7 @@ static void atfork_child(void)
         pthread_mutex_init(&g->sample_lock, NULL);
         g->pending = 0;
         g->my_tat_ns = 0;
+        g->mps_seen = 0;
         g->ev0 = g->ev1 = NULL; /* events of the parent's contexts */
     }
 }
@@ -342,6 +347,8 @@ static struct gpu_state *open_slot(int i)
     g->limit = g_limits.gpu[i].memory;
     g->compute = g_limits.gpu[i].compute;
     g->burst = g_limits.gpu[i].burst;
+    g->mps = g_limits.mps;
+    g->sm_count = g_limits.gpu[i].sm_count;
     pthread_mutex_init(&g->sample_lock, NULL);
     char path[4200];
     snprintf(path, sizeof path, "%s/region/%d", g_limits.dir, i);
@@ -815,6 +822,8 @@ HOOK CUresult cuCtxDestroy_v2(CUcontext c)
 {
     ensure_cuda();
     CUresult rc = real_cuCtxDestroy_v2(c);
+    for (int i = 0; rc == CUDA_SUCCESS && i < GS_MAX_GPUS; i++) /* a new context may get its address */
+        if (g_gpu_open[i]) __atomic_store_n(&g_gpu[i].mps_seen, 0, __ATOMIC_RELEASE);
     struct gs_ptr_entry e;
     for (int limit = 0; rc == CUDA_SUCCESS && limit <= CU_LIMIT_MALLOC_HEAP_SIZE; limit++)
         if (gs_ptrmap_take(&g_ptrs, GS_KIND_CTX_LIMIT, ctx_limit_key(c, limit), &e)) release(&g_gpu[e.gpu], e.size);
@@ -996,6 +1005,42 @@ static uint64_t book(uint64_t *tat, uint64_t now, uint64_t floor, uint64_t inter
     return base;
 }
 
+/* MPS (docs/strategies.md): a client of the claim's MPS server runs on the SMs the server
+ * gives it, so within its share it needs no pacing. Whether it is one is asked of the driver,
+ * never read from the environment the tenant writes: an MPS context reports the SMs it may use
+ * (cuCtxGetExecAffinity), a plain one has no execution affinity. Paced, then: a context that is
+ * no MPS client (CUDA_MPS_PIPE_DIRECTORY dropped or pointed elsewhere), one allowed more SMs
+ * than the claim's share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE unset or raised where the server's
+ * ceiling is another claim's larger share), and any context when the GPU's SM count is unknown
+ * or the driver predates the call (CUDA 11.4). MPS_SM_SLACK: the driver rounds an SM limit up to
+ * whole TPCs (2 SMs). One answer per context, kept until the next context launches. */
+#define MPS_SM_SLACK 2u
+
+static int mps_holds(struct gpu_state *g)
+{
+    CUcontext ctx = NULL;
+    if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return 0;
+    uintptr_t seen = __atomic_load_n(&g->mps_seen, __ATOMIC_ACQUIRE);
+    if ((seen & ~(uintptr_t)1) == (uintptr_t)ctx) return (int)(seen & 1);
+    CUexecAffinityParam a = {0};
+    CUresult rc = g->sm_count ? real_cuCtxGetExecAffinity(&a, CU_EXEC_AFFINITY_TYPE_SM_COUNT) : CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t sms = rc == CUDA_SUCCESS ? a.param.smCount.val : 0;
+    int within = rc == CUDA_SUCCESS && sms * 100 <= (uint64_t)g->sm_count * (uint64_t)g->compute + MPS_SM_SLACK * 100;
+    __atomic_store_n(&g->mps_seen, (uintptr_t)ctx | (uintptr_t)within, __ATOMIC_RELEASE);
+    static int said;
+    if (!within && !__atomic_exchange_n(&said, 1, __ATOMIC_ACQ_REL)) {
+        if (!g->sm_count)
+            gs_log("MPS claim: the limits file does not give the GPU's SM count; pacing to the %d %% share", g->compute);
+        else if (rc != CUDA_SUCCESS)
+            gs_log("MPS claim: this process is no MPS client of the claim's server (cuCtxGetExecAffinity: %d); "
+                   "pacing it to the %d %% share", rc, g->compute);
+        else
+            gs_log("MPS claim: the MPS server lets this process use %llu of the GPU's %u SMs, more than the %d %% "
+                   "share; pacing it to the share", (unsigned long long)sms, g->sm_count, g->compute);
+    }
+    return within;
+}
+
 static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr_t key)
 {
     L->g = NULL;
@@ -1004,6 +1049,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
     if (g_launch_mode != LAUNCH_PACE) return;
     struct gpu_state *g = current_gpu();
     if (!g || g->failed || g->compute >= 100) return;
+    if (g->mps && mps_holds(g)) return;
     int captures = __atomic_load_n(&g_captures, __ATOMIC_RELAXED) > 0;
     if (captures && capturing(s, ptsz)) return; /* it goes into a graph: nothing runs now */
     L->g = g;

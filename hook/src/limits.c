@@ -90,6 +90,13 @@ int gs_limits_parse(struct gs_limits *l, const char *text, int require_version,
             if (strcmp(val, "Hard") == 0) l->gpu[i].burst = 0;
             else if (strcmp(val, "Burst") == 0) l->gpu[i].burst = 1;
             else goto bad_value;
+        } else if ((i = indexed_key(key, "GPUSHARE_SM_COUNT_", &bad)) >= 0) {
+            if (parse_u64(val, &v) != 0 || v < 1 || v > 100000) goto bad_value;
+            l->gpu[i].sm_count = (uint32_t)v;
+        } else if (strcmp(key, "GPUSHARE_SHARING_STRATEGY") == 0) {
+            if (strcmp(val, "MPS") == 0) l->mps = 1;
+            else if (strcmp(val, "TimeSlicing") == 0 || strcmp(val, "None") == 0) l->mps = 0;
+            else goto bad_value;
         } else if ((i = indexed_key(key, "GPUSHARE_DEVICE_UUID_", &bad)) >= 0) {
             if (strlen(val) >= sizeof l->gpu[i].uuid) goto bad_value;
             strcpy(l->gpu[i].uuid, val);

@@ -21,12 +21,15 @@ struct gs_gpu_limit {
     uint64_t memory;    /* bytes, > 0 */
     int compute;        /* percent 1..100 */
     int burst;          /* policy Burst: a node agent may raise the rate above the limit */
+    uint32_t sm_count;  /* the GPU's SMs, from the plugin (0: unknown): MPS clients are
+                           measured against it (hook.c, "MPS") */
 };
 
 struct gs_limits {
     enum gs_mode mode;
     int failed;                 /* present but unreadable or invalid: fail closed */
     int count;
+    int mps;                    /* sharingStrategy MPS: the MPS server may hold compute */
     char dir[4096];             /* folder holding region/<i>; "" in env mode */
     struct gs_gpu_limit gpu[GS_MAX_GPUS];
 };

@@ -90,6 +90,16 @@ def test_what_prepare_can_record_reads_back():
     assert claim.to_json() == doc
 
 
+def test_an_mps_claims_sm_count_reads_back_and_is_optional():
+    doc = json.loads(fixture("prepared-capacity.json"))
+    doc["sharingStrategy"] = "MPS"
+    doc["gpus"][0]["smCount"] = 132
+    claim = PreparedClaim.from_json(doc)
+    assert claim.gpus[0].sm_count == 132 and claim.to_json() == doc
+    del doc["gpus"][0]["smCount"]  # prepared before MPS claims carried it: unknown, so paced
+    assert PreparedClaim.from_json(doc).gpus[0].sm_count == 0
+
+
 def test_older_documents_take_the_defaults_they_implied():
     doc = json.loads(fixture("prepared-partition.json"))
     for gpu in doc["gpus"]:
@@ -133,6 +143,7 @@ MALFORMED = [
     (("gpus", 0, "computeLimit"), 101, "prepared.gpus[0].computeLimit", "101"),
     (("gpus", 0, "computeLimit"), DELETE, "prepared.gpus[0].computeLimit: missing", ""),
     (("gpus", 0, "computePolicy"), "Soft", "prepared.gpus[0].computePolicy", "'Soft'"),
+    (("gpus", 0, "smCount"), -1, "prepared.gpus[0].smCount", "-1"),
     (("devices",), None, "prepared.devices", "None"),
     (("devices", 0, "requestNames"), ["gpu", 3], "prepared.devices[0].requestNames[1]", "3"),
     (("devices", 0, "requestNames"), "gpu", "prepared.devices[0].requestNames", "'gpu'"),

@@ -76,7 +76,7 @@ def test_one_strategy_per_claim(api, kubelet, dirs):
                      "serves one GPU per claim (got GPUs 0, 1)")
 
 
-def test_mps_claim_gets_the_gpus_pipe_and_an_unpaced_library(api, kubelet, dirs):
+def test_mps_claim_gets_the_gpus_pipe_and_its_share_in_the_limits_file(api, kubelet, dirs):
     claim, error = prepare(api, kubelet, opaque_config(gpushare_config(sharingStrategy="MPS")))
     assert error == ""
     spec = load_spec(dirs, claim.uid)
@@ -86,9 +86,11 @@ def test_mps_claim_gets_the_gpus_pipe_and_an_unpaced_library(api, kubelet, dirs)
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     uuid0 = env["GPUSHARE_DEVICE_UUID_0"]
     assert mounts["/tmp/nvidia-mps"] == os.path.join(dirs.state, "mps", uuid0, "pipe")
-    # the library still holds the memory budget; compute is the MPS server's, so it does not pace
+    # the library holds the memory budget, and paces to the share any process the MPS server does
+    # not hold to it: it checks a client's SMs against the GPU's (tests/agent/test_mps_tenant.py)
     limits = limits_of(dirs, claim.uid)
-    assert limits["GPUSHARE_MEMORY_LIMIT_0"] == str(4 * GiB) and limits["GPUSHARE_COMPUTE_LIMIT_0"] == "100"
+    assert limits["GPUSHARE_MEMORY_LIMIT_0"] == str(4 * GiB) and limits["GPUSHARE_COMPUTE_LIMIT_0"] == "30"
+    assert limits["GPUSHARE_SHARING_STRATEGY"] == "MPS" and limits["GPUSHARE_SM_COUNT_0"] == "132"
     kubelet.unprepare(claim)  # the GPU's last MPS claim: its control daemon stops
     assert not os.path.exists(os.path.join(dirs.state, "mps", uuid0))
 
@@ -108,7 +110,7 @@ def test_one_claim_of_each_strategy_side_by_side_on_one_gpu(api, kubelet, dirs):
                           limits_of(dirs, claim.uid)["GPUSHARE_COMPUTE_LIMIT_0"] if "limits" in os.listdir(folder)
                           else None)
     assert held == {"TimeSlicing": (True, None, "25"),  # library paces to the 25 % share
-                    "MPS": (True, "25", "100"),         # the server holds compute, the library memory
+                    "MPS": (True, "25", "25"),          # the server holds compute, the library the rest
                     "None": (False, None, None)}        # nothing injected
     for claim in claims:
         kubelet.unprepare(claim)

@@ -82,6 +82,7 @@ def fake_pynvml(fail_init=None, lost_index=None):
     m.nvmlDeviceGetName = lambda h: "NVIDIA H100 80GB HBM3"
     m.nvmlDeviceGetMemoryInfo = lambda h: Mem(80 << 30, 80 << 30, 0)
     m.nvmlDeviceGetArchitecture = lambda h: 9
+    m.nvmlDeviceGetNumGpuCores = lambda h: 132 * 128  # an H100 SXM: 132 SMs of 128 cores
     m.nvmlDeviceGetBrand = lambda h: 14  # NVML_BRAND_NVIDIA
     Pci = namedtuple("Pci", "busId")
     m.nvmlDeviceGetPciInfo = lambda h: Pci(f"00000000:{0x3B + h:02X}:00.0".encode())
