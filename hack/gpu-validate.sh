@@ -66,7 +66,7 @@ claim() {
     cat > "$1/limits" <<LIMITS
 GPUSHARE_LIMITS_VERSION=1
 GPUSHARE_GPU_COUNT=1
-GPUSHARE_DEVICE_UUID_0=$UUID
+GPUSHARE_DEVICE_UUID_0=${UUID:-}
 GPUSHARE_MEMORY_LIMIT_0=$LIMIT
 GPUSHARE_COMPUTE_LIMIT_0=$2
 GPUSHARE_COMPUTE_POLICY_0=${3:-Hard}
@@ -320,20 +320,23 @@ mps_stop() {
 SMS=132
 [ "$SIM" = 1 ] || SMS=$(nvidia-smi --query-gpu=multiprocessor_count --format=csv,noheader -i "$GPU" 2>/dev/null || echo 132)
 [[ "$SMS" =~ ^[0-9]+$ ]] || SMS=132
-# mps_run DIR PERCENT|- KIND SECONDS: one client (DIR "": no MPS) lowering its server's
-# percentage to PERCENT; prints its rate (work per second; serve: the latency line)
+# mps_run DIR PERCENT|- KIND SECONDS [CLAIM]: one client (DIR "": no MPS) lowering its server's
+# percentage to PERCENT; prints its rate (work per second; serve: the latency line). CLAIM: a
+# claim dir whose library is preloaded; its stderr goes to CLAIM/stderr
 mps_run() {
-    local dir=$1 pct=$2 kind=$3 secs=$4 out
+    local dir=$1 pct=$2 kind=$3 secs=$4 under_claim=${5:-} out
     local env=(CUDA_VISIBLE_DEVICES="$GPU")
     [ -n "$dir" ] && env+=(CUDA_MPS_PIPE_DIRECTORY="$dir/pipe")
     [ "$pct" != - ] && env+=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="$pct")
+    [ -n "$under_claim" ] && env+=(GPUSHARE_RUN_DIR="$under_claim" LD_PRELOAD="$LIB")
+    exec 3>"${under_claim:-/dev/null}${under_claim:+/stderr}"
     if [ "$SIM" = 0 ]; then
-        out=$(env "${env[@]}" "$PY" "$WORK/work.py" "$kind" "$secs")
+        out=$(env "${env[@]}" "$PY" "$WORK/work.py" "$kind" "$secs" 2>&3)
         if [ "$kind" = serve ]; then echo "$out"; else rate "$out"; fi
         return
     fi
     case $kind in
-        matmul) out=$(env "${env[@]}" "$PROBE" launch --seconds "$secs" --kernel-us 500) ;;
+        matmul) out=$(env "${env[@]}" "$PROBE" launch --seconds "$secs" --kernel-us 500 2>&3) ;;
         infer) out=$(env "${env[@]}" "$PROBE" launch --seconds "$secs" --kernel-us 410 --grid $((SMS / 4))) ;;
         serve) env "${env[@]}" "$PROBE" serve --seconds "$secs" --grid $((SMS / 4)); return ;;
     esac
@@ -366,6 +369,22 @@ lowered=$(pct "$(mps_run "$d" 10 matmul 5)" "${SOLO[matmul]}")
 mps_stop "$d"
 check "MPS server at 30: a client's variable at 100 does not raise it" "$(within "$raised" 30 3)" "${raised}% of solo"
 check "MPS server at 30: a client's variable at 10 lowers it" "$(within "$lowered" 10 3)" "${lowered}% of solo"
+# The library under an MPS claim's limits file (docs/strategies.md, hook/src/hook.c mps_holds):
+# a client the server holds to the 30 % share runs unpaced (cuCtxGetExecAffinity gives its SMs);
+# the same process without the pipe folder is a plain context, paced to 30 %. Needs the real
+# MPS behaviour the simulator assumes: an MPS context reports its SM limit, a plain one none.
+d="$WORK/mps-claim"; mps_start "$d" 30
+claim "$d/claim" 30
+printf 'GPUSHARE_SHARING_STRATEGY=MPS\nGPUSHARE_SM_COUNT_0=%s\n' "$SMS" >> "$d/claim/limits"
+held=$(pct "$(mps_run "$d" - matmul 5 "$d/claim")" "${SOLO[matmul]}")
+held_said=$(grep -c "MPS claim:" "$d/claim/stderr" || true)
+plain=$(pct "$(mps_run "" - matmul 5 "$d/claim")" "${SOLO[matmul]}")
+plain_said=$(grep -o "MPS claim: .*" "$d/claim/stderr" | head -1)
+mps_stop "$d"
+check "MPS claim: a client held to 30 % is not paced" "$([ "$held_said" = 0 ] && within "$held" 30 3 || echo 0)" \
+    "${held}% of solo; library said nothing"
+check "MPS claim: no pipe folder, paced to 30 %" "$([ -n "$plain_said" ] && within "$plain" 30 3 || echo 0)" \
+    "${plain}% of solo; ${plain_said:-the library said nothing}"
 d="$WORK/mps-latency"; mps_start "$d" 50
 lat_alone=$(mps_run "" - serve 8)
 mps_run "$d" - infer 10 > /dev/null & nb=$!; sleep 1
