@@ -11,6 +11,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from . import mpslayout
+
 
 class Field(NamedTuple):
     """One field of a C struct: byte offset and size (as offsetof/sizeof give them)."""
@@ -92,8 +94,8 @@ def slot_offset(index: int) -> int:
 # A process is a client of a simulated MPS server when $CUDA_MPS_PIPE_DIRECTORY/SIM_MPS_FILE
 # describes one (the trusted side writes it where the real control daemon would keep its pipes);
 # the client's own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE may only lower the file's percentage.
-SIM_MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"                         # GS_SIM_MPS_PIPE_ENV
-SIM_MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"            # GS_SIM_MPS_THREADS_ENV
+SIM_MPS_PIPE_ENV = mpslayout.PIPE_ENV                                # GS_SIM_MPS_PIPE_ENV: MPS's own names
+SIM_MPS_THREADS_ENV = mpslayout.THREAD_ENV                           # GS_SIM_MPS_THREADS_ENV
 SIM_MPS_FILE = "gpushare-sim-mps"                                    # GS_SIM_MPS_FILE
 SIM_MPS_VERSION = 1                                                  # GS_SIM_MPS_VERSION
 SIM_MPS_KEY_VERSION = "GPUSHARE_SIM_MPS_VERSION"                     # GS_SIM_MPS_KEY_VERSION
