@@ -109,8 +109,10 @@ def test_tail_follows_appends_truncation_and_a_new_file(tmp_path):
     assert tail.read() == []
     path.write_text("c\n")  # a file there later is a new one
     assert tail.read() == ["c"]
-    assert LogTail(str(tmp_path / "later.log"), from_end=True).read() == []
+    later = LogTail(str(tmp_path / "later.log"), from_end=True)
+    assert later.read() == []
     (tmp_path / "later.log").write_text("d\n")  # absent at start: read from its start once there
+    assert later.read() == ["d"]
 
 
 # ---- on a node: the plugin, its agent, the stand-in daemon, the API emulator -------------------
