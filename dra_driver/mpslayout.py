@@ -29,10 +29,32 @@ SET_PINNED = "set_device_pinned_mem_limit"                     # <server pid> <d
 GET_SERVERS = "get_server_list"                                # one server pid a line
 QUIT = "quit"
 
+# control.log, in the log folder: the control daemon's lines about its servers, which the node
+# agent follows (dra_driver/agent/mpswatch.py) and the stand-in daemon writes alike. Each line is
+# `[<yyyy-mm-dd hh:mm:ss.mmm> Control <pid, width 5>] <message>`; the messages below as real
+# daemons (CUDA 12-13) wrote them in logs posted publicly:
+#   NVIDIA/k8s-device-plugin#685 (https://github.com/NVIDIA/k8s-device-plugin/issues/685): a server
+#     that failed: "Server encountered a fatal exception. Shutting down", "Server 95 exited with
+#     status 1", then "Starting new server 98 for user 0";
+#   kubernetes-sigs/dra-driver-nvidia-gpu#1153
+#     (https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu/pull/1153) and
+#     NVIDIA/k8s-device-plugin#1614 (https://github.com/NVIDIA/k8s-device-plugin/issues/1614):
+#     "Starting new server 11803 for user 1000", "NEW SERVER 11803: Ready".
+CONTROL_LOG = "control.log"
+LOG_SERVER_START = "Starting new server {pid} for user {uid}"
+LOG_SERVER_READY = "NEW SERVER {pid}: Ready"
+LOG_SERVER_FATAL = "Server encountered a fatal exception. Shutting down"
+LOG_SERVER_EXIT = "Server {pid} exited with status {status}"
+
+
+def root(state_dir: str) -> str:
+    """<state-dir>/mps: one folder per GPU with a control daemon."""
+    return os.path.join(state_dir, "mps")
+
 
 def gpu_dir(state_dir: str, gpu_uuid: str) -> str:
     """<state-dir>/mps/<gpu uuid>: the GPU's control daemon's folders."""
-    return os.path.join(state_dir, "mps", gpu_uuid)
+    return os.path.join(root(state_dir), gpu_uuid)
 
 
 def pipe_dir(state_dir: str, gpu_uuid: str) -> str:
@@ -41,6 +63,10 @@ def pipe_dir(state_dir: str, gpu_uuid: str) -> str:
 
 def log_dir(state_dir: str, gpu_uuid: str) -> str:
     return os.path.join(gpu_dir(state_dir, gpu_uuid), "log")
+
+
+def control_log(state_dir: str, gpu_uuid: str) -> str:
+    return os.path.join(log_dir(state_dir, gpu_uuid), CONTROL_LOG)
 
 
 def mebibytes(value: int) -> str:

@@ -135,7 +135,7 @@ class Plugin:
         self.driver.on_error = self.metrics.error
         self.agent = Agent(self.driver, self.driver.files, self.api, args.driver_name, args.node_name,
                            self.backend.name, interval=args.agent_interval, enforce=args.enforce, sim=self.driver.sim,
-                           backstop_interval=args.backstop_interval)
+                           backstop_interval=args.backstop_interval, state_dir=os.path.abspath(args.state_dir))
         self.driver.listeners.append(self.agent)
         self.metrics.registry.register(AgentCollector(self.agent))
         self.metrics.registry.register(HealthCollector(self.gpu_health))

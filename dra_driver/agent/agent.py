@@ -1,8 +1,10 @@
 """The node agent's loop: every --agent-interval, sample NVML, map processes to claims, lay out
 each GPU's time slots and set each claim's slot and rate (shares.py); the metrics collector
 reads the result at scrape time. The backstop (backstop.py) polls NVML on its own thread every
---backstop-interval. The agent also owns the claim-status writer, fed by the driver's
-Prepare/Unprepare (it is one of the driver's ClaimListeners).
+--backstop-interval. Each period also reads what the GPUs' MPS control daemons logged
+(mpswatch.py: a server that ended abnormally is reported on the GPU's MPS claims). The agent
+also owns the claim-status writer, fed by the driver's Prepare/Unprepare (it is one of the
+driver's ClaimListeners).
 
 What it reads of the kubelet plugin is narrow: the prepared claims (ClaimSource) and where
 their files are (ClaimPaths), plus plain values (driver and node name, the backend's name)."""
@@ -25,6 +27,7 @@ from kubeletplugin.prepared import PreparedClaim, PreparedGpu
 
 from .backstop import Backstop
 from .control import Control
+from .mpswatch import MpsWatch
 from .procmap import ProcessMap
 from .regions import Region
 from .sampler import GpuSample, Sampler, load_simulated_nvml
@@ -109,8 +112,9 @@ class ClaimView:
 class Agent:
     def __init__(self, source: ClaimSource, files: ClaimPaths, api: client.ApiClient, driver_name: str,
                  node_name: str, backend: str, interval: float = 1.0, enforce: str = "kill",
-                 sim: SimDriver | None = None, backstop_interval: float = 0.05) -> None:
-        """backend: the device backend's name, `nvml` or `mock` (the simulated NVML, through `sim`)."""
+                 sim: SimDriver | None = None, backstop_interval: float = 0.05, state_dir: str | None = None) -> None:
+        """backend: the device backend's name, `nvml` or `mock` (the simulated NVML, through `sim`);
+        state_dir: the plugin's, where the GPUs' MPS control daemons log (None: not followed)."""
         self.source = source
         self.files = files
         self.backend = backend
@@ -120,6 +124,7 @@ class Agent:
         self.core = client.CoreV1Api(api)
         self._containers: dict[str, str] = {}  # container ID -> claim uid, pods with several claims
         self.backstop = Backstop(api, node_name, enforce, backend, backstop_interval)
+        self.mps_watch = MpsWatch(api, node_name, state_dir)
         self.procs = ProcessMap()
         self.claims: dict[str, ClaimView] = {}
         self.gpus: list[GpuSample] = []
@@ -159,6 +164,7 @@ class Agent:
         """Sampling, pacing and the backstop: the node's one agent (kubeletplugin/instances.py)."""
         self.start_status()
         self._sampler = self._open_nvml()
+        self.mps_watch.start()  # before the first period: the logs there are now are followed from their ends
         self._thread.start()
         if self._sampler is not None:
             self.backstop.start(self)
@@ -169,6 +175,7 @@ class Agent:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self.backstop.stop()
+        self.mps_watch.stop()
         self.status.stop()
         with self.lock:
             for c in self.claims.values():
@@ -201,6 +208,10 @@ class Agent:
                 self.tick()
             except Exception:
                 log.exception("agent period failed")
+            try:  # after the period's refresh: the claims it reports to are current
+                self.mps_watch.poll(dict(self.claims).values())
+            except Exception:
+                log.exception("reading the MPS control daemons' logs failed")
             self.last_tick_s = time.monotonic() - started
             next_at = max(next_at + self.interval, time.monotonic())
             self._stop.wait(next_at - time.monotonic())

@@ -5,8 +5,9 @@ Per claim and GPU (labels namespace, claim, gpu = uuid): limits, memory used (th
 accounting), NVML memory of its processes, measured utilization, pacing rate, paced time,
 out-of-memory refusals, backstop violations and kills, and its processes by enforcement (the
 library, or the backstop alone: docs/images.md). Per GPU: NVML memory, utilization,
-temperature and power where NVML has them. Per node: prepared claims, the agent period, the
-backstop's violations and kills (totals that outlive the claims) and its last poll's time.
+temperature and power where NVML has them; MPS server restarts (abnormal exits, mpswatch.py).
+Per node: prepared claims, the agent period, the backstop's violations and kills (totals that
+outlive the claims) and its last poll's time.
 Shares of the GPU are ratios 0..1 (`*_ratio`), by Prometheus convention.
 """
 
@@ -111,3 +112,9 @@ class AgentCollector:
                 if value is not None:
                     per_gpu[name].add_metric(labels, value)
         yield from per_gpu.values()
+        restarts = CounterMetricFamily("gpushare_mps_server_restarts", "MPS servers of the GPU that exited abnormally "
+                                       "(a client's fatal fault): every MPS claim on the GPU lost its processes' GPU "
+                                       "contexts", labels=["gpu"])
+        for uuid, count in sorted(a.mps_watch.restarts().items()):
+            restarts.add_metric([uuid], count)
+        yield restarts

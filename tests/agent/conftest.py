@@ -39,11 +39,19 @@ class Node:
     def __init__(self, api, dirs: Dirs, hook_dir: str, extra: list[str], cdi_root: str | None = None):
         self.api = api
         self.dirs = dirs
-        self.plugin = launch_plugin(api, dirs, hook_dir, "--metrics-addr", "127.0.0.1:0", "--agent-interval", "0.5",
-                                    *extra, cdi_root=cdi_root)
+        self._launch = lambda: launch_plugin(api, dirs, hook_dir, "--metrics-addr", "127.0.0.1:0",
+                                             "--agent-interval", "0.5", *extra, cdi_root=cdi_root)
+        self.plugin = self._launch()
         self.kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
         self.runner = ProcessRunner(dirs.cdi, str(BUILD / "gpushare-probe"), dirs.root)
         self.workloads = []
+        self.url = f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"
+
+    def restart_plugin(self) -> None:
+        """Stop the plugin and start it again on the same folders (a pod restart); the kubelet
+        stand-in reconnects to the same socket."""
+        self.plugin.stop(grace=1)
+        self.plugin = self._launch()
         self.url = f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"
 
     def claim(self, memory: str = "1Gi", compute: int = 50, gpu: int = 0, config: list | None = None):

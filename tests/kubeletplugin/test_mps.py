@@ -43,7 +43,8 @@ def test_one_daemon_per_gpu_takes_the_limits_and_stops_with_the_last_claim(mps, 
     assert mps.command(UUID, f"get_device_pinned_mem_limit {server} 0") == ["6144M"]
     with open(os.path.join(mpslayout.log_dir(str(tmp_path), UUID), "control.log")) as f:
         log = f.read()
-    assert log.count("started for CUDA_VISIBLE_DEVICES=" + UUID) == 1
+    assert log.count("Starting control daemon using socket") == 1
+    assert log.count("Stand-in control daemon (gpushare-dra playground) for CUDA_VISIBLE_DEVICES=" + UUID) == 1
     assert "set_default_active_thread_percentage 30" in log and f"set_active_thread_percentage {server} 50" in log
     mps.apply(UUID, [])
     assert not mps.running(UUID) and not os.path.exists(mpslayout.gpu_dir(str(tmp_path), UUID))
