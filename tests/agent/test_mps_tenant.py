@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 
 import pytest
@@ -25,7 +24,6 @@ from dra_driver.playground.containers import PodmanRunner
 from tests.support import BUILD, CPU_TIMED
 
 MPS = [opaque_config(gpushare_config(sharingStrategy="MPS"))]
-STAND_IN = f"{sys.executable} -m dra_driver.playground.mpscontrol"
 KERNEL_US = 200
 PROBE = str(BUILD / "gpushare-probe")
 # the probe's launch loop, as a tenant runs it
@@ -40,7 +38,7 @@ RAISE_THREADS = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100",)
 def mps_node(node_factory):
     """A node with the stand-in daemon; MPS claims made through `claim` are unprepared at the end,
     which quits the GPU's control daemon (it is detached and would outlive the test)."""
-    node = node_factory("--mps-control", STAND_IN)
+    node = node_factory()  # every test node runs the stand-in daemon (tests/support/plugin.py)
     refs = []
 
     def claim(compute: int):
@@ -122,7 +120,7 @@ def test_a_container_that_rewrites_every_variable_gets_its_share_and_budget(node
     plumbing (where its driver and state are, which a real driver's install provides) stays. The
     library still loads (/etc/ld.so.preload), reads the read-only limits file and holds both the
     25 % and the 256Mi budget."""
-    node = node_factory("--mps-control", STAND_IN, cdi_root="/var/run/cdi")
+    node = node_factory(cdi_root="/var/run/cdi")
     runner = PodmanRunner(PROBE)
     refs = []
     try:
