@@ -168,9 +168,10 @@ struct gpu_state {
     int failed;                /* fail closed: every allocation refused, 0 reported */
     uint64_t limit;
     int compute, burst;
-    int mps;                   /* sharingStrategy MPS: the server may hold compute (mps_holds) */
+    int mps;                   /* sharingStrategy MPS: launches cost their context's SMs (mps_scale) */
     uint32_t sm_count;         /* the GPU's SMs, from the limits file; 0 = unknown */
-    uintptr_t mps_seen;        /* the context last checked, | 1 if the server holds it; 0 = none */
+    CUcontext mps_ctx;         /* the context whose part of the SMs mps_ppm is; NULL = none yet */
+    uint64_t mps_ppm;
     struct gs_region region;
     const struct gs_control *control; /* the agent's trusted rate and slot; NULL = none */
     /* pacing: cost of a launch (GPU ns) measured with an event pair every SAMPLE_NS */
@@ -230,7 +231,7 @@ static void atfork_child(void)
         pthread_mutex_init(&g->sample_lock, NULL);
         g->pending = 0;
         g->my_tat_ns = 0;
-        g->mps_seen = 0;
+        g->mps_ctx = NULL;
         g->ev0 = g->ev1 = NULL; /* events of the parent's contexts */
     }
 }
@@ -823,7 +824,7 @@ HOOK CUresult cuCtxDestroy_v2(CUcontext c)
     ensure_cuda();
     CUresult rc = real_cuCtxDestroy_v2(c);
     for (int i = 0; rc == CUDA_SUCCESS && i < GS_MAX_GPUS; i++) /* a new context may get its address */
-        if (g_gpu_open[i]) __atomic_store_n(&g_gpu[i].mps_seen, 0, __ATOMIC_RELEASE);
+        if (g_gpu_open[i]) __atomic_store_n(&g_gpu[i].mps_ctx, NULL, __ATOMIC_RELEASE);
     struct gs_ptr_entry e;
     for (int limit = 0; rc == CUDA_SUCCESS && limit <= CU_LIMIT_MALLOC_HEAP_SIZE; limit++)
         if (gs_ptrmap_take(&g_ptrs, GS_KIND_CTX_LIMIT, ctx_limit_key(c, limit), &e)) release(&g_gpu[e.gpu], e.size);
@@ -1005,40 +1006,41 @@ static uint64_t book(uint64_t *tat, uint64_t now, uint64_t floor, uint64_t inter
     return base;
 }
 
-/* MPS (docs/strategies.md): a client of the claim's MPS server runs on the SMs the server
- * gives it, so within its share it needs no pacing. Whether it is one is asked of the driver,
- * never read from the environment the tenant writes: an MPS context reports the SMs it may use
- * (cuCtxGetExecAffinity), a plain one has no execution affinity. Paced, then: a context that is
- * no MPS client (CUDA_MPS_PIPE_DIRECTORY dropped or pointed elsewhere), one allowed more SMs
- * than the claim's share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE unset or raised where the server's
- * ceiling is another claim's larger share), and any context when the GPU's SM count is unknown
- * or the driver predates the call (CUDA 11.4). MPS_SM_SLACK: the driver rounds an SM limit up to
- * whole TPCs (2 SMs). One answer per context, kept until the next context launches. */
-#define MPS_SM_SLACK 2u
+/* MPS (docs/strategies.md): kernels of the MPS server's clients run side by side, each on the
+ * SMs the server gives its context, so a launch costs its GPU time times that part of the SMs:
+ * an MPS claim's timeline counts SM-time. A lone client the server holds to the share then books
+ * exactly its rate and never waits; several processes of one claim, or a client at a larger
+ * claim's ceiling (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE unset or raised), are held to the share
+ * together. What a context may use is asked of the driver, never read from the environment the
+ * tenant writes: only an MPS context has an SM limit (cuCtxGetExecAffinity). A plain context (the
+ * pipe folder dropped or pointed elsewhere), an unknown SM count (limits file) or a driver before
+ * CUDA 11.4 costs the whole GPU, as under TimeSlicing. One answer per context, kept until another
+ * context launches or it is destroyed. */
+#define MPS_SM_SLACK 2u /* SMs of a TPC: the driver rounds an SM limit up to whole TPCs (cuda.h) */
 
-static int mps_holds(struct gpu_state *g)
+static uint64_t mps_scale(struct gpu_state *g)
 {
     CUcontext ctx = NULL;
-    if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return 0;
-    uintptr_t seen = __atomic_load_n(&g->mps_seen, __ATOMIC_ACQUIRE);
-    if ((seen & ~(uintptr_t)1) == (uintptr_t)ctx) return (int)(seen & 1);
+    if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return 1000000;
+    if (__atomic_load_n(&g->mps_ctx, __ATOMIC_ACQUIRE) == ctx) return __atomic_load_n(&g->mps_ppm, __ATOMIC_RELAXED);
     CUexecAffinityParam a = {0};
     CUresult rc = g->sm_count ? real_cuCtxGetExecAffinity(&a, CU_EXEC_AFFINITY_TYPE_SM_COUNT) : CUDA_ERROR_NOT_SUPPORTED;
-    uint64_t sms = rc == CUDA_SUCCESS ? a.param.smCount.val : 0;
-    int within = rc == CUDA_SUCCESS && sms * 100 <= (uint64_t)g->sm_count * (uint64_t)g->compute + MPS_SM_SLACK * 100;
-    __atomic_store_n(&g->mps_seen, (uintptr_t)ctx | (uintptr_t)within, __ATOMIC_RELEASE);
+    uint64_t sms = rc == CUDA_SUCCESS ? a.param.smCount.val : g->sm_count;
+    uint64_t ppm = sms && g->sm_count && sms < g->sm_count ? sms * 1000000 / g->sm_count : 1000000;
+    if (rc == CUDA_SUCCESS && sms * 100 <= (uint64_t)g->sm_count * (uint64_t)g->compute + MPS_SM_SLACK * 100)
+        ppm = (uint64_t)g->compute * 10000; /* the driver's rounding up to a whole TPC is not the tenant's */
+    __atomic_store_n(&g->mps_ppm, ppm, __ATOMIC_RELAXED); /* a racing reader may take one launch at another's */
+    __atomic_store_n(&g->mps_ctx, ctx, __ATOMIC_RELEASE);
     static int said;
-    if (!within && !__atomic_exchange_n(&said, 1, __ATOMIC_ACQ_REL)) {
+    if (rc != CUDA_SUCCESS && !__atomic_exchange_n(&said, 1, __ATOMIC_ACQ_REL)) {
         if (!g->sm_count)
-            gs_log("MPS claim: the limits file does not give the GPU's SM count; pacing to the %d %% share", g->compute);
-        else if (rc != CUDA_SUCCESS)
-            gs_log("MPS claim: this process is no MPS client of the claim's server (cuCtxGetExecAffinity: %d); "
-                   "pacing it to the %d %% share", rc, g->compute);
+            gs_log("MPS claim: the limits file does not give the GPU's SM count; a launch costs its time on the whole "
+                   "GPU (paced as under TimeSlicing)");
         else
-            gs_log("MPS claim: the MPS server lets this process use %llu of the GPU's %u SMs, more than the %d %% "
-                   "share; pacing it to the share", (unsigned long long)sms, g->sm_count, g->compute);
+            gs_log("MPS claim: this process is no MPS client of the claim's server (cuCtxGetExecAffinity: %d); "
+                   "paced to the %d %% share as under TimeSlicing", rc, g->compute);
     }
-    return within;
+    return ppm;
 }
 
 static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr_t key)
@@ -1049,7 +1051,6 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
     if (g_launch_mode != LAUNCH_PACE) return;
     struct gpu_state *g = current_gpu();
     if (!g || g->failed || g->compute >= 100) return;
-    if (g->mps && mps_holds(g)) return;
     int captures = __atomic_load_n(&g_captures, __ATOMIC_RELAXED) > 0;
     if (captures && capturing(s, ptsz)) return; /* it goes into a graph: nothing runs now */
     L->g = g;
@@ -1060,6 +1061,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
 
     uint64_t now = gs_now_ns();
     uint64_t cost = cost_of(g, kind, key);
+    if (g->mps && cost) cost = cost * mps_scale(g) / 1000000 + 1; /* SM-time; never 0 (= not measured) */
     int first_in_slot = 0;
     if (cost) {
         uint64_t start = 0, len = 0, period = 0, ahead = BURST_NS, next_slot = 0;

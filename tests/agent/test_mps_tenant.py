@@ -5,11 +5,11 @@ where the simulated driver reads it, so probes under an MPS claim's CDI spec are
 GPU's one server. Throughput is the probe's GPU work within its launch window relative to the GPU
 alone (tests/hook/test_mps.py).
 
-The MPS server holds an honest client to its share; the library paces every other process of the
-claim to it, deciding from what the driver says of the process's context (cuCtxGetExecAffinity),
-never from the environment: so neither dropping the pipe folder (a plain context), nor unsetting
-or raising CUDA_MPS_ACTIVE_THREAD_PERCENTAGE where the server's ceiling is a larger claim's share,
-gets a tenant more than its own share."""
+The MPS server holds an honest client to its share; the library holds the claim's processes
+together to it in SM-time (a launch's GPU time times the SMs the driver says its context may use,
+cuCtxGetExecAffinity; never the environment): so neither dropping the pipe folder (a plain
+context), nor unsetting or raising CUDA_MPS_ACTIVE_THREAD_PERCENTAGE where the server's ceiling is
+a larger claim's share, nor running several processes, gets a tenant more than its own share."""
 
 from __future__ import annotations
 
@@ -94,8 +94,8 @@ def test_dropping_the_pipe_folder_gets_no_more_than_the_share(mps_node):
 def test_unequal_shares_hold_without_the_env_percentage(mps_node):
     """MPS limits are per server: with a 25 % and a 50 % claim on one GPU the server's ceiling is
     50 %. The 25 % claim's tenant that unsets or raises its own percentage gets the server's 50 %
-    of the SMs, so the library paces it to 25 % of the time: at most its share, never the
-    neighbour's. The 50 % claim keeps its 50 %."""
+    of the SMs, so the library lets it run half the time: its share, never the neighbour's. The
+    50 % claim keeps its 50 %."""
     node, claim = mps_node
     small, large = claim(25), claim(50)
     honest, unset, raised = (tenant(node, small, *edits) for edits in ((), DROP_THREADS, RAISE_THREADS))
@@ -104,6 +104,19 @@ def test_unequal_shares_hold_without_the_env_percentage(mps_node):
     assert abs(honest - 0.25) <= 0.04
     assert unset <= 0.29 and raised <= 0.29
     assert abs(neighbour - 0.50) <= 0.05
+
+
+@CPU_TIMED
+def test_several_processes_of_a_claim_share_its_share(mps_node):
+    """The server's percentage holds each client, not the claim: three honest processes of one
+    25 % claim would get 25 % each. The library holds them to 25 % together."""
+    node, claim = mps_node
+    ids = claim(25)
+    workloads = [node.runner.start_command(f"tenant{i}", ids, ["env", PROBE, *LAUNCH]) for i in range(3)]
+    node.workloads += workloads
+    got = [throughput(w.read_until("launches=", timeout=60)) for w in workloads]
+    print("three processes of one 25 % MPS claim: " + " + ".join(f"{g:.2f}" for g in got) + f" = {sum(got):.2f}")
+    assert sum(got) <= 0.30
 
 
 needs_podman = pytest.mark.skipif(os.geteuid() != 0 or PodmanRunner.available() is not None
