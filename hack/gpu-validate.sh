@@ -369,20 +369,26 @@ lowered=$(pct "$(mps_run "$d" 10 matmul 5)" "${SOLO[matmul]}")
 mps_stop "$d"
 check "MPS server at 30: a client's variable at 100 does not raise it" "$(within "$raised" 30 3)" "${raised}% of solo"
 check "MPS server at 30: a client's variable at 10 lowers it" "$(within "$lowered" 10 3)" "${lowered}% of solo"
-# The library under an MPS claim's limits file (docs/strategies.md, hook/src/hook.c mps_holds):
-# a client the server holds to the 30 % share runs unpaced (cuCtxGetExecAffinity gives its SMs);
-# the same process without the pipe folder is a plain context, paced to 30 %. Needs the real
-# MPS behaviour the simulator assumes: an MPS context reports its SM limit, a plain one none.
+# The library under an MPS claim's limits file (docs/strategies.md, hook/src/hook.c mps_scale):
+# it books launches in SM-time (GPU time x the SMs cuCtxGetExecAffinity gives the context), so a
+# client at the 30 % share runs at it without a word; two processes of the claim share the 30 %
+# (MPS alone gives each 30 %); without the pipe folder a plain context costs the whole GPU and is
+# paced to 30 %. Settles what the simulator assumes: an MPS context reports its SM limit, a plain
+# one none.
 d="$WORK/mps-claim"; mps_start "$d" 30
 claim "$d/claim" 30
 printf 'GPUSHARE_SHARING_STRATEGY=MPS\nGPUSHARE_SM_COUNT_0=%s\n' "$SMS" >> "$d/claim/limits"
 held=$(pct "$(mps_run "$d" - matmul 5 "$d/claim")" "${SOLO[matmul]}")
 held_said=$(grep -c "MPS claim:" "$d/claim/stderr" || true)
+mps_run "$d" - matmul 5 "$d/claim" > "$d/one.rate" & p1=$!
+two=$(mps_run "$d" - matmul 5 "$d/claim"); wait $p1
+both=$(pct "$(awk -v a="$(cat "$d/one.rate")" -v b="$two" 'BEGIN { print a + b }')" "${SOLO[matmul]}")
 plain=$(pct "$(mps_run "" - matmul 5 "$d/claim")" "${SOLO[matmul]}")
 plain_said=$(grep -o "MPS claim: .*" "$d/claim/stderr" | head -1)
 mps_stop "$d"
-check "MPS claim: a client held to 30 % is not paced" "$([ "$held_said" = 0 ] && within "$held" 30 3 || echo 0)" \
+check "MPS claim: a client at its 30 % share, unheld" "$([ "$held_said" = 0 ] && within "$held" 30 3 || echo 0)" \
     "${held}% of solo; library said nothing"
+check "MPS claim: two processes share the 30 %" "$(within "$both" 30 4)" "${both}% of solo together"
 check "MPS claim: no pipe folder, paced to 30 %" "$([ -n "$plain_said" ] && within "$plain" 30 3 || echo 0)" \
     "${plain}% of solo; ${plain_said:-the library said nothing}"
 d="$WORK/mps-latency"; mps_start "$d" 50

@@ -8,8 +8,8 @@ request it uses) without getting duplicate mounts. Each device entry only sets a
 informational `GPUSHARE_ALLOCATION_<k>` (CDI rejects devices without edits).
 
 By sharing strategy (docs/strategies.md): TimeSlicing as above; MPS adds the GPU's MPS pipe
-folder and the client's limits (the library leaves a client within its share to the MPS server
-and paces any other process of the claim); None injects no library,
+folder and the client's limits (the library holds the claim's processes together to the share
+in SM-time); None injects no library,
 limits file, region or preload: device nodes, GPUSHARE_CLAIM_UID, GPUSHARE_SHARING_STRATEGY only.
 """
 
@@ -117,8 +117,8 @@ def mps_edits(claim: PreparedClaim, state_dir: str) -> tuple[list[str], list[Mou
     """The GPU's MPS pipe folder at MPS's default path, and the client's own share.
 
     The share env vars only let a tenant lower its share: the control daemon's limits for the
-    server are the ceiling (kubeletplugin/mps.py sets them), and the library paces a process
-    that is no client within the claim's share (hook/src/hook.c, mps_holds). One GPU per MPS claim: a pipe
+    server are the ceiling (kubeletplugin/mps.py sets them), and the library holds the claim's
+    processes together to the share in SM-time (hook/src/hook.c, mps_scale). One GPU per MPS claim: a pipe
     folder names one control daemon, and Prepare refuses MPS claims of several GPUs.
     """
     gpu = claim.gpus[0]
