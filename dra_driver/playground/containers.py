@@ -258,6 +258,7 @@ class PodmanRunner:
         conf = os.path.join(self.work, "containers.conf")
         Path(conf).write_text(_CONTAINERS_CONF.format(wrapper=wrapper))
         self.env = {**os.environ, "CONTAINERS_CONF": conf}
+        self._cgroup_parents: set[str] = set()  # podman makes them in every hierarchy and leaves them
 
     def command(self, device_ids: list[str], argv: list[str], name: str | None = None,
                 cgroup_parent: str | None = None) -> list[str]:
@@ -277,6 +278,8 @@ class PodmanRunner:
                       cgroup_parent: str | None = None) -> Workload:
         """Any command of the root filesystem (start() runs the probe)."""
         container = f"gpushare-{name}-{uuid.uuid4().hex[:8]}"
+        if cgroup_parent:
+            self._cgroup_parents.add(cgroup_parent.strip("/"))
         return _start(name, self.command(device_ids, argv, name=container, cgroup_parent=cgroup_parent), self.env,
                       kill=lambda: subprocess.run(["podman", "kill", container], env=self.env, capture_output=True,
                                                   timeout=60), log=log)
@@ -287,26 +290,38 @@ class PodmanRunner:
 
     def close(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
+        for parent in self._cgroup_parents:  # once their containers are gone (a busy one is left)
+            for _, _, mount in _cgroup_mounts():
+                for folder in ("conmon", ""):  # podman's monitor's, under the parent in cgroup v1
+                    try:
+                        os.rmdir(os.path.join(mount, parent, folder))
+                    except OSError:
+                        pass
+        self._cgroup_parents.clear()
 
 
-def cgroup_mount() -> str | None:
-    """Where to make a container's cgroup: the cgroup2 mount, else the v1 hierarchy with the pids
-    controller, from /proc/self/mountinfo (mounts of a hierarchy's root only); None without one."""
-    found: dict[str, str] = {}
+def _cgroup_mounts() -> list[tuple[str, list[str], str]]:
+    """(cgroup or cgroup2, super options, mount point) of each cgroup hierarchy mounted at its root,
+    from /proc/self/mountinfo."""
+    found = []
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
                 fields, _, rest = line.partition(" - ")
                 parts, (fstype, _source, options) = fields.split(), rest.split()[:3]
-                if parts[3] != "/":
-                    continue
-                if fstype == "cgroup2":
-                    found.setdefault("cgroup2", parts[4])
-                elif fstype == "cgroup" and "pids" in options.split(","):
-                    found.setdefault("pids", parts[4])
+                if parts[3] == "/" and fstype in ("cgroup", "cgroup2"):
+                    found.append((fstype, options.split(","), parts[4]))
     except OSError:
-        return None
-    return found.get("cgroup2") or found.get("pids")
+        pass
+    return found
+
+
+def cgroup_mount() -> str | None:
+    """Where to make a container's cgroup: the cgroup2 hierarchy, else the v1 one with the pids
+    controller; None without either."""
+    mounts = _cgroup_mounts()
+    return next((m for t, _, m in mounts if t == "cgroup2"), None) or \
+        next((m for t, options, m in mounts if t == "cgroup" and "pids" in options), None)
 
 
 def build_rootfs(rootfs: str, probe: str | None, libraries: tuple[str, ...]) -> str:
