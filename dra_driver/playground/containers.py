@@ -290,13 +290,18 @@ class PodmanRunner:
 
     def close(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
-        for parent in self._cgroup_parents:  # once their containers are gone (a busy one is left)
+        deadline = time.monotonic() + 2  # a container just killed: its conmon ends a moment later
+        for parent in self._cgroup_parents:
             for _, _, mount in _cgroup_mounts():
                 for folder in ("conmon", ""):  # podman's monitor's, under the parent in cgroup v1
-                    try:
-                        os.rmdir(os.path.join(mount, parent, folder))
-                    except OSError:
-                        pass
+                    path = os.path.join(mount, parent, folder)
+                    while os.path.isdir(path):
+                        try:
+                            os.rmdir(path)
+                        except OSError:  # busy: still a process in it, or a folder podman has not removed
+                            if time.monotonic() > deadline:
+                                break
+                            time.sleep(0.05)
         self._cgroup_parents.clear()
 
 
