@@ -61,6 +61,9 @@ def add_commands(sub: Any, formatter_class: type[argparse.HelpFormatter],
                                    "does not behave.")
     p.add_argument("--mock-gpus", default="2x80Gi", help="simulated GPUs (see kubelet-plugin --help)")
     p.add_argument("--workdir", default=None, help="folder for the demo's files (default: a temporary one)")
+    p.add_argument("--strategies", action="store_true",
+                   help="instead: one claim of each sharing strategy (TimeSlicing, MPS, None) on one GPU, run at "
+                        "once, and what each held (docs/strategies.md)")
     _add_runtime(p)
     add_logging(p)
     # The story is the output; component logs only when something goes wrong.

@@ -2,7 +2,9 @@
 
 Two runners, one interface: `start(name, device_ids, argv) -> Workload` runs the probe,
 `start_command(name, device_ids, argv, log=None)` any command (a pod's container), its output
-read by `Workload.read_until` or, with `log`, written to that file (what `kubectl logs` reads):
+read by `Workload.read_until` or, with `log`, written to that file (what `kubectl logs` reads);
+both take `cgroup_parent` (`/kubepods/pod<uid>`: the cgroup the kubelet gives a pod, by which
+the node agent finds a pod's processes):
 
 - `PodmanRunner`: a real CDI consumer. podman + runc start a container on a small root
   filesystem (the probe, its libraries, busybox when present) with `--device` for each CDI
@@ -10,7 +12,9 @@ read by `Workload.read_until` or, with `log`, written to that file (what `kubect
 - `ProcessRunner`: no container runtime. It reads the same CDI spec and applies it to a
   host process: the environment as written, and each mount translated to its host path
   (the library finds its limits and regions through GPUSHARE_RUN_DIR, a folder laid out
-  like the container's /var/run/gpushare). Used where podman is missing or not root.
+  like the container's /var/run/gpushare). Used where podman is missing or not root. With
+  `cgroup_parent` the process starts in `<cgroup_parent>/<name>` of one cgroup hierarchy (root
+  only).
 """
 
 from __future__ import annotations
@@ -151,6 +155,7 @@ class ProcessRunner:
         self.probe = probe
         self.workdir = workdir
         self.path = path
+        self._cgroups: list[str] = []  # the containers' cgroups it made (cgroup_parent)
 
     def _spec_edits(self, device_ids: list[str]) -> tuple[list[str], dict[str, str]]:
         """(env, mounts containerPath -> hostPath) of the spec(s) that define these devices."""
@@ -169,11 +174,13 @@ class ProcessRunner:
                     mounts.update({m["containerPath"]: m["hostPath"] for m in e.get("mounts") or []})
         return env, mounts
 
-    def start(self, name: str, device_ids: list[str], argv: list[str]) -> Workload:
-        return self.start_command(name, device_ids, [self.probe, *argv])
+    def start(self, name: str, device_ids: list[str], argv: list[str], cgroup_parent: str | None = None) -> Workload:
+        return self.start_command(name, device_ids, [self.probe, *argv], cgroup_parent=cgroup_parent)
 
-    def start_command(self, name: str, device_ids: list[str], argv: list[str], log: str | None = None) -> Workload:
-        """argv as a host process with the devices' CDI edits."""
+    def start_command(self, name: str, device_ids: list[str], argv: list[str], log: str | None = None,
+                      cgroup_parent: str | None = None) -> Workload:
+        """argv as a host process with the devices' CDI edits; with cgroup_parent, in its cgroup
+        `<cgroup_parent>/<name>` (entered before the exec, as a container runtime does)."""
         env_list, mounts = self._spec_edits(device_ids)
         env = {k: v for k, v in (item.split("=", 1) for item in env_list)}
         # The container's /var/run/gpushare, rebuilt from the spec's mounts.
@@ -194,10 +201,32 @@ class ProcessRunner:
                 host["LD_LIBRARY_PATH"] = os.path.dirname(sim_lib)
         if self.path:
             host["PATH"] = os.pathsep.join([*self.path, host.get("PATH", os.defpath)])
+        if cgroup_parent:  # the shell moves itself, then becomes the command: no moment outside it
+            procs = os.path.join(self._cgroup(cgroup_parent, name), "cgroup.procs")
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv]
         return _start(name, argv, host, log=log)
 
+    def _cgroup(self, parent: str, name: str) -> str:
+        """<parent>/<name> made in the node's cgroup hierarchy (cgroup2 if mounted, else the v1
+        pids hierarchy: no controller that would change how the process is scheduled)."""
+        mount = cgroup_mount()
+        if mount is None:
+            raise RuntimeError("no cgroup hierarchy mounted to put the container's process in")
+        leaf = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+        path = os.path.join(mount, parent.strip("/"), leaf)
+        os.makedirs(path, exist_ok=True)
+        self._cgroups.append(path)
+        return path
+
     def close(self) -> None:
-        pass
+        """Remove the cgroups it made once their processes are gone (a busy one is left)."""
+        for path in reversed(self._cgroups):
+            for folder in (path, os.path.dirname(path)):  # the container's, then its pod's when empty
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    pass
+        self._cgroups.clear()
 
 
 class PodmanRunner:
@@ -229,6 +258,7 @@ class PodmanRunner:
         conf = os.path.join(self.work, "containers.conf")
         Path(conf).write_text(_CONTAINERS_CONF.format(wrapper=wrapper))
         self.env = {**os.environ, "CONTAINERS_CONF": conf}
+        self._cgroup_parents: set[str] = set()  # podman makes them in every hierarchy and leaves them
 
     def command(self, device_ids: list[str], argv: list[str], name: str | None = None,
                 cgroup_parent: str | None = None) -> list[str]:
@@ -241,13 +271,15 @@ class PodmanRunner:
             cmd += ["--device", device]
         return [*cmd, "--rootfs", self.rootfs, *argv]
 
-    def start(self, name: str, device_ids: list[str], argv: list[str]) -> Workload:
-        return self.start_command(name, device_ids, [CONTAINER_PROBE, *argv])
+    def start(self, name: str, device_ids: list[str], argv: list[str], cgroup_parent: str | None = None) -> Workload:
+        return self.start_command(name, device_ids, [CONTAINER_PROBE, *argv], cgroup_parent=cgroup_parent)
 
     def start_command(self, name: str, device_ids: list[str], argv: list[str], log: str | None = None,
                       cgroup_parent: str | None = None) -> Workload:
         """Any command of the root filesystem (start() runs the probe)."""
         container = f"gpushare-{name}-{uuid.uuid4().hex[:8]}"
+        if cgroup_parent:
+            self._cgroup_parents.add(cgroup_parent.strip("/"))
         return _start(name, self.command(device_ids, argv, name=container, cgroup_parent=cgroup_parent), self.env,
                       kill=lambda: subprocess.run(["podman", "kill", container], env=self.env, capture_output=True,
                                                   timeout=60), log=log)
@@ -258,6 +290,43 @@ class PodmanRunner:
 
     def close(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
+        deadline = time.monotonic() + 2  # a container just killed: its conmon ends a moment later
+        for parent in self._cgroup_parents:
+            for _, _, mount in _cgroup_mounts():
+                for folder in ("conmon", ""):  # podman's monitor's, under the parent in cgroup v1
+                    path = os.path.join(mount, parent, folder)
+                    while os.path.isdir(path):
+                        try:
+                            os.rmdir(path)
+                        except OSError:  # busy: still a process in it, or a folder podman has not removed
+                            if time.monotonic() > deadline:
+                                break
+                            time.sleep(0.05)
+        self._cgroup_parents.clear()
+
+
+def _cgroup_mounts() -> list[tuple[str, list[str], str]]:
+    """(cgroup or cgroup2, super options, mount point) of each cgroup hierarchy mounted at its root,
+    from /proc/self/mountinfo."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                parts, (fstype, _source, options) = fields.split(), rest.split()[:3]
+                if parts[3] == "/" and fstype in ("cgroup", "cgroup2"):
+                    found.append((fstype, options.split(","), parts[4]))
+    except OSError:
+        pass
+    return found
+
+
+def cgroup_mount() -> str | None:
+    """Where to make a container's cgroup: the cgroup2 hierarchy, else the v1 one with the pids
+    controller; None without either."""
+    mounts = _cgroup_mounts()
+    return next((m for t, _, m in mounts if t == "cgroup2"), None) or \
+        next((m for t, options, m in mounts if t == "cgroup" and "pids" in options), None)
 
 
 def build_rootfs(rootfs: str, probe: str | None, libraries: tuple[str, ...]) -> str:

@@ -17,7 +17,8 @@ The story (docs/contract.md, "Local run"), each step checked, exit status 1 if a
 13. the node agent reports each claim's use (what `gpushare-dra top` shows);
 14. the pods end and the kubelet unprepares: nothing is left behind.
 
-The same scenario is the end-to-end test (tests/e2e), which requires podman.
+The same scenario is the end-to-end test (tests/e2e), which requires podman. `--strategies`
+runs another story: one claim of each sharing strategy on one GPU (demo_strategies.py).
 """
 
 from __future__ import annotations
@@ -455,7 +456,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"gpushare-dra demo: simulated GPUs {args.mock_gpus}; files under {workdir}")
     started = time.monotonic()
     try:
-        code = Demo(args.mock_gpus, workdir, args.runtime).run()
+        if args.strategies:
+            from .demo_strategies import StrategiesDemo
+
+            code = StrategiesDemo(args.mock_gpus, workdir, args.runtime).run()
+        else:
+            code = Demo(args.mock_gpus, workdir, args.runtime).run()
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -3,13 +3,16 @@
 A workdir laid out like a node (the plugin's folders, the installed hook with the simulated
 driver, a CDI folder), the real kubelet plugin on mock GPUs talking to an API server, the
 kubelet's side of its sockets, and a container runner (podman + runc when it can run here,
-else host processes with the CDI spec applied).
+else host processes with the CDI spec applied). No NVIDIA driver means no
+nvidia-cuda-mps-control: the plugin runs the stand-in (mpscontrol.py), so MPS claims work.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +51,8 @@ EXTENDED_DEVICE_CLASSES: list[Any] = [
 ]
 
 RUNTIMES = ("auto", "podman", "process")
+# The plugin's --mps-control on simulated GPUs: the stand-in control daemon
+MPS_CONTROL = f"{shlex.quote(sys.executable)} -m dra_driver.playground.mpscontrol"
 
 
 def choose_runtime(runtime: str) -> str:
@@ -127,7 +132,8 @@ class SimulatedNode:
             "--registry-dir", os.path.join(w, "registry"), "--state-dir", self.state_dir,
             "--cdi-root", self.cdi_root, "--hook-dir", self.hook_dir, "--device-backend", "mock",
             "--mock-gpus", self.mock_gpus, "--sharing-mode", self.sharing_mode, "--metrics-addr", "127.0.0.1:0",
-            "--healthcheck-port", "0", "--health-recovery-seconds", str(health_recovery_seconds)])
+            "--healthcheck-port", "0", "--health-recovery-seconds", str(health_recovery_seconds),
+            "--mps-control", MPS_CONTROL])
         self.plugin = Plugin(args, api=api).start()
         self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)
         return self.plugin

@@ -95,8 +95,9 @@ def test_mps_claim_gets_the_gpus_pipe_and_its_share_in_the_limits_file(api, kube
     assert not os.path.exists(os.path.join(dirs.state, "mps", uuid0))
 
 
-def test_one_claim_of_each_strategy_side_by_side_on_one_gpu(api, kubelet, dirs):
-    """What each holds on one simulated GPU: memory budget, compute, what is injected."""
+def test_one_claim_of_each_strategy_on_one_gpu_gets_its_own_injection(api, kubelet, dirs):
+    """What Prepare injects for each on one GPU: library, MPS percentage, compute in the limits
+    file. What each then holds, running: tests/agent/test_strategies_side_by_side.py."""
     held = {}
     claims = []
     for n, strategy in enumerate(("TimeSlicing", "MPS", "None")):
