@@ -56,7 +56,8 @@ def frame(m: Samples) -> str:
                      human_bytes(get("gpushare_claim_memory_nvml_bytes", key)),
                      f"{get('gpushare_claim_compute_limit_ratio', key):.0%}",
                      f"{get('gpushare_claim_utilization_ratio', key):.1%}",
-                     f"{get('gpushare_claim_pace_rate_ratio', key):.1%}",
+                     f"{get('gpushare_claim_pace_rate_ratio', key):.1%}"
+                     if key in m.get("gpushare_claim_pace_rate_ratio", {}) else "-",  # None: not paced
                      f"{get('gpushare_claim_paced_seconds_total', key):.1f}s",
                      f"{get('gpushare_claim_oom_refusals_total', key):.0f}",
                      f"{library:.0f}/{library + get('gpushare_claim_processes:backstop', key):.0f}"))

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from dra_driver.config import NONE
+
 from .procmap import slot_key
 from .regions import Slot
 
@@ -74,8 +76,9 @@ class AgentCollector:
                     g["memory_nvml_bytes"].add_metric(labels, sum(cl.process_memory[i].values()))
                     g["compute_limit_ratio"].add_metric(labels, gpu.compute_limit / 100)
                     g["utilization_ratio"].add_metric(labels, round(share.measured, 4))
-                    g["pace_rate_ratio"].add_metric(labels, round(share.rate, 4) if share.rate
-                                                    else gpu.compute_limit / 100)
+                    if cl.sharing_strategy != NONE:  # nothing paces a None claim: no rate to show
+                        g["pace_rate_ratio"].add_metric(labels, round(share.rate, 4) if share.rate
+                                                        else gpu.compute_limit / 100)
                     c["paced_seconds"].add_metric(labels, (region.paced_ns if region else 0) / 1e9)
                     c["oom_refusals"].add_metric(labels, region.oom_refusals if region else 0)
                     c["backstop_violations"].add_metric(labels, a.backstop.violations.get((cl.uid, i), 0))

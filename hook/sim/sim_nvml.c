@@ -145,6 +145,7 @@ SIM_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
     DEV(d);
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_reap();
     struct sim_dev *sd = &sim->dev[d->index];
     m->total = sd->total;
     m->used = __atomic_load_n(&sd->used, __ATOMIC_RELAXED);
@@ -237,6 +238,7 @@ static nvmlReturn_t running(nvmlDevice_t d, unsigned int *count, void *infos, si
 {
     DEV(d);
     struct sim_proc *ps[SIM_MAX_PROC];
+    sim_reap();
     unsigned n = procs_on(d->index, ps, SIM_MAX_PROC);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     if (!infos || *count < n) {

@@ -71,6 +71,16 @@ void sim_robust_lock(pthread_mutex_t *m)
 
 static void lock_state(void) { sim_robust_lock(&sim->lock.m); }
 
+/* What dead processes held goes back at once, as the real driver frees a process's memory when
+ * it exits: NVML's answers must not count a killed tenant (reaping only at the next process's
+ * start left a killed process's memory in the GPU's used total meanwhile). */
+void sim_reap(void)
+{
+    lock_state();
+    reap_locked();
+    pthread_mutex_unlock(&sim->lock.m);
+}
+
 static void after_fork_child(void)
 {
     pthread_mutex_init(&g_open_lock, NULL);

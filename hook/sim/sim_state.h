@@ -107,6 +107,7 @@ int sim_ctx_claim(int dev);                   /* 0: this process may hold a cont
 void sim_mem_unreserve(int dev, uint64_t size);
 uint64_t sim_busy_done(int dev, uint64_t now); /* GPU ns of kernels finished by now */
 void sim_robust_lock(pthread_mutex_t *m);
+void sim_reap(void);                /* give back what dead processes held (NVML queries) */
 
 /* time-sliced scheduler with MPS servers (sim_sched.c): one queue per process and device */
 void sim_sched_init(struct sim_sched *s);

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_driver.playground.claims import gpushare_config, opaque_config
 from kubeletplugin.claimref import ClaimRef
 from tests.support import MiB, wait_for
 
@@ -123,3 +124,22 @@ def test_top_once(node):
     row = next(line for line in out.stdout.splitlines() if ref.name in line)
     assert "256Mi" in row and "128Mi" in row and "40%" in row, out.stdout
     assert "prepared claims: 1" in out.stdout
+
+
+def test_a_none_claim_shows_no_pacing_rate(node):
+    """Nothing paces a sharingStrategy None claim: no rate metric, `-` in top's RATE column, where
+    a TimeSlicing claim shows its share."""
+    none, _ = node.claim(memory="256Mi", compute=25, config=[opaque_config(gpushare_config(sharingStrategy="None"))])
+    sliced, _ = node.claim(memory="256Mi", compute=25)
+    wait_for(lambda: node.claim_metric("gpushare_claim_pace_rate_ratio", sliced) == 0.25)
+    assert node.claim_metric("gpushare_claim_pace_rate_ratio", none) is None
+    assert node.claim_metric("gpushare_claim_compute_limit_ratio", none) == 0.25  # the scheduler still counts it
+    out = subprocess.run([sys.executable, "-m", "dra_driver.cli", "top", "--once", "--url", node.url],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("NAMESPACE/CLAIM"))
+    rows = lines[lines.index(header) + 1:]
+    rate = header.index("RATE")
+    by_claim = {row.split()[0].split("/")[1]: row[rate:].split()[0] for row in rows if row.startswith("default/")}
+    assert by_claim == {none.name: "-", sliced.name: "25.0%"}, out.stdout

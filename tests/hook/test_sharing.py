@@ -1,6 +1,8 @@
 """Processes and threads sharing one claim: atomic reservations, dead processes, killed lock holders."""
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -112,3 +114,46 @@ def test_two_claims_are_independent(make_claim):
     finally:
         holder.kill()
         holder.wait()
+
+
+# An NVML reader that opened the simulated GPU before the holder died (as the node agent does):
+# prints the GPU's used bytes and its compute processes each time a line arrives on stdin.
+_NVML_READER = """
+import ctypes, sys
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+assert nvml.nvmlInit_v2() == 0
+dev = ctypes.c_void_p()
+assert nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) == 0
+mem = (ctypes.c_ulonglong * 3)()
+for _ in sys.stdin:
+    assert nvml.nvmlDeviceGetMemoryInfo(dev, mem) == 0
+    count = ctypes.c_uint(0)
+    nvml.nvmlDeviceGetComputeRunningProcesses_v3(dev, ctypes.byref(count), None)
+    print(f"used={mem[2]} processes={count.value}", flush=True)
+"""
+
+
+def test_nvml_forgets_a_killed_process_at_once(make_claim):
+    """The real driver frees a process's memory when it dies; the simulator once kept it in the
+    GPU's used total (and the process in NVML's list) until another CUDA process started."""
+    c = make_claim(memory=LIMIT)
+    reader = subprocess.Popen([sys.executable, "-c", _NVML_READER], env=c.env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    holder = c.popen("gpushare-probe", "alloc", "--chunk", "16Mi", "--max", "48Mi", "--hold", "60")
+    try:
+        assert "allocated=50331648 chunks=3" in "".join(holder.stdout.readline() for _ in range(4))
+
+        def read() -> dict:
+            reader.stdin.write("\n")
+            reader.stdin.flush()
+            return kv(reader.stdout.readline())
+
+        assert read() == {"used": str(48 * MiB), "processes": "1"}
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        assert read() == {"used": "0", "processes": "0"}
+    finally:
+        holder.kill()
+        holder.wait()
+        reader.kill()
+        reader.wait()
