@@ -251,8 +251,8 @@ class StrategiesDemo(Demo):
 
         s = self.story
         s.step("The node agent's view", "The plugin's /metrics while the pods ran, as `gpushare-dra top` shows "
-               "them: each claim's strategy, limits and use (RATE is written for every claim; only "
-               "TimeSlicing's library paces by it).")
+               "them: each claim's strategy, limits and use (RATE: the pacing rate, in GPU time for "
+               "TimeSlicing and in SM-time for MPS; a None claim has none).")
         metrics = self.metrics
         s.show(top.frame(metrics))
         strategies = {key[1]: v for key, v in metrics.get("gpushare_claim_sharing_strategy", {}).items()}
