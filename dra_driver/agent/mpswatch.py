@@ -246,16 +246,21 @@ class MpsWatch:
 
     # ---- Events ---------------------------------------------------------------------------------
     def _send_events(self) -> None:
+        """Each Event on the claim and on each pod its status.reservedFor names (as the backstop's):
+        `kubectl describe pod` shows why its containers lost the GPU."""
         while (item := self._events.get()) is not None:
             claim, message = item
-            involved = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": claim.name,
-                        "namespace": claim.namespace, "uid": claim.uid}
-            body = warning_event(involved, REASON, message, namespace=claim.namespace,
-                                 component="gpushare-dra-agent", reporting_component="gpushare.dev/agent",
-                                 host=self.node, name=f"{claim.name}.{uuid.uuid4().hex[:16]}")
-            try:
-                self.core.create_namespaced_event(claim.namespace, plain(body),
-                                                  _request_timeout=BACKGROUND_API_TIMEOUT_S)
-            except Exception as e:  # the metric and the log line still tell
-                log.error("cannot create the Event", object=f"ResourceClaim {claim.namespace}/{claim.name}",
-                          error=str(e))
+            involved = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": claim.name,
+                         "namespace": claim.namespace, "uid": claim.uid}]
+            involved += [{"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": claim.namespace, "uid": uid}
+                         for uid, name in sorted(dict(claim.pods).items())]
+            for obj in involved:
+                body = warning_event(obj, REASON, message, namespace=claim.namespace,
+                                     component="gpushare-dra-agent", reporting_component="gpushare.dev/agent",
+                                     host=self.node, name=f"{obj['name']}.{uuid.uuid4().hex[:16]}")
+                try:
+                    self.core.create_namespaced_event(claim.namespace, plain(body),
+                                                      _request_timeout=BACKGROUND_API_TIMEOUT_S)
+                except Exception as e:  # the metric and the log line still tell
+                    log.error("cannot create the Event", object=f"{obj['kind']} {claim.namespace}/{obj['name']}",
+                              error=str(e))

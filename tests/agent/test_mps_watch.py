@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
+from uuid import uuid4
 
 import pytest
 from kubernetes import client
 
 from dra_driver import mpslayout
 from dra_driver.agent.mpswatch import REASON, ControlLog, LogTail, ServerExit
-from dra_driver.playground.claims import gpushare_config, opaque_config
+from dra_driver.playground.claims import gpushare_config, make_claim, opaque_config, result
 from dra_driver.playground.mpscontrol import SIMULATE_FAULT, Daemon, log_line
 from kubeletplugin.mps import MpsControl
 from tests.support import wait_for
@@ -134,8 +135,18 @@ class MpsNode:
         self.refs: list = []
         self.control = MpsControl(node.dirs.state, STAND_IN)
 
-    def claim(self, gpu: int = 0, config: list | None = MPS):
-        ref, _ = self.node.claim(memory="1Gi", compute=25, gpu=gpu, config=config)
+    def claim(self, gpu: int = 0, config: list | None = MPS, pod: str | None = None):
+        """`pod`: a pod UID the claim is reserved for (named `tenant`), as the scheduler writes it
+        before Prepare."""
+        if pod is None:
+            ref, _ = self.node.claim(memory="1Gi", compute=25, gpu=gpu, config=config)
+        else:
+            ref = make_claim(self.node.api, [result(f"gpu-{gpu}", consumed={"memory": "1Gi", "compute": "25"})],
+                             config=config)
+            reserved = {"status": {"reservedFor": [{"resource": "pods", "name": "tenant", "uid": pod}]}}
+            resource = client.ResourceV1Api(self.node.api)
+            resource.patch_namespaced_resource_claim_status(ref.name, ref.namespace, reserved)
+            assert not self.node.kubelet.prepare(ref).claims[ref.uid].error
         self.refs.append(ref)
         return ref
 
@@ -173,7 +184,8 @@ def reported(node, ref, server: str) -> list:
 
 def test_a_server_fault_is_reported_on_each_mps_claim_of_its_gpu(mps):
     node = mps.node
-    a, b = mps.claim(), mps.claim()
+    pod = str(uuid4())
+    a, b = mps.claim(pod=pod), mps.claim()
     time_slicing = mps.claim(config=None)  # same GPU, not an MPS client
     other_gpu = mps.claim(gpu=1)           # an MPS claim of another GPU: another server
     uuid, uuid_1 = mps.uuid(a), mps.uuid(other_gpu)
@@ -188,6 +200,9 @@ def test_a_server_fault_is_reported_on_each_mps_claim_of_its_gpu(mps):
         assert uuid in event.message and "exited with status 1" in event.message
         assert "lost their GPU context and must restart" in event.message
     assert restarts(node, uuid) == 1 and restarts(node, uuid_1) == 0
+    on_pod = wait_for(lambda: [e for e in client.CoreV1Api(node.api).list_namespaced_event(a.namespace).items
+                               if e.involved_object.uid == pod and e.reason == REASON], what="the pod's Event")
+    assert [(e.involved_object.kind, e.involved_object.name) for e in on_pod] == [("Pod", "tenant")]
     mps.fault(uuid, marker)  # once it is reported, so would have been anything wrong about the first
     reported(node, a, marker)
     assert events(node, time_slicing) == [] and events(node, other_gpu) == []
