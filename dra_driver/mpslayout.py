@@ -69,6 +69,12 @@ def control_log(state_dir: str, gpu_uuid: str) -> str:
     return os.path.join(log_dir(state_dir, gpu_uuid), CONTROL_LOG)
 
 
+def read_position(state_dir: str, gpu_uuid: str) -> str:
+    """Where the node agent has read control.log up to (agent/mpswatch.py): the next leader goes on
+    from there, so a server exit logged while no agent ran is still reported. Not in a mount."""
+    return os.path.join(gpu_dir(state_dir, gpu_uuid), "agent-read-position")
+
+
 def mebibytes(value: int) -> str:
     """A byte count as MPS's memory-limit syntax (whole MiB, rounded down: never above the budget)."""
     return f"{max(1, value >> 20)}M"

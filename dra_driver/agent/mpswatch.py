@@ -122,19 +122,51 @@ class ControlLog:
 
 
 class LogTail:
-    """New whole lines of one file, as `tail -F` follows it."""
+    """New whole lines of one file, as `tail -F` follows it. `position`: a file where it keeps how
+    far it has read (the file's device, inode and offset), so that the next follower (a restarted
+    or upgraded plugin) goes on from there; without one, or when it names another file, a follower
+    `from_end` starts at the end."""
 
-    def __init__(self, path: str, from_end: bool) -> None:
+    def __init__(self, path: str, from_end: bool, position: str | None = None) -> None:
         self.path = path
+        self.position = position
         self._file_id: tuple[int, int] | None = None
         self._offset = 0
         self._partial = b""
+        self._saved: tuple[tuple[int, int] | None, int] = (None, 0)
         if from_end:
             try:
                 st = os.stat(path)
             except OSError:  # not there yet: once it is, it is new
                 return
             self._file_id, self._offset = (st.st_dev, st.st_ino), st.st_size
+            saved = self._load()
+            if saved is not None and saved[0] == self._file_id and saved[1] <= st.st_size:
+                self._offset = saved[1]
+            self._saved = (self._file_id, self._offset)
+
+    def _load(self) -> tuple[tuple[int, int], int] | None:
+        if self.position is None:
+            return None
+        try:
+            with open(self.position) as f:
+                version, dev, ino, offset = f.read().split()
+            return ((int(dev), int(ino)), int(offset)) if version == "v1" else None
+        except (OSError, ValueError):  # none yet, or not ours: from the end
+            return None
+
+    def save(self) -> None:
+        """Record how far the lines handed out so far go (after they have been dealt with)."""
+        if self.position is None or self._file_id is None or (self._file_id, self._offset) == self._saved:
+            return
+        tmp = f"{self.position}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(f"v1 {self._file_id[0]} {self._file_id[1]} {self._offset - len(self._partial)}\n")
+            os.replace(tmp, self.position)
+            self._saved = (self._file_id, self._offset)
+        except OSError as e:  # the folder went with the daemon; a later follower starts at the end
+            log.debug("cannot record the MPS log position", path=self.position, error=str(e))
 
     def read(self) -> list[str]:
         try:
@@ -181,7 +213,8 @@ class MpsWatch:
 
     # ---- life -----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Follow the logs there are now from their ends; start the Event sender."""
+        """Follow the logs there are now from where the last agent left off (their ends when none
+        did); start the Event sender."""
         for gpu in self._gpus():
             self._follow(gpu, from_end=True)
         self._thread = threading.Thread(target=self._send_events, name="mps-events", daemon=True)
@@ -203,7 +236,8 @@ class MpsWatch:
 
     def _follow(self, gpu: str, from_end: bool) -> None:
         assert self.state_dir is not None
-        self._tails[gpu] = (LogTail(mpslayout.control_log(self.state_dir, gpu), from_end), ControlLog())
+        self._tails[gpu] = (LogTail(mpslayout.control_log(self.state_dir, gpu), from_end,
+                                    mpslayout.read_position(self.state_dir, gpu)), ControlLog())
         with self._lock:
             self._restarts.setdefault(gpu, 0)
 
@@ -229,6 +263,7 @@ class MpsWatch:
                     self._report(gpu, ended, claims)
                 else:
                     log.info("MPS server exited", gpu=gpu, server_pid=ended.pid, status=ended.status)
+            tail.save()
         return seen
 
     def _report(self, gpu: str, ended: ServerExit, claims: list[ClaimView]) -> None:

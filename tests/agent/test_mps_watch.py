@@ -116,6 +116,25 @@ def test_tail_follows_appends_truncation_and_a_new_file(tmp_path):
     assert later.read() == ["d"]
 
 
+def test_tail_goes_on_from_where_the_last_follower_saved(tmp_path):
+    path, position = tmp_path / "control.log", str(tmp_path / "position")
+    path.write_text("old\n")
+    first = LogTail(str(path), from_end=True, position=position)
+    with open(path, "a") as f:
+        f.write("seen\nhalf")
+    assert first.read() == ["seen"]
+    first.save()  # dealt with: the next follower does not read it again
+    with open(path, "a") as f:
+        f.write(" done\nwhile none followed\n")
+    assert LogTail(str(path), from_end=True, position=position).read() == ["half done", "while none followed"]
+    replacement = tmp_path / "new.log"
+    replacement.write_text("in another file\n")
+    os.rename(replacement, path)  # the position names the old file: start at the new one's end
+    assert LogTail(str(path), from_end=True, position=position).read() == []
+    (tmp_path / "position").write_text("garbage")
+    assert LogTail(str(path), from_end=True, position=position).read() == []
+
+
 # ---- on a node: the plugin, its agent, the stand-in daemon, the API emulator -------------------
 def events(node, ref) -> list:
     items = client.CoreV1Api(node.api).list_namespaced_event(ref.namespace).items
@@ -230,7 +249,24 @@ def test_a_restarted_plugin_does_not_report_old_lines(mps):
     assert restarts(node, uuid) == 1
     node.restart_plugin()  # the daemon is detached: it and its log outlive the plugin
     assert mps.control.command(uuid, mpslayout.GET_SERVERS) == [marker]
-    assert restarts(node, uuid) == 0  # followed again, from the log's end
+    assert restarts(node, uuid) == 0  # followed again, from where the last agent left off
     mps.fault(uuid, marker)
     assert len(reported(node, ref, marker)) == 2  # the first fault's Event, and the marker's
     assert restarts(node, uuid) == 1
+
+
+def test_a_fault_while_no_agent_runs_is_reported_by_the_next(mps):
+    """Between one plugin instance's stop and the next one's start (a restart, an upgrade) no agent
+    reads the log; the next goes on from where the last left off, so the exit is still reported."""
+    node = mps.node
+    ref = mps.claim()
+    uuid = mps.uuid(ref)
+    first = mps.server(uuid)
+    marker = mps.fault(uuid, first)
+    reported(node, ref, first)
+    node.plugin.stop(grace=1)
+    mps.fault(uuid, marker)  # logged while no agent runs
+    node.plugin = node._launch()
+    node.url = f"http://127.0.0.1:{node.plugin.metrics_port}/metrics"
+    assert len(reported(node, ref, marker)) == 2
+    assert restarts(node, uuid) == 1  # this instance's count: the one it reported
