@@ -74,25 +74,9 @@ class StrategiesDemo(Demo):
         self.metrics: dict = {}  # the plugin's, while the pods ran
 
     def run(self) -> int:
-        s = self.story
-        try:
-            self.api_server()
-            self.gpus()
-            self.plugin_starts()
-            self.three_claims()
-            self.prepare_three()
-            self.side_by_side()
-            self.agent_view()
-            self.unprepare()
-        except Exception as e:  # a step that could not even run is a failed step, said plainly
-            s.check(False, f"step {s.n} ran to the end", f"{type(e).__name__}: {e}")
-        finally:
-            self.close()
-        if s.failures:
-            print(f"\nThe demo FAILED {len(s.failures)} check(s): " + "; ".join(s.failures))
-            return 1
-        print("\nEvery step behaved: three claims on one GPU, each held by its strategy.")
-        return 0
+        return self.run_steps([self.api_server, self.gpus, self.plugin_starts, self.three_claims, self.prepare_three,
+                               self.side_by_side, self.agent_view, self.unprepare],
+                              "three claims on one GPU, each held by its strategy.")
 
     def three_claims(self):
         from .allocator import allocate_and_reserve

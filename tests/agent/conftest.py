@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import urllib.request
+from collections.abc import Callable
 
 import pytest
 from kubernetes import client
@@ -47,10 +48,12 @@ class Node:
         self.workloads = []
         self.url = f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"
 
-    def restart_plugin(self) -> None:
+    def restart_plugin(self, while_stopped: Callable[[], object] | None = None) -> None:
         """Stop the plugin and start it again on the same folders (a pod restart); the kubelet
-        stand-in reconnects to the same socket."""
+        stand-in reconnects to the same socket. `while_stopped` runs in between."""
         self.plugin.stop(grace=1)
+        if while_stopped is not None:
+            while_stopped()
         self.plugin = self._launch()
         self.url = f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"
 

@@ -239,13 +239,19 @@ def test_a_normal_exit_is_not_reported(mps):
     assert restarts(node, uuid) == 1
 
 
-def test_a_restarted_plugin_does_not_report_old_lines(mps):
-    node = mps.node
+def one_fault_reported(mps):
+    """A claim, its GPU, and a server of that GPU (the marker) once a first fault is reported."""
     ref = mps.claim()
     uuid = mps.uuid(ref)
     first = mps.server(uuid)
     marker = mps.fault(uuid, first)
-    reported(node, ref, first)
+    reported(mps.node, ref, first)
+    return ref, uuid, marker
+
+
+def test_a_restarted_plugin_does_not_report_old_lines(mps):
+    node = mps.node
+    ref, uuid, marker = one_fault_reported(mps)
     assert restarts(node, uuid) == 1
     node.restart_plugin()  # the daemon is detached: it and its log outlive the plugin
     assert mps.control.command(uuid, mpslayout.GET_SERVERS) == [marker]
@@ -259,14 +265,7 @@ def test_a_fault_while_no_agent_runs_is_reported_by_the_next(mps):
     """Between one plugin instance's stop and the next one's start (a restart, an upgrade) no agent
     reads the log; the next goes on from where the last left off, so the exit is still reported."""
     node = mps.node
-    ref = mps.claim()
-    uuid = mps.uuid(ref)
-    first = mps.server(uuid)
-    marker = mps.fault(uuid, first)
-    reported(node, ref, first)
-    node.plugin.stop(grace=1)
-    mps.fault(uuid, marker)  # logged while no agent runs
-    node.plugin = node._launch()
-    node.url = f"http://127.0.0.1:{node.plugin.metrics_port}/metrics"
+    ref, uuid, marker = one_fault_reported(mps)
+    node.restart_plugin(while_stopped=lambda: mps.fault(uuid, marker))
     assert len(reported(node, ref, marker)) == 2
     assert restarts(node, uuid) == 1  # this instance's count: the one it reported
