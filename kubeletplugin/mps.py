@@ -76,6 +76,10 @@ class MpsControl:
         try:  # -d: the daemon detaches, so it outlives this process
             out = subprocess.run([*self.control, "-d"], env=self._env(gpu_uuid), capture_output=True, text=True,
                                  timeout=COMMAND_TIMEOUT_S)
+        except FileNotFoundError:
+            raise MpsError(f"starting the MPS control daemon of GPU {gpu_uuid}: --mps-control {self.control[0]!r} "
+                           "not found in the plugin's container; the deployed plugin does not run NVIDIA's daemon "
+                           "yet (docs/strategies.md, \"On GPU nodes\")") from None
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsError(f"starting the MPS control daemon of GPU {gpu_uuid}: {e}") from None
         if out.returncode != 0 or not self.running(gpu_uuid):

@@ -58,6 +58,12 @@ def test_a_refused_command_is_an_error_naming_it(mps):
         MpsControl("/nonexistent", ["/nonexistent/nvidia-cuda-mps-control"]).command(UUID, "get_server_list")
 
 
+def test_a_missing_control_program_is_one_error_naming_the_flag(tmp_path):
+    """The deployed plugin's image has no nvidia-cuda-mps-control (docs/strategies.md, "On GPU nodes")."""
+    with pytest.raises(MpsError, match=r"--mps-control 'no-such-mps-control' not found .*On GPU nodes"):
+        MpsControl(str(tmp_path), ["no-such-mps-control"]).ensure(UUID)  # on a GPU host the real one may be there
+
+
 def test_tenant_env_edits_cannot_raise_its_share(api, kubelet, dirs):
     """Two MPS claims of 25 % on one GPU (partition mode: equal shares): the server's ceiling the
     plugin set is 25 %; whatever the tenant does to its environment, MPS gives it no more."""
