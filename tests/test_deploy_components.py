@@ -57,6 +57,14 @@ def changed(before: list[dict], after: list[dict]) -> tuple[list[dict], list[dic
             [(old[k], new[k]) for k in old.keys() & new.keys() if old[k] != new[k]])
 
 
+def only_the_daemonset_changed(plain: list[dict], objects: list[dict]) -> tuple[dict, dict]:
+    """Asserts that a component changed the DaemonSet and nothing else (no object added, removed
+    or modified besides it); the DaemonSet before and after, as daemonset() gives them."""
+    added, removed, modified = changed(plain, objects)
+    assert (added, removed, [old["kind"] for old, _ in modified]) == ([], [], ["DaemonSet"])
+    return daemonset(plain), daemonset(objects)
+
+
 def daemonset(objects: list[dict]) -> dict:
     """The DaemonSet, its volumes in name order (a strategic merge patch moves the ones it patches first)."""
     (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
@@ -68,9 +76,7 @@ def daemonset(objects: list[dict]) -> dict:
 @needs_kubectl
 def test_gpu_operator_component_moves_only_the_driver_root(plain, render):
     objects = render(["gpu-operator"])
-    added, removed, modified = changed(plain, objects)
-    assert (added, removed, [old["kind"] for old, _ in modified]) == ([], [], ["DaemonSet"])
-    before, after = daemonset(plain), daemonset(objects)
+    before, after = only_the_daemonset_changed(plain, objects)
     volumes = by_name(before["spec"]["template"]["spec"]["volumes"])
     volumes["driver-root"]["hostPath"] = {"path": "/run/nvidia/driver", "type": "DirectoryOrCreate"}
     assert after == before  # nothing else: the mount (read-only, HostToContainer) and --driver-root stay
@@ -120,9 +126,7 @@ def test_kubelet_dir_component_moves_every_place_of_each_folder(plain, render):
                              "annotations": {"config.kubernetes.io/local-config": "true"}},
                 "data": KUBELET_DIR}
     objects = render(["kubelet-dir"], files={"kubelet-dir.yaml": [settings]})
-    added, removed, modified = changed(plain, objects)
-    assert (added, removed, [old["kind"] for old, _ in modified]) == ([], [], ["DaemonSet"])  # no ConfigMap
-    before, after = daemonset(plain), daemonset(objects)
+    before, after = only_the_daemonset_changed(plain, objects)  # no ConfigMap
     pod = before["spec"]["template"]["spec"]
     (plugin,) = pod["containers"]
     for volume, variable, key in (("plugin-dir", "GPUSHARE_PLUGIN_DIR", "pluginDir"),
@@ -231,9 +235,7 @@ def test_other_users_are_not_restricted():
 @needs_kubectl
 def test_node_label_component_adds_only_its_label_to_the_node_selector(plain, render):
     objects = render(["node-label"])
-    added, removed, modified = changed(plain, objects)
-    assert (added, removed, [old["kind"] for old, _ in modified]) == ([], [], ["DaemonSet"])
-    before, after = daemonset(plain), daemonset(objects)
+    before, after = only_the_daemonset_changed(plain, objects)
     before["spec"]["template"]["spec"]["nodeSelector"]["gpushare.dev/node"] = "true"
     assert after == before
     assert after["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true",

@@ -14,7 +14,7 @@ import yaml
 
 from dra_driver.playground.claimcontroller import POD_CLAIM_ANNOTATION, generate_name
 from tests.support.kubectl import needs_kubectl
-from tests.support.playground import NODE, meminfo, objects, playground, pod_events, prepared, wait_for
+from tests.support.playground import NODE, applied, meminfo, objects, playground, pod_events, prepared, wait_for
 
 ROOT = Path(__file__).parents[2]
 # Every example that runs beside the others on 2 GPUs: extended-resources/ takes a whole GPU or
@@ -109,8 +109,7 @@ spec:
   containers:
   - {name: c, image: x, command: [sleep, infinity], resources: {claims: [{name: gpu}]}}
 """
-    kubectl("apply", "-f", "-", input=manifest)
-    try:
+    with applied(kubectl, manifest):
         (message,) = wait_for("a FailedScheduling Event", lambda: pod_events(kubectl, "too-big", "FailedScheduling"))
         assert "memory" in message and "100Gi" in message, message
         pod = json.loads(kubectl("get", "pod", "too-big", "-o", "json"))
@@ -119,8 +118,6 @@ spec:
         assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
         claim = json.loads(kubectl("get", "resourceclaim", "too-big", "-o", "json"))
         assert not claim.get("status", {}).get("allocation"), claim["status"]
-    finally:
-        kubectl("delete", "-f", "-", input=manifest)
 
 
 @needs_kubectl
@@ -135,8 +132,7 @@ spec:
   containers:
   - {name: c, image: x, command: [sleep, infinity], resources: {claims: [{name: gpu}]}}
 """
-    kubectl("apply", "-f", "-", input=manifest)
-    try:
+    with applied(kubectl, manifest):
         def events(reason):
             return pod_events(kubectl, "no-template", reason)
 
@@ -145,8 +141,6 @@ spec:
                            'resourceclaimtemplate.resource.k8s.io "nowhere" not found'), message
         (waiting,) = wait_for("a FailedScheduling Event", lambda: events("FailedScheduling"))
         assert "gpu" in waiting and "created" in waiting, waiting
-    finally:
-        kubectl("delete", "-f", "-", input=manifest)
 
 
 def test_generated_claim_names_are_shortened_as_upstream():

@@ -10,7 +10,7 @@ import pytest
 
 from dra_driver.playground.extended import CLAIM_ANNOTATION
 from tests.support.kubectl import needs_kubectl
-from tests.support.playground import NODE, meminfo, objects, playground, pod_events, prepared, wait_for
+from tests.support.playground import NODE, applied, meminfo, objects, playground, pod_events, prepared, wait_for
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "deploy/examples/extended-resources/share.yaml"
@@ -77,8 +77,7 @@ spec:
   containers:
   - {name: c, image: x, command: [sleep, infinity], resources: {limits: {example.com/fpga: 1}}}
 """
-    kubectl("apply", "-f", "-", input=manifest)
-    try:
+    with applied(kubectl, manifest):
         (whole,) = wait_for("wants-whole-gpu's FailedScheduling",
                             lambda: pod_events(kubectl, "wants-whole-gpu", "FailedScheduling"))
         assert "container-0-request-0" in whole and "cannot allocate" in whole, whole
@@ -86,8 +85,6 @@ spec:
                               lambda: pod_events(kubectl, "wants-unknown", "FailedScheduling"))
         assert unknown == "0/1 nodes are available: 1 Insufficient example.com/fpga.", unknown
         assert not objects(kubectl, "resourceclaims")  # tried in memory: nothing written
-    finally:
-        kubectl("delete", "-f", "-", input=manifest)
 
 
 @needs_kubectl

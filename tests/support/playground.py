@@ -42,6 +42,16 @@ def wait_for(what: str, probe):
     return support_wait_for(probe, timeout=DEADLINE_S, interval=0.2, what=what)
 
 
+@contextlib.contextmanager
+def applied(kubectl, manifest: str):
+    """The manifest applied for the block, deleted after it whatever happens."""
+    kubectl("apply", "-f", "-", input=manifest)
+    try:
+        yield
+    finally:
+        kubectl("delete", "-f", "-", input=manifest)
+
+
 def objects(kubectl, kind: str) -> list[dict]:
     return json.loads(kubectl("get", kind, "-o", "json"))["items"]
 
