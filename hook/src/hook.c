@@ -1025,10 +1025,11 @@ static uint64_t mps_scale(struct gpu_state *g)
     if (__atomic_load_n(&g->mps_ctx, __ATOMIC_ACQUIRE) == ctx) return __atomic_load_n(&g->mps_ppm, __ATOMIC_RELAXED);
     CUexecAffinityParam a = {0};
     CUresult rc = g->sm_count ? real_cuCtxGetExecAffinity(&a, CU_EXEC_AFFINITY_TYPE_SM_COUNT) : CUDA_ERROR_NOT_SUPPORTED;
-    uint64_t sms = rc == CUDA_SUCCESS ? a.param.smCount.val : g->sm_count;
-    uint64_t ppm = sms && g->sm_count && sms < g->sm_count ? sms * 1000000 / g->sm_count : 1000000;
+    uint64_t sms = a.param.smCount.val, ppm = 1000000; /* no answer: the whole GPU */
     if (rc == CUDA_SUCCESS && sms * 100 <= (uint64_t)g->sm_count * (uint64_t)g->compute + MPS_SM_SLACK * 100)
         ppm = (uint64_t)g->compute * 10000; /* the driver's rounding up to a whole TPC is not the tenant's */
+    else if (rc == CUDA_SUCCESS && sms < g->sm_count)
+        ppm = sms * 1000000 / g->sm_count;
     __atomic_store_n(&g->mps_ppm, ppm, __ATOMIC_RELAXED); /* a racing reader may take one launch at another's */
     __atomic_store_n(&g->mps_ctx, ctx, __ATOMIC_RELEASE);
     static int said;
