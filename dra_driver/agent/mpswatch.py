@@ -6,7 +6,8 @@ client of that server: every MPS claim on the GPU (one control daemon per GPU se
 kubeletplugin/mps.py). The control daemon starts a new server for the next client, so nothing
 stays broken for an operator to see; the claims' processes just got CUDA errors. The agent reads
 the daemon's log and says so: one Warning Event `MpsServerRestarted` on each MPS ResourceClaim
-prepared on the GPU, and `gpushare_mps_server_restarts_total{gpu}`.
+prepared on the GPU and on each pod its status.reservedFor names, and
+`gpushare_mps_server_restarts_total{gpu}`.
 
 What the daemon writes (mpslayout: the messages, and the public logs they were taken from):
 `[<time> Control <pid>] Server <pid> exited with status <n>`, sometimes after `Server
@@ -23,12 +24,13 @@ are done.
 
 Reading: every agent period (the agent's own thread, `poll`), each `<state-dir>/mps/<gpu
 uuid>/log/control.log` is stat'ed and only new bytes are read (at most READ_MAX a period), so
-an idle GPU costs one stat(2) a second. A log that exists when the agent starts is followed from
-its end (a restarted plugin, or the instance taking over the node in a rolling upgrade, does
-not report old lines again); one that appears later (a daemon started since) from its start.
-A file recreated (another inode) or truncated (shorter than what was read) is read again from
-its start. Only whole lines are parsed. Lines written while no agent ran (between one
-instance's stop and the next one's start) are not seen.
+an idle GPU costs one stat(2) a second. After each period the agent records how far it has read
+(`<state-dir>/mps/<gpu uuid>/agent-read-position`), so a log that exists when the agent starts is
+followed from there: a restarted plugin, or the instance taking over the node in a rolling
+upgrade, neither reports old lines again nor misses those written while no agent ran (from the
+log's end when there is no record for that file). A log that appears later (a daemon started
+since) is read from its start; a file recreated (another inode) or truncated (shorter than what
+was read) again from its start. Only whole lines are parsed.
 
 Events go out on their own thread, as the backstop's do: a slow API server never holds up the
 agent's period. The control log is written by the daemon on the host; containers get only the
@@ -180,7 +182,8 @@ class LogTail:
             return []
         try:
             with open(self.path, "rb") as f:
-                if (os.fstat(f.fileno()).st_ino, os.fstat(f.fileno()).st_dev) != (st.st_ino, st.st_dev):
+                opened = os.fstat(f.fileno())
+                if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
                     return []  # replaced between the stat and the open: the next period reads it
                 f.seek(self._offset)
                 data = f.read(READ_MAX)

@@ -163,7 +163,7 @@ SIM_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
     /* the whole GPU's, also for an MPS client, which on real MPS sees its share's SMs here
      * (NVIDIA/k8s-device-plugin#679): the probe sizes its grids from this, and its figures are
-     * GPU shares only for grids of the whole GPU. The library never reads it (mps_holds). */
+     * GPU shares only for grids of the whole GPU. The library never reads it (hook.c mps_scale). */
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = SIM_SM_COUNT; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
