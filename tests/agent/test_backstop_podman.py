@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import time
 import uuid
 
@@ -24,7 +23,7 @@ from kubernetes import client
 
 from dra_driver.playground.claims import make_claim, result
 from dra_driver.playground.containers import PodmanRunner
-from tests.support import BUILD, wait_for
+from tests.support import BUILD, podman_busybox_why_not, wait_for
 
 pytestmark = pytest.mark.podman
 
@@ -33,8 +32,8 @@ PRIVATE_LOADER = "/lib64/ld-private.so"
 # Under a loaded 2-core CI machine; the promise is 200 ms (the measured figure is printed).
 KILL_BOUND_S = 5.0
 
-if os.geteuid() != 0 or PodmanRunner.available() or shutil.which("busybox") is None:
-    pytest.skip("needs root, podman, runc and busybox", allow_module_level=True)
+if why_not := podman_busybox_why_not():
+    pytest.skip(why_not, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ a larger claim's share, nor running several processes, gets a tenant more than i
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 
@@ -21,7 +20,7 @@ import pytest
 
 from dra_driver.playground.claims import gpushare_config, opaque_config
 from dra_driver.playground.containers import PodmanRunner
-from tests.support import BUILD, CPU_TIMED
+from tests.support import BUILD, CPU_TIMED, podman_busybox_why_not
 
 MPS = [opaque_config(gpushare_config(sharingStrategy="MPS"))]
 KERNEL_US = 200
@@ -119,8 +118,8 @@ def test_several_processes_of_a_claim_share_its_share(mps_node):
     assert sum(got) <= 0.30
 
 
-needs_podman = pytest.mark.skipif(os.geteuid() != 0 or PodmanRunner.available() is not None
-                                  or shutil.which("busybox") is None, reason="needs root, podman, runc and busybox")
+NO_PODMAN = podman_busybox_why_not()
+needs_podman = pytest.mark.skipif(NO_PODMAN is not None, reason=str(NO_PODMAN))
 
 
 @pytest.mark.podman

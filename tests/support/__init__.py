@@ -8,6 +8,7 @@ conftest (tests/test_layout.py checks it). No product code imports this package.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,6 +27,20 @@ MiB = 1 << 20
 # again, at most twice (pytest-rerunfailures; the summary line counts reruns). A broken pacing
 # design misses in every run (the one before agent slots gave a 30 % claim 21 %).
 CPU_TIMED = pytest.mark.flaky(reruns=2, reruns_delay=1)
+
+
+
+def podman_busybox_why_not() -> str | None:
+    """Why a test cannot run the probe in a podman container on a busybox root it builds
+    (PodmanRunner(probe)): not root, podman or runc missing, busybox missing; None when it can."""
+    from dra_driver.playground.containers import PodmanRunner
+
+    if os.geteuid() != 0:
+        return "needs root"
+    if why := PodmanRunner.available():
+        return why
+    return "needs busybox (apt-get install -y busybox)" if shutil.which("busybox") is None else None
+
 
 T = TypeVar("T")
 
