@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import NoReturn
 
 from . import flags
 from .devicemodel import BINPACK, DEVICE_ORDERS
 
 DEFAULT_DRIVER_NAME = "gpushare.dev"
+COMMANDS_GROUP = "gpushare_dra.commands"  # each entry: a function adding subcommands to the CLI's subparsers
 SHARING_MODES = ("auto", "capacity", "partition")
 
 DESCRIPTION = """\
@@ -34,7 +35,7 @@ Start here:
 """
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         # Each default shown once: not when the help already says it, nor "None" for "unset".
         if action.default is None or "default" in (action.help or ""):
@@ -49,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message.removeprefix('argument ')}\n")
 
 
-def _add_logging(p: argparse.ArgumentParser) -> None:
+def add_logging(p: argparse.ArgumentParser) -> None:
     from .log import FORMATS, LEVELS
 
     g = p.add_argument_group("logging")
@@ -59,7 +60,7 @@ def _add_logging(p: argparse.ArgumentParser) -> None:
                         "auto: json unless stderr is a terminal")
 
 
-def _add_cluster(p: argparse.ArgumentParser) -> None:
+def add_cluster(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="this node's name; the ResourceSlice pool is named after it (env NODE_NAME, "
@@ -71,7 +72,7 @@ def _add_cluster(p: argparse.ArgumentParser) -> None:
                    help="DRA driver name: in ResourceSlices, DeviceClass selectors and socket names")
 
 
-def _add_devices(p: argparse.ArgumentParser) -> None:
+def add_devices(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("GPUs and sharing")
     g.add_argument("--device-backend", default="nvml", choices=("nvml", "mock"),
                    help="nvml: the node's real GPUs; mock: simulated GPUs described by --mock-gpus")
@@ -121,119 +122,30 @@ def version_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gpushare-dra", description=DESCRIPTION, formatter_class=_Formatter)
+    parser = _Parser(prog="gpushare-dra", description=DESCRIPTION, formatter_class=Formatter)
     parser.add_argument("--version", action="version", version=version_text(), help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("kubelet-plugin", formatter_class=_Formatter,
-                       help="node daemon: registers with the kubelet, prepares claims, publishes slices",
-                       description="Serve the kubelet's DRA gRPC API on this node: register at "
-                                   "<registry-dir>/<driver-name>-reg.sock, serve <plugin-dir>/dra.sock, "
-                                   "prepare each allocated ResourceClaim into a CDI spec under --cdi-root "
-                                   "and keep this node's ResourceSlices current.")
-    _add_cluster(p)
-    g = p.add_argument_group("kubelet plugin")
-    g.add_argument("--plugin-dir", default=None,
-                   help="folder serving dra.sock (default /var/lib/kubelet/plugins/<driver-name>)")
-    g.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry",
-                   help="kubelet plugin registration folder; serves <driver-name>-reg.sock")
-    g.add_argument("--pod-uid", default="", type=flags.pod_uid,
-                   help="this pod's UID (the DaemonSet passes metadata.uid): turns on rolling updates, "
-                        "the old and the new pod of an upgrade serving at once (kubelet 1.33+). The sockets "
-                        "get the UID in their names (<driver-name>-<uid>-reg.sock, dra-<uid>.sock), both "
-                        "instances share --state-dir, take turns at calls and hand the node agent over "
-                        "(docs/operations.md, Upgrade). Empty: dra.sock and <driver-name>-reg.sock")
-    g.add_argument("--cdi-root", default="/var/run/cdi",
-                   help="folder for CDI spec files read by the container runtime")
-    g.add_argument("--state-dir", default="/var/lib/gpushare",
-                   help="checkpoint, per-claim limit files and usage regions (must survive restarts)")
-    g.add_argument("--hook-dir", default=None,
-                   help="host folder holding libgpushare.so to mount into containers (default: the "
-                        "library shipped in this package, see `gpushare-dra hook-path`)")
-    g.add_argument("--mps-control", default="nvidia-cuda-mps-control", type=shlex.split,
-                   help="command line of NVIDIA's MPS control program, run for claims with sharingStrategy MPS: "
-                        "one control daemon per GPU (docs/strategies.md)")
-    g.add_argument("--metrics-addr", default=":9400", type=flags.host_port,
-                   help="HOST:PORT serving Prometheus metrics at /metrics; empty disables")
-    g.add_argument("--healthcheck-port", type=flags.port, default=51515,
-                   help="TCP port serving the gRPC health service (service name 'liveness') for the "
-                        "kubelet's liveness probe; 0 disables")
-    g.add_argument("--publish-slices", default=True, action=argparse.BooleanOptionalAction,
-                   help="run the ResourceSlice controller for this node's pool inside this process")
-    g.add_argument("--agent-interval", type=flags.positive_float, default=1.0,
-                   help="seconds between the node agent's samples: NVML telemetry, compute-share rate "
-                        "control (docs/agent.md)")
-    g.add_argument("--backstop-interval", type=flags.positive_float, default=0.05,
-                   help="seconds between the backstop's NVML per-process memory polls (docs/security.md)")
-    g.add_argument("--enforce", default="kill", choices=("report", "kill"),
-                   help="when NVML shows a claim's processes above its memory limit (memory allocated "
-                        "around libgpushare.so): kill = SIGKILL the containers of its largest processes on "
-                        "that GPU until the rest fits, with Warning Events on the claim and the pod and a "
-                        "metric; report = only the Events and the metric")
-    g = p.add_argument_group("GPU health")
-    g.add_argument("--health-events", default=True, action=argparse.BooleanOptionalAction,
-                   help="watch NVML XID and ECC events; a critical one taints the GPU's devices and is "
-                        "reported to the kubelet (docs/operations.md, GPU health)")
-    g.add_argument("--unhealthy-taint-effect", default="NoSchedule", choices=("NoSchedule", "NoExecute"),
-                   help="effect of an unhealthy GPU's device taint: NoSchedule keeps new claims off it; "
-                        "NoExecute also evicts the pods using it")
-    g.add_argument("--health-recovery-seconds", type=flags.positive_float, default=300.0,
-                   help="a GPU marked unhealthy by an event is healthy again after this long without a new "
-                        "critical event, once NVML reaches it with no page retirement or row remapping pending")
-    g.add_argument("--health-ignore-xids", metavar="LIST", type=flags.xid_list,
-                   default="",
-                   help="XIDs that never mark a GPU unhealthy, added to the built-in application XIDs "
-                        "13,31,43,45,68,109: comma-separated numbers such as 63,92 for XIDs harmless on "
-                        "your fleet, or 'all' to ignore every XID (double-bit ECC errors still count); "
-                        "empty adds none (default empty)")
-    _add_devices(p)
-    _add_logging(p)
-    p.set_defaults(run=_lazy("kubeletplugin.main", "run"))
-
-    p = sub.add_parser("controller", formatter_class=_Formatter,
+    p = sub.add_parser("controller", formatter_class=Formatter,
                        help="publish this node's ResourceSlices only (no kubelet plugin)",
                        description="Keep the ResourceSlices of (driver, pool=node name) equal to the "
                                    "discovered GPUs. The kubelet plugin runs this by default; run it "
                                    "alone where slices are published from elsewhere.")
-    _add_cluster(p)
-    _add_devices(p)
-    _add_logging(p)
-    p.set_defaults(run=_lazy("dra_driver.controller", "run"))
+    add_cluster(p)
+    add_devices(p)
+    add_logging(p)
+    p.set_defaults(run=lazy("dra_driver.controller", "run"))
 
-    p = sub.add_parser("cleanup", formatter_class=_Formatter,
-                       help="delete this driver's ResourceSlices, and with --node-state its node files (uninstall)",
-                       description="Delete the ResourceSlices of --driver-name, for --node-name's pool "
-                                   "or, with --all-nodes, every pool. The plugin leaves slices in place "
-                                   "on shutdown so a restart never makes pods unschedulable. With "
-                                   "--node-state, also remove the files the plugin keeps on this node "
-                                   "(docs/operations.md, Uninstall).")
-    _add_cluster(p)
-    p.add_argument("--all-nodes", action="store_true", help="delete the slices of every node's pool")
-    g = p.add_argument_group("node files (run on the node, after the DaemonSet is gone)")
-    g.add_argument("--node-state", action="store_true",
-                   help="also remove this node's files: our CDI specs in --cdi-root, the checkpoint and claim "
-                        "files in --state-dir and, with --hook-dir, the installed libraries")
-    g.add_argument("--keep-slices", action="store_true",
-                   help="do not touch the API server (with --node-state: only the node's files)")
-    g.add_argument("--state-dir", default="/var/lib/gpushare", help="the plugin's --state-dir")
-    g.add_argument("--cdi-root", default="/var/run/cdi", help="the plugin's --cdi-root")
-    g.add_argument("--hook-dir", default=None,
-                   help="the folder install-hook wrote (the DaemonSet: /opt/gpushare/lib); unset: left alone")
-    g.add_argument("--force", action="store_true",
-                   help="remove node files even while claims are still prepared on this node")
-    _add_logging(p)
-    p.set_defaults(run=_lazy("dra_driver.controller", "run_cleanup"))
-
-    p = sub.add_parser("discover", formatter_class=_Formatter,
+    p = sub.add_parser("discover", formatter_class=Formatter,
                        help="print the GPUs this node would publish, as YAML",
                        description="Discover GPUs with --device-backend and print them as YAML: 'gpus' "
                                    "(a file --mock-gpus accepts), 'sharing' and, per sharing mode, the "
                                    "'devices' the ResourceSlices would hold (auto: both modes).")
-    _add_devices(p)
-    _add_logging(p)
+    add_devices(p)
+    add_logging(p)
     p.set_defaults(run=_run_discover)
 
-    p = sub.add_parser("top", formatter_class=_Formatter,
+    p = sub.add_parser("top", formatter_class=Formatter,
                        help="a node's claims in the terminal: limits, memory, utilization, paced time",
                        description="Read a kubelet plugin's metrics endpoint and show each claim's memory "
                                    "limit and use, compute share and measured utilization, and paced time, "
@@ -242,9 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the plugin's metrics endpoint: a URL, or HOST:PORT (http:// and /metrics added)")
     p.add_argument("--interval", type=flags.positive_float, default=2.0, help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
-    p.set_defaults(run=_lazy("dra_driver.top", "run"))
+    p.set_defaults(run=lazy("dra_driver.top", "run"))
 
-    p = sub.add_parser("hook-path", formatter_class=_Formatter,
+    p = sub.add_parser("hook-path", formatter_class=Formatter,
                        help="print where libgpushare.so, the simulated driver and the probe are",
                        description="Print the paths of the native files shipped with this package.")
     p.add_argument("what", nargs="?", default=None,
@@ -252,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print only this path")
     p.set_defaults(run=_run_hook_path)
 
-    p = sub.add_parser("install-hook", formatter_class=_Formatter,
+    p = sub.add_parser("install-hook", formatter_class=Formatter,
                        help="install libgpushare.so on the host (the DaemonSet's init container)",
                        description="Copy the shipped libgpushare.so into --dest as libgpushare-<hash>.so "
                                    "and point the symlink libgpushare.so at it. An installed file is "
@@ -260,25 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dest", default="/opt/gpushare/lib", help="host folder (the plugin's --hook-dir)")
     p.add_argument("--with-sim", action="store_true",
                    help="also install the simulated CUDA driver and NVML into <dest>/sim (mock-GPU clusters)")
-    _add_logging(p)
-    p.set_defaults(run=_lazy("dra_driver.install", "run"))
+    add_logging(p)
+    p.set_defaults(run=lazy("dra_driver.install", "run"))
 
-    p = sub.add_parser("share-agent", formatter_class=_Formatter,
-                       help="the node agent's compute slots for claims laid out with GPUSHARE_RUN_DIR "
-                            "(benchmarks, GPU validation)",
-                       description="Lay out the time slots of the claims in the given run dirs (each with limits, "
-                                   "region/<i> and control/<i>, as GPUSHARE_RUN_DIR) and write them into their "
-                                   "control files every --interval, as the kubelet plugin's agent does "
-                                   "(docs/compute.md).")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a claim's run dir")
-    p.add_argument("--interval", type=float, default=0.25, help="seconds between periods")
-    _add_logging(p)
-    p.set_defaults(run=_lazy("dra_driver.agent.standalone", "run"))
-
-    # The playground (demo, API emulator): stand-ins for a cluster, kept out of the product.
-    from .playground.commands import add_commands
-
-    add_commands(sub, _Formatter, _add_logging)
+    # The other programs' commands (the node program in kubeletplugin/, the playground) are
+    # declared by those packages in the entry-point group COMMANDS_GROUP: this package imports neither.
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        entry.load()(sub)
     for sub_parser in sub.choices.values():
         _env_defaults(sub_parser)
     return parser
@@ -325,7 +225,7 @@ def _refuse(name: str, value: str, problem: str) -> Callable[[str], object]:
     return refuse
 
 
-def _lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
+def lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         import importlib
 

@@ -304,7 +304,7 @@ mps_start() {  # DIR PERCENT: a control daemon (its servers' default active-thre
         "$PY" - "$REPO" "$1/pipe" "$2" <<'PYEOF'
 import sys
 sys.path.insert(0, sys.argv[1])
-from dra_driver.hooklayout import SIM_MPS_FILE, sim_mps_server_text
+from kubeletplugin.hooklayout import SIM_MPS_FILE, sim_mps_server_text
 with open(f"{sys.argv[2]}/{SIM_MPS_FILE}", "w") as f:
     f.write(sim_mps_server_text("gpu0", int(sys.argv[3])))
 PYEOF

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass
 
 from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec
-from dra_driver import mpslayout
 from dra_driver.config import MPS
+from kubeletplugin import mpslayout
 
 from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
 from .prepared import PreparedClaim

@@ -23,7 +23,7 @@ import shutil
 
 from cdi import fsync_dir, remove_durable, remove_temp_files, write_atomic
 from dra_driver.config import MPS
-from dra_driver.hooklayout import CONTROL_SIZE, REGION_SIZE
+from kubeletplugin.hooklayout import CONTROL_SIZE, REGION_SIZE
 
 from .claimref import UID
 from .prepared import PreparedClaim, PreparedError

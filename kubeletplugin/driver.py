@@ -6,8 +6,9 @@ A claim's life, each step recorded before the next starts (fault points in fault
     Unprepare: checkpoint UnprepareStarted -> remove CDI spec -> remove claim files -> drop entry
 
 At start-up (`recover`) anything not PrepareCompleted is rolled back, completed claims get
-missing files or specs rewritten (a reboot empties /var/run/cdi), and files or specs that no
-entry owns are removed. So after any crash a claim is prepared exactly once or absent, and
+missing files or specs rewritten (a reboot empties /var/run/cdi), CDI specs that no entry owns
+are removed, and a claim folder no entry owns is adopted from its prepared.json (kept, never
+removed because the checkpoint lacks it). So after any crash a claim is prepared exactly once or absent, and
 the kubelet's retry finishes the job.
 """
 

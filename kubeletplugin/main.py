@@ -17,17 +17,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes import client
 
-from dra_driver.agent.agent import Agent
-from dra_driver.agent.metrics import AgentCollector
 from dra_driver.controller.slices import desired_devices
 from dra_driver.devicemodel import CAPACITY, PARTITION
 from dra_driver.discovery import DeviceBackend, make_backend
 from dra_driver.flags import FlagError, check_port_free, split_host_port
-from dra_driver.health import HealthAwareBackend, HealthCollector, HealthMonitor
 from dra_driver.install import LIBRARY_NAME
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.log import get_logger
 from dra_driver.runloop import serve
+from kubeletplugin.agent.agent import Agent
+from kubeletplugin.agent.metrics import AgentCollector
+from kubeletplugin.health import HealthAwareBackend, HealthCollector, HealthMonitor
 
 from .cdispec import SimDriver
 from .driver import Driver

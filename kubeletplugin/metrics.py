@@ -3,7 +3,7 @@
 Here: Prepare and Unprepare counts, latencies and errors by reason; requests to the API
 server by verb and code, and their latency; `gpushare_build_info`; the process collector
 (CPU, memory, open files). The node agent's per-claim and per-GPU metrics join it as a
-collector (dra_driver/agent/metrics.py). Only `/metrics` answers with metrics.
+collector (kubeletplugin/agent/metrics.py). Only `/metrics` answers with metrics.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 
-from dra_driver import mpslayout
 from dra_driver.log import get_logger
+from kubeletplugin import mpslayout
 
 from .prepared import PreparedGpu
 

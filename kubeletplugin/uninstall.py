@@ -1,4 +1,5 @@
-"""`gpushare-dra cleanup --node-state`: remove what the kubelet plugin left on this node.
+"""`gpushare-dra cleanup`: delete the driver's slices and, with --node-state, remove what the kubelet
+plugin left on this node.
 
 The plugin keeps its state on shutdown on purpose (a restart or an upgrade must find every
 prepared claim); after an uninstall nothing uses it. Removed: our CDI specs (kind
@@ -9,11 +10,18 @@ folder shared with something else keeps that something.
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import shutil
 
+from kubernetes import client
+
 from cdi import SpecDir
+from dra_driver.controller import delete_slices
+from dra_driver.flags import FlagError
+from dra_driver.kube import api_client as make_api_client
+from dra_driver.kube import api_error
 from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
@@ -85,3 +93,27 @@ def _rmdir_if_empty(folder: str) -> None:
         os.rmdir(folder)
     except OSError:  # missing, or holds something that is not ours
         pass
+
+
+def run_cleanup(args: argparse.Namespace) -> int:
+    if args.keep_slices and not args.node_state:
+        raise FlagError("--keep-slices", "only with --node-state (otherwise there is nothing to do)")
+    if not args.keep_slices and not args.all_nodes and not args.node_name:
+        raise FlagError("--node-name", "required (or set NODE_NAME) to delete one node's slices; "
+                                       "--all-nodes deletes every node's")
+    if args.node_state:  # first: refused while claims are prepared, before anything is deleted
+        try:
+            remove_node_state(args.state_dir, args.cdi_root, args.hook_dir, force=args.force)
+        except NodeStateInUse as e:
+            log.error("cleanup refused", error=str(e))
+            return 1
+    if args.keep_slices:
+        return 0
+    node = None if args.all_nodes else args.node_name
+    try:
+        deleted = delete_slices(make_api_client(args.kubeconfig), args.driver_name, node)
+    except client.ApiException as e:
+        log.error("cleanup failed", error=api_error(e))
+        return 1
+    log.info("deleted ResourceSlices", driver=args.driver_name, node=node or "<all nodes>", count=deleted)
+    return 0

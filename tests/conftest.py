@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from dra_driver.playground.emulator import ApiEmulator
-from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin.main import Plugin
+from playground.emulator import ApiEmulator
+from playground.kubelet import Kubelet
 from tests.support.plugin import REAL_LIBRARY, Dirs, launch_plugin
 
 

@@ -1,5 +1,5 @@
 """deploy/base/admission.yaml: the ValidatingAdmissionPolicy's CEL, evaluated as the API emulator
-enforces it (dra_driver/playground/emulator/admission.py, on cel-python), refuses exactly the
+enforces it (playground/emulator/admission.py, on cel-python), refuses exactly the
 GpuShareConfigs Prepare refuses, with Prepare's message (path prefix aside)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dra_driver.playground.claims import DRIVER
-from dra_driver.playground.emulator import admission
 from kubeletplugin.allocation import _configs
 from kubeletplugin.claimref import ClaimError
+from playground.claims import DRIVER
+from playground.emulator import admission
 
 POLICY_FILE = Path(__file__).parents[1] / "deploy" / "base" / "admission.yaml"
 DOCS = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]

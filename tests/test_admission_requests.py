@@ -11,8 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dra_driver.playground.claims import DRIVER
-from dra_driver.playground.emulator import admission
+from playground.claims import DRIVER
+from playground.emulator import admission
 from tests.support.kubectl import Kubectl, needs_kubectl
 
 POLICY_FILE = Path(__file__).parents[1] / "deploy" / "base" / "admission-requests.yaml"

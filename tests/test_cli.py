@@ -106,8 +106,8 @@ BELOW_1GI = "is below 1Gi (accepted: 1Gi or more, with its unit: 80Gi)"
 
 def kube_versions():
     """What the installed kubernetes-validate has resource.k8s.io/v1 schemas for (1.34 on)."""
-    from dra_driver.playground.emulator.resources import RESOURCE_TYPES
-    from dra_driver.playground.emulator.validation import kube_versions_with_schemas
+    from playground.emulator.resources import RESOURCE_TYPES
+    from playground.emulator.validation import kube_versions_with_schemas
 
     known = kube_versions_with_schemas([rt for rt in RESOURCE_TYPES if rt.group == "resource.k8s.io"])
     assert known[0] == "1.34", known  # resource.k8s.io/v1 is new in 1.34

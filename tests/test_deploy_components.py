@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dra_driver.playground.emulator import ApiEmulator, admission
+from playground.emulator import ApiEmulator, admission
 from tests.support.deploy import DEPLOY, VERSIONS, by_name, plugin_container
 from tests.support.kubectl import Kubectl, needs_kubectl
 

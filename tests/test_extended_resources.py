@@ -1,14 +1,14 @@
-"""The scheduler's claim for extended resources backed by DRA (dra_driver/playground/extended.py),
+"""The scheduler's claim for extended resources backed by DRA (playground/extended.py),
 case by case as k8s.io/kubernetes extendeddynamicresources.go builds it."""
 
-from dra_driver.playground.extended import (
+from playground.extended import (
     claim_body,
     device_class_mapping,
     find_claim,
     pod_requests,
     requests_and_mappings,
 )
-from dra_driver.playground.names import is_dra_extended_resource_name, is_extended_resource_name
+from playground.names import is_dra_extended_resource_name, is_extended_resource_name
 
 CLASSES = [{"metadata": {"name": "share.gpushare.dev"}, "spec": {"extendedResourceName": "gpushare.dev/share"}},
            {"metadata": {"name": "gpushare.dev"}, "spec": {}}]

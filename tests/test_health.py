@@ -1,4 +1,4 @@
-"""GPU health from NVML events (dra_driver/health.py) against a fake pynvml (tests/support/nvml.py)."""
+"""GPU health from NVML events (kubeletplugin/health.py) against a fake pynvml (tests/support/nvml.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 import pytest
 
 from dra_driver.discovery import make_backend
-from dra_driver.health import (
+from dra_driver.log import configure
+from kubeletplugin.health import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_SINGLE_BIT_ECC,
     EVENT_XID,
@@ -17,7 +18,6 @@ from dra_driver.health import (
     HealthMonitor,
     classify,
 )
-from dra_driver.log import configure
 from tests.support import wait_for
 from tests.support.nvml import fake_pynvml
 

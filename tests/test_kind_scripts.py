@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_driver.playground.emulator.features import default_gates
+from playground.emulator.features import default_gates
 
 ROOT = Path(__file__).parents[1]
 SCRIPTS = [ROOT / "hack" / "kind-up.sh", ROOT / "hack" / "e2e-kind.sh"]

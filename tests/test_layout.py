@@ -14,29 +14,35 @@ def _contract(name_start: str) -> dict:
     return next(c for c in config["contracts"] if c["name"].startswith(name_start))
 
 
-def test_the_playground_contract_covers_every_product_module():
-    # A new product module must be named in the contract, or it could import the playground unseen.
-    product = {"kubeletplugin", "cdi"} | {
-        f"dra_driver.{p.stem}" for p in (ROOT / "dra_driver").iterdir()
-        if (p.suffix == ".py" or (p / "__init__.py").exists())
-        and p.stem not in {"__init__", "playground"}}
-    assert set(_contract("The product never imports the playground")["source_modules"]) == product
+def test_the_layers_contract_covers_every_package():
+    # A new top-level package must sit in a layer, or it could import anything unseen.
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} - {"tests"}
+    contract = _contract("Layers")
+    layered = {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+    assert layered == packages
+    assert set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"]) \
+        == packages
+    assert contract["layers"][0] == "playground"  # nothing may import the playground
+    assert "ignore_imports" not in contract  # the layers hold without exceptions
 
 
 def test_lint_imports_fails_on_a_product_import_of_the_playground(tmp_path):
     # The contract can fail: the same configuration over a copy where the plugin imports the demo.
     import shutil
 
-    for pkg in ("dra_driver", "kubeletplugin", "cdi"):
+    for pkg in ("dra_driver", "kubeletplugin", "cdi", "playground"):
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("_native", "__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     with open(tmp_path / "kubeletplugin" / "driver.py", "a") as f:
-        f.write("\nfrom dra_driver.playground import demo  # noqa\n")
+        f.write("\nfrom playground import demo  # noqa\n")
+    with open(tmp_path / "dra_driver" / "kube.py", "a") as f:
+        f.write("\nfrom kubeletplugin import driver  # noqa\n")
     lint = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; "
             "sys.exit(c())", "--no-cache"]
     broken = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert broken.returncode == 1, broken.stdout + broken.stderr
-    assert "kubeletplugin.driver -> dra_driver.playground.demo" in broken.stdout
+    assert "kubeletplugin.driver -> playground.demo" in broken.stdout
+    assert "dra_driver.kube -> kubeletplugin.driver" in broken.stdout
 
 
 def _imports(source: str, package: str) -> list[str]:
@@ -83,11 +89,11 @@ def test_the_test_module_import_check_sees_every_form():
 
 
 def test_neither_hack_nor_the_product_imports_the_tests():
-    # Benchmarks take what they share with the tests from the playground (dra_driver/playground/claims.py).
+    # Benchmarks take what they share with the tests from the playground (playground/claims.py).
     scripts = [p for p in _python_files(ROOT / "hack", "*")
                if p.is_file() and (p.suffix == ".py" or p.read_bytes().startswith(b"#!/usr/bin/env python"))]
     assert {p.name for p in scripts} >= {"bench-agent", "bench-backstop", "bench-prepare"}
-    product = [p for pkg in ("dra_driver", "kubeletplugin", "cdi") for p in _python_files(ROOT / pkg)]
+    product = [p for pkg in ("dra_driver", "kubeletplugin", "cdi", "playground") for p in _python_files(ROOT / pkg)]
     offenders = {str(p.relative_to(ROOT)): found for p in scripts + product
                  if (found := [m for m in _imports(p.read_text(), "") if m.split(".")[0] == "tests"])}
     assert not offenders

@@ -2,10 +2,10 @@
 
 - slices.py: what to publish (pure functions: GPUs -> slice dicts, semantic comparison)
 - reconciler.py: SliceController, the loop and watch that keep the server equal to it
-- commands.py: the `controller` and `cleanup` subcommands
+- commands.py: the `controller` subcommand and delete_slices (for `cleanup`, kubeletplugin/uninstall.py)
 """
 
-from .commands import delete_slices, run, run_cleanup
+from .commands import delete_slices, run
 from .reconciler import Backoff, SliceController, SliceWatch
 
-__all__ = ["Backoff", "SliceController", "SliceWatch", "delete_slices", "run", "run_cleanup"]
+__all__ = ["Backoff", "SliceController", "SliceWatch", "delete_slices", "run"]

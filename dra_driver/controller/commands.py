@@ -1,4 +1,4 @@
-"""The `controller` and `cleanup` subcommands of gpushare-dra."""
+"""The `controller` subcommand of gpushare-dra, and the slice deletion `cleanup` uses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from kubernetes import client
 from ..discovery import make_backend
 from ..flags import FlagError
 from ..kube import api_client as make_api_client
-from ..kube import api_error, json_body
+from ..kube import json_body
 from ..log import get_logger
 from ..runloop import serve
 from .reconciler import REQUEST_TIMEOUT, SliceController
@@ -50,29 +50,3 @@ def delete_slices(api_client: client.ApiClient, driver_name: str, node_name: str
             if e.status != 404:
                 raise
     return deleted
-
-
-def run_cleanup(args: argparse.Namespace) -> int:
-    if args.keep_slices and not args.node_state:
-        raise FlagError("--keep-slices", "only with --node-state (otherwise there is nothing to do)")
-    if not args.keep_slices and not args.all_nodes and not args.node_name:
-        raise FlagError("--node-name", "required (or set NODE_NAME) to delete one node's slices; "
-                                       "--all-nodes deletes every node's")
-    if args.node_state:  # first: refused while claims are prepared, before anything is deleted
-        from kubeletplugin.uninstall import NodeStateInUse, remove_node_state
-
-        try:
-            remove_node_state(args.state_dir, args.cdi_root, args.hook_dir, force=args.force)
-        except NodeStateInUse as e:
-            log.error("cleanup refused", error=str(e))
-            return 1
-    if args.keep_slices:
-        return 0
-    node = None if args.all_nodes else args.node_name
-    try:
-        deleted = delete_slices(make_api_client(args.kubeconfig), args.driver_name, node)
-    except client.ApiException as e:
-        log.error("cleanup failed", error=api_error(e))
-        return 1
-    log.info("deleted ResourceSlices", driver=args.driver_name, node=node or "<all nodes>", count=deleted)
-    return 0

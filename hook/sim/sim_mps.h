@@ -1,6 +1,6 @@
 /* The simulated MPS server a process reaches through CUDA_MPS_PIPE_DIRECTORY: the names the
  * trusted side (the plugin's simulated control daemon) and the simulated driver share, in one
- * place. dra_driver/hooklayout.py mirrors them (tests/hook/test_hooklayout.py holds the two
+ * place. kubeletplugin/hooklayout.py mirrors them (tests/hook/test_hooklayout.py holds the two
  * together); docs/interfaces.md documents them.
  *
  * As with the real MPS, a process is a client when CUDA_MPS_PIPE_DIRECTORY names a directory

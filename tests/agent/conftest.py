@@ -14,10 +14,10 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.playground.claims import make_claim, result
-from dra_driver.playground.containers import ProcessRunner
-from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin.claimref import ClaimRef
+from playground.claims import make_claim, result
+from playground.containers import ProcessRunner
+from playground.kubelet import Kubelet
 from tests.support import BUILD, wait_for
 from tests.support.plugin import Dirs, launch_plugin
 

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pynvml
 
-from dra_driver.agent.backstop import Backstop
-from dra_driver.agent.procmap import Owner
-from dra_driver.agent.sampler import Sampler
+from kubeletplugin.agent.backstop import Backstop
+from kubeletplugin.agent.procmap import Owner
+from kubeletplugin.agent.sampler import Sampler
 from tests.support import MiB, wait_exec, wait_for
 
 UNHOOKED = ("-u", "LD_PRELOAD")  # argv of /usr/bin/env before the probe

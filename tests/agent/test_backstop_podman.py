@@ -21,8 +21,8 @@ import uuid
 import pytest
 from kubernetes import client
 
-from dra_driver.playground.claims import make_claim, result
-from dra_driver.playground.containers import PodmanRunner
+from playground.claims import make_claim, result
+from playground.containers import PodmanRunner
 from tests.support import BUILD, podman_busybox_why_not, wait_for
 
 pytestmark = pytest.mark.podman

@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from dra_driver.playground.containers import PodmanRunner
+from playground.containers import PodmanRunner
 from tests.support import CPU_TIMED, MiB, roots, wait_for
 from tests.support.hook import kv
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.playground.claims import gpushare_config, opaque_config
 from kubeletplugin.claimref import ClaimRef
+from playground.claims import gpushare_config, opaque_config
 from tests.support import MiB, wait_for
 
 
@@ -107,7 +107,7 @@ def test_status_write_failure_does_not_fail_prepare(node, monkeypatch):
         raise OSError("API server unreachable")
 
     monkeypatch.setattr(node.plugin.agent.status.resource_api, "patch_namespaced_resource_claim_status", refuse)
-    monkeypatch.setattr("dra_driver.agent.status.RETRY_S", (0.2,))
+    monkeypatch.setattr("kubeletplugin.agent.status.RETRY_S", (0.2,))
     ref, _ = node.claim()  # asserts no error
     wait_for(lambda: len(calls) >= 2)  # retried
     monkeypatch.undo()

@@ -1,6 +1,6 @@
 """A tenant of an MPS claim against its compute share and memory budget (issue 20;
 docs/strategies.md, docs/security.md). The node runs the plugin with the stand-in MPS control
-daemon (dra_driver/playground/mpscontrol.py), which keeps its server's active-thread percentage
+daemon (playground/mpscontrol.py), which keeps its server's active-thread percentage
 where the simulated driver reads it, so probes under an MPS claim's CDI spec are MPS clients of the
 GPU's one server. Throughput is the probe's GPU work within its launch window relative to the GPU
 alone (tests/hook/test_mps.py).
@@ -18,8 +18,8 @@ import tempfile
 
 import pytest
 
-from dra_driver.playground.claims import gpushare_config, opaque_config
-from dra_driver.playground.containers import PodmanRunner
+from playground.claims import gpushare_config, opaque_config
+from playground.containers import PodmanRunner
 from tests.support import BUILD, CPU_TIMED, podman_busybox_why_not
 
 MPS = [opaque_config(gpushare_config(sharingStrategy="MPS"))]

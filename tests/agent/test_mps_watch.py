@@ -1,9 +1,9 @@
-"""The agent sees MPS server restarts (issue 20; docs/strategies.md, MPS; dra_driver/agent/mpswatch.py).
+"""The agent sees MPS server restarts (issue 20; docs/strategies.md, MPS; kubeletplugin/agent/mpswatch.py).
 
 A client's fatal GPU fault ends the MPS server of every MPS claim on the GPU; the agent follows
 the GPU's control.log and posts one Warning Event on each MPS claim of that GPU and counts
 gpushare_mps_server_restarts_total{gpu}. The node runs the plugin with the stand-in control
-daemon (dra_driver/playground/mpscontrol.py), whose test-only gpushare_simulate_server_fault
+daemon (playground/mpscontrol.py), whose test-only gpushare_simulate_server_fault
 makes a server exit as a faulted real one does. A later fault works as a marker: the agent reads
 a log in order, so once it has counted the marker it has read every line before it."""
 
@@ -16,20 +16,20 @@ from uuid import uuid4
 import pytest
 from kubernetes import client
 
-from dra_driver import mpslayout
-from dra_driver.agent.mpswatch import REASON, ControlLog, LogTail, ServerExit
-from dra_driver.playground.claims import gpushare_config, make_claim, opaque_config, result
-from dra_driver.playground.mpscontrol import SIMULATE_FAULT, Daemon, log_line
+from kubeletplugin import mpslayout
+from kubeletplugin.agent.mpswatch import REASON, ControlLog, LogTail, ServerExit
 from kubeletplugin.mps import MpsControl
+from playground.claims import gpushare_config, make_claim, opaque_config, result
+from playground.mpscontrol import SIMULATE_FAULT, Daemon, log_line
 from tests.support import wait_for
 
 MPS = [opaque_config(gpushare_config(sharingStrategy="MPS"))]
-STAND_IN = [sys.executable, "-m", "dra_driver.playground.mpscontrol"]
+STAND_IN = [sys.executable, "-m", "playground.mpscontrol"]
 METRIC = "gpushare_mps_server_restarts_total"
 
 
 # ---- the log, line by line ---------------------------------------------------------------------
-# Lines in the layout real daemons wrote (the sources are cited in dra_driver/mpslayout.py):
+# Lines in the layout real daemons wrote (the sources are cited in kubeletplugin/mpslayout.py):
 # control pid right-aligned in 5 columns, the server start logged from the new server's pid.
 REAL_FORMAT = """\
 [2026-03-02 10:14:07.201 Control   412] Starting control daemon using socket /tmp/nvidia-mps/control

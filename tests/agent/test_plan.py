@@ -1,10 +1,10 @@
-"""The agent's slot layout (dra_driver/agent/shares.py), without processes."""
+"""The agent's slot layout (kubeletplugin/agent/shares.py), without processes."""
 import signal
 import subprocess
 import sys
 
-from dra_driver.agent.shares import PERIOD_US, Share, plan_gpu
-from dra_driver.hooklayout import CONTROL, REGION_SIZE
+from kubeletplugin.agent.shares import PERIOD_US, Share, plan_gpu
+from kubeletplugin.hooklayout import CONTROL, REGION_SIZE
 from tests.support import wait_for
 
 
@@ -59,7 +59,7 @@ def control_fields(d):
 def test_share_agent_writes_slots_into_run_dirs(tmp_path):
     """`gpushare-dra share-agent`'s period over claims laid out with GPUSHARE_RUN_DIR: control
     files created and given consecutive slots, in the order given."""
-    from dra_driver.agent.standalone import RunDirClaim, tick
+    from kubeletplugin.agent.standalone import RunDirClaim, tick
 
     dirs = run_dirs(tmp_path, [(30, "Hard"), (50, "Burst"), (100, "Hard")])
     claims = [RunDirClaim(str(d)) for d in dirs]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 
-from dra_driver.agent import procmap
-from dra_driver.agent.backstop import _inside, _paths, killable
-from dra_driver.agent.procmap import ProcessMap, mount_source, pod_uid
+from kubeletplugin.agent import procmap
+from kubeletplugin.agent.backstop import _inside, _paths, killable
+from kubeletplugin.agent.procmap import ProcessMap, mount_source, pod_uid
 from tests.support import wait_exec
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"

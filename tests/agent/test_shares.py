@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dra_driver.playground.claims import gpushare_config, opaque_config
+from playground.claims import gpushare_config, opaque_config
 from tests.support import CPU_TIMED, wait_for
 
 SECONDS = "4"

@@ -19,10 +19,10 @@ import uuid
 import pytest
 from kubernetes import client
 
-from dra_driver import mpslayout
-from dra_driver.hooklayout import SIM_MPS_FILE, SIM_MPS_KEY_THREADS, SIM_MPS_PIPE_ENV
-from dra_driver.playground.claims import gpushare_config, make_claim, opaque_config, result
-from dra_driver.playground.containers import cgroup_mount, parse_kv
+from kubeletplugin import mpslayout
+from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_KEY_THREADS, SIM_MPS_PIPE_ENV
+from playground.claims import gpushare_config, make_claim, opaque_config, result
+from playground.containers import cgroup_mount, parse_kv
 from tests.support import CPU_TIMED, GiB, MiB, wait_for
 
 TS, MPS, NONE = "TimeSlicing", "MPS", "None"

@@ -3,11 +3,11 @@
 import pytest
 from kubernetes import client
 
-from dra_driver.playground.allocator import AllocationError, allocate_and_reserve
+from playground.allocator import AllocationError, allocate_and_reserve
 from tests.support.shapes import NODE, capacity_slice, claim, device_class, exactly, opaque, partition_slice, pod
 
 try:
-    from dra_driver.playground.emulator import ApiEmulator
+    from playground.emulator import ApiEmulator
 except ImportError:  # built in parallel; the pure tests do not need it
     ApiEmulator = None
 

@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from dra_driver.playground.allocator import AllocationError
+from playground.allocator import AllocationError
 from tests.support.shapes import NODE, allocate_on, capacity_slice, claim, exactly, pod, results, with_status
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dra_driver.playground.allocator import AllocationError
+from playground.allocator import AllocationError
 from tests.support.shapes import (
     allocate_on,
     claim,

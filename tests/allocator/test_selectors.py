@@ -2,8 +2,8 @@
 
 import pytest
 
-from dra_driver.playground.allocator import AllocationError
-from dra_driver.playground.claims import DRIVER
+from playground.allocator import AllocationError
+from playground.claims import DRIVER
 from tests.support.shapes import allocate_on, capacity_device, claim, device_class, exactly, resource_slice, results
 
 MIXED = [resource_slice([capacity_device(0, memory="40Gi", product="NVIDIA A100-SXM4-40GB"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dra_driver.controller import Backoff, SliceController
-from dra_driver.playground.claims import DRIVER, NODE
+from playground.claims import DRIVER, NODE
 from tests.support.slices import Gpus
 
 

@@ -7,7 +7,7 @@ from kubernetes import client
 
 from dra_driver.controller import SliceController
 from dra_driver.discovery import MockBackend
-from dra_driver.playground.claims import DRIVER, NODE
+from playground.claims import DRIVER, NODE
 from tests.support import wait_for
 from tests.support.slices import Gpus, create_node, devices_of, generations, slices_of
 

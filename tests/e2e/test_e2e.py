@@ -2,7 +2,7 @@
 
 The emulator, the kubelet plugin with its slice controller on mock GPUs, the allocation
 stand-in, the simulated driver and libgpushare.so, and podman + runc as the CDI consumer:
-the scenario of `gpushare-dra demo` (dra_driver/playground/demo.py), where every step is a check.
+the scenario of `gpushare-dra demo` (playground/demo.py), where every step is a check.
 Two pods of two containers share one 4Gi / 30 % claim and together cannot pass 4Gi; each
 sees 4Gi total; a second claim on the same GPU keeps its own budget; a plugin restart
 between pod starts keeps the shared budget; Unprepare leaves no file behind.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.playground.containers import PodmanRunner
-from dra_driver.playground.node import DEVICE_CLASS, EXTENDED_DEVICE_CLASSES
+from playground.containers import PodmanRunner
+from playground.node import DEVICE_CLASS, EXTENDED_DEVICE_CLASSES
 
 ROOT = Path(__file__).parents[2]
 

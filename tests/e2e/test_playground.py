@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_driver.playground.claimcontroller import POD_CLAIM_ANNOTATION, generate_name
+from playground.claimcontroller import POD_CLAIM_ANNOTATION, generate_name
 from tests.support.kubectl import needs_kubectl
 from tests.support.playground import NODE, applied, meminfo, objects, playground, pod_events, prepared, wait_for
 

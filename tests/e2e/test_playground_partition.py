@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.playground.extended import CLAIM_ANNOTATION
+from playground.extended import CLAIM_ANNOTATION
 from tests.support.kubectl import needs_kubectl
 from tests.support.playground import NODE, applied, meminfo, objects, playground, pod_events, prepared, wait_for
 

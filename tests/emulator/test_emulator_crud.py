@@ -261,7 +261,7 @@ def test_strategic_merge_patch_merges_keyed_lists(resource):
 
 def test_strategic_merge_patch_directives():
     """What kubectl's client-side apply sends: $setElementOrder, $patch, $deleteFromPrimitiveList."""
-    from dra_driver.playground.emulator.patch import strategic_merge_patch
+    from playground.emulator.patch import strategic_merge_patch
 
     live = {"spec": {"containers": [{"name": "a", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]},
                                     {"name": "b"}],

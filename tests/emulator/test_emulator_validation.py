@@ -3,7 +3,7 @@ import json
 import pytest
 from kubernetes import client
 
-from dra_driver.playground.emulator import ApiEmulator
+from playground.emulator import ApiEmulator
 from tests.support.emulator import claim_body, http, slice_body
 
 

@@ -6,9 +6,9 @@ import json
 import pytest
 from kubernetes import client
 
-from dra_driver.playground.emulator import ApiEmulator
-from dra_driver.playground.emulator.features import default_gates
-from dra_driver.playground.emulator.validation import available_kube_versions
+from playground.emulator import ApiEmulator
+from playground.emulator.features import default_gates
+from playground.emulator.validation import available_kube_versions
 from tests.support.emulator import claim_body, slice_body
 
 

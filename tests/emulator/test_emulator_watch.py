@@ -4,7 +4,7 @@ import time
 import pytest
 from kubernetes import client, watch
 
-from dra_driver.playground.emulator import ApiEmulator
+from playground.emulator import ApiEmulator
 from tests.support.emulator import pod_body
 
 MERGE = "application/merge-patch+json"

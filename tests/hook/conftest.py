@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.hooklayout import REGION_SIZE
+from kubeletplugin.hooklayout import REGION_SIZE
 from tests.support import MiB
 from tests.support.hook import HOOK, Claim, make_hook, write_limits
 

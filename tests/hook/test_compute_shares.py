@@ -1,6 +1,6 @@
 """Compute shares under time slicing (the simulated driver's contexts alternate in 2.5 ms
 slices, as on the H100 measured in docs/compute.md). Claims get the per-GPU time slots the node
-agent publishes in their control files (dra_driver/agent/shares.py computes the same layout);
+agent publishes in their control files (kubeletplugin/agent/shares.py computes the same layout);
 shares are each claim's GPU time in one run, from its launch count and the simulated kernel
 length. Large kernels hold 3 points here; tiny ones depend on how fast a loaded CI machine can
 launch, so their bound is looser here and 3 points in hack/bench-share."""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dra_driver.hooklayout import HEADER_SIZE, REGION_HEADER
+from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER
 from tests.support import CPU_TIMED
 from tests.support.hook import kv
 

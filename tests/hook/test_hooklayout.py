@@ -1,4 +1,4 @@
-"""dra_driver/hooklayout.py against hook/src/region.h, control.h and hook/sim/sim_mps.h: the field
+"""kubeletplugin/hooklayout.py against hook/src/region.h, control.h and hook/sim/sim_mps.h: the field
 lists are read from the headers' struct declarations, and offsets, sizes and constants from gcc
 (offsetof, sizeof, the #defines' values), so C and Python cannot drift apart unnoticed."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver import hooklayout as L
+from kubeletplugin import hooklayout as L
 
 SRC = Path(__file__).resolve().parents[2] / "hook" / "src"
 SIM = SRC.parent / "sim"

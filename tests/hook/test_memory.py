@@ -3,7 +3,7 @@ import struct
 
 import pytest
 
-from dra_driver.hooklayout import HEADER_SIZE, REGION_HEADER
+from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER
 from tests.support import MiB
 from tests.support.hook import kv, sim_uuid
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.hooklayout import SIM_MPS_FILE, SIM_MPS_PIPE_ENV, SIM_MPS_THREADS_ENV, sim_mps_server_text
+from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_PIPE_ENV, SIM_MPS_THREADS_ENV, sim_mps_server_text
 from tests.support import CPU_TIMED
 from tests.support.hook import kv
 

@@ -3,7 +3,7 @@ import struct
 
 import pytest
 
-from dra_driver.hooklayout import REGION_HEADER
+from kubeletplugin.hooklayout import REGION_HEADER
 from tests.support import CPU_TIMED, MiB
 from tests.support.hook import kv
 

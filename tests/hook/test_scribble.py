@@ -5,7 +5,7 @@ import struct
 import threading
 import time
 
-from dra_driver.hooklayout import HEADER_SIZE, REGION_HEADER, SLOT_SIZE, SLOT_STRUCT
+from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER, SLOT_SIZE, SLOT_STRUCT
 from tests.support import MiB
 from tests.support.hook import kv
 

@@ -9,11 +9,11 @@ import json
 import yaml
 from kubernetes import client
 
-from dra_driver.playground.claims import DRIVER, NODE, make_claim, result
-from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin.allocation import LAST_APPLIED, unmet_capacity
 from kubeletplugin.claimref import ClaimRef
 from kubeletplugin.prepared import PreparedGpu
+from playground.claims import DRIVER, NODE, make_claim, result
+from playground.kubelet import Kubelet
 from tests.support import GiB, wait_for
 from tests.support.kubectl import Kubectl, needs_kubectl
 from tests.support.plugin import launch_plugin

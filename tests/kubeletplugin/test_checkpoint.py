@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from dra_driver.hooklayout import CONTROL, CONTROL_SIZE, REGION_SIZE
-from dra_driver.playground.claims import make_claim, result
-from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.claimref import ClaimRef
+from kubeletplugin.hooklayout import CONTROL, CONTROL_SIZE, REGION_SIZE
+from playground.claims import make_claim, result
+from playground.kubelet import Kubelet
 from tests.support.cdi import duplicate_devices, load_spec, spec_path
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")

@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from dra_driver.playground.claims import make_claim, result
-from dra_driver.playground.containers import PodmanRunner
-from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.faults import PREPARE_STEPS, UNPREPARE_STEPS
 from kubeletplugin.instances import LOCK_FILES
+from playground.claims import make_claim, result
+from playground.containers import PodmanRunner
+from playground.kubelet import Kubelet
 from tests.support.cdi import duplicate_devices, podman_run
 from tests.support.plugin import GPUSHARE_DRA, PluginProcess, on_disk
 

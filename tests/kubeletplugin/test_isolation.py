@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dra_driver.playground.claims import gpushare_config, make_claim, opaque_config, result
 from kubeletplugin.faults import DELAY_ENV
 from kubeletplugin.main import GRPC_WORKERS
+from playground.claims import gpushare_config, make_claim, opaque_config, result
 
 SLOW_S = 8.0
 PROMPT_S = 3.0  # a Prepare takes ~10 ms; 3 s is the margin for a loaded 2-core machine

@@ -1,6 +1,6 @@
 """MPS (docs/strategies.md): the plugin runs one control daemon per GPU for the GPU's MPS claims
 and sets the server limits through its stdin protocol; here the daemon is the playground's
-stand-in (dra_driver/playground/mpscontrol.py), which records every command."""
+stand-in (playground/mpscontrol.py), which records every command."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from dra_driver import mpslayout
-from dra_driver.playground.claims import gpushare_config, make_claim, opaque_config, result
-from dra_driver.playground.mpscontrol import effective_share
+from kubeletplugin import mpslayout
 from kubeletplugin.mps import MpsControl, MpsError
 from kubeletplugin.prepared import PreparedGpu
+from playground.claims import gpushare_config, make_claim, opaque_config, result
+from playground.mpscontrol import effective_share
 from tests.support import GiB
 from tests.support.cdi import env_of, load_spec
 
-STAND_IN = [sys.executable, "-m", "dra_driver.playground.mpscontrol"]
+STAND_IN = [sys.executable, "-m", "playground.mpscontrol"]
 UUID = "GPU-5ea1c0de-0000-4000-8000-000000000000"
 
 

@@ -14,12 +14,12 @@ import uuid
 
 import pytest
 
-from dra_driver.agent.agent import Agent
 from dra_driver.discovery import sim_uuid
 from dra_driver.hookpath import native_paths
-from dra_driver.playground.claims import make_claim, result
-from dra_driver.playground.containers import PodmanRunner
-from dra_driver.playground.kubelet import Kubelet
+from kubeletplugin.agent.agent import Agent
+from playground.claims import make_claim, result
+from playground.containers import PodmanRunner
+from playground.kubelet import Kubelet
 from tests.support import GiB
 from tests.support.cdi import duplicate_devices, load_spec, podman_run, spec_path
 
@@ -35,7 +35,7 @@ if PODMAN is None:
 
 @pytest.fixture(scope="module")
 def podman_env():
-    """podman + runc set up as dra_driver.playground.containers does it, on a busybox root filesystem."""
+    """podman + runc set up as playground.containers does it, on a busybox root filesystem."""
     why_not = PodmanRunner.available()
     if why_not:
         pytest.skip(f"podman runner unavailable: {why_not}")

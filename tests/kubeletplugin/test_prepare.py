@@ -13,10 +13,10 @@ import pytest
 from kubernetes import client
 
 from dra_driver.discovery import sim_uuid
-from dra_driver.playground.claims import DRIVER, NAMESPACE, NODE, gpushare_config, make_claim, opaque_config, result
-from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin.cdispec import KIND
 from kubeletplugin.claimref import ClaimRef
+from playground.claims import DRIVER, NAMESPACE, NODE, gpushare_config, make_claim, opaque_config, result
+from playground.kubelet import Kubelet
 from tests.support import GiB
 from tests.support.cdi import load_spec, spec_path
 

@@ -1,7 +1,7 @@
 """A rolling upgrade with no gap (--pod-uid, kubelet 1.33+; docs/operations.md, Upgrade).
 
 The new plugin pod starts while the old one serves, on the same state dir; the kubelet's plugin
-manager (stand-in: dra_driver.playground.kubelet.PluginManager) registers both and calls the
+manager (stand-in: playground.kubelet.PluginManager) registers both and calls the
 newest connected one; the old pod gets SIGTERM. Claims are prepared and unprepared all the
 while, from several threads as the kubelet's pod workers do: no call fails, no claim is lost
 or left half-done, and the node agent moves to the new pod once the old one has stopped.
@@ -16,9 +16,9 @@ import uuid
 import grpc
 import pytest
 
-from dra_driver.playground.claims import DRIVER, make_claim, result
-from dra_driver.playground.kubelet import PluginManager
 from kubeletplugin import checkpoint as ckpt
+from playground.claims import DRIVER, make_claim, result
+from playground.kubelet import PluginManager
 from tests.support import wait_for
 from tests.support.plugin import PluginProcess, on_disk
 

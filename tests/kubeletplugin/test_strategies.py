@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-from dra_driver.playground.claims import gpushare_config, make_claim, opaque_config, result
 from kubeletplugin.prepared import PreparedClaim
+from playground.claims import gpushare_config, make_claim, opaque_config, result
 from tests.support import GiB
 from tests.support.cdi import env_of, load_spec
 

@@ -13,9 +13,9 @@ import pytest
 
 from dra_driver.cli import build_parser
 from dra_driver.install import install_versioned
-from dra_driver.playground.claims import make_claim, result
-from dra_driver.playground.kubelet import Kubelet
 from kubeletplugin.main import Plugin
+from playground.claims import make_claim, result
+from playground.kubelet import Kubelet
 from tests.support.plugin import REAL_LIBRARY
 
 

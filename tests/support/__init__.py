@@ -1,6 +1,6 @@
 """What the tests share besides fixtures: helpers and constants, one place for each.
 
-Test modules import helpers from here (and claim builders from dra_driver.playground.claims)
+Test modules import helpers from here (and claim builders from playground.claims)
 and get fixtures from the conftest.py files; they never import another test module or a
 conftest (tests/test_layout.py checks it). No product code imports this package.
 """
@@ -33,7 +33,7 @@ CPU_TIMED = pytest.mark.flaky(reruns=2, reruns_delay=1)
 def podman_busybox_why_not() -> str | None:
     """Why a test cannot run the probe in a podman container on a busybox root it builds
     (PodmanRunner(probe)): not root, podman or runc missing, busybox missing; None when it can."""
-    from dra_driver.playground.containers import PodmanRunner
+    from playground.containers import PodmanRunner
 
     if os.geteuid() != 0:
         return "needs root"

@@ -17,14 +17,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubernetes import client
 
 from dra_driver.cli import build_parser
-from dra_driver.playground.claims import DRIVER, NODE
 from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.main import Plugin
+from playground.claims import DRIVER, NODE
 
 from . import BUILD
 
 REAL_LIBRARY = str(BUILD / "libgpushare.so")
-MPS_CONTROL = f"{sys.executable} -m dra_driver.playground.mpscontrol"  # the stand-in control daemon
+MPS_CONTROL = f"{sys.executable} -m playground.mpscontrol"  # the stand-in control daemon
 
 
 class Dirs:

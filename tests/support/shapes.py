@@ -3,7 +3,7 @@
 import copy
 import uuid
 
-from dra_driver.playground.claims import DRIVER
+from playground.claims import DRIVER
 
 NODE = "node-1"  # the allocation tests' node (the plugin suites' is claims.NODE)
 GiB = 2**30
@@ -130,7 +130,7 @@ def pod(name="pod-a"):
 
 def allocate_on(a_claim, slices, classes=None, allocated=(), pod=None, node=NODE):
     """allocate() with this module's defaults: the shipped class, nothing else allocated."""
-    from dra_driver.playground.allocator import allocate
+    from playground.allocator import allocate
     return allocate(a_claim, node_name=node, slices=slices, device_classes=classes or [device_class()],
                     allocated_claims=list(allocated), pod=pod)
 

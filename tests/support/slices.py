@@ -9,7 +9,7 @@ import yaml
 from kubernetes import client
 
 from dra_driver.discovery import MockBackend
-from dra_driver.playground.claims import DRIVER, NODE
+from playground.claims import DRIVER, NODE
 
 
 class Gpus:

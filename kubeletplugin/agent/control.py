@@ -1,0 +1,66 @@
+"""The trusted control file of a (claim, GPU) (layout: kubeletplugin/hooklayout.py, from hook/src/control.h).
+
+Created zero-filled by the kubelet plugin (root, 0644) and mounted read-only into containers,
+so unlike the usage region no tenant can write it: the library trusts its rate, even above the
+claim's limit. Only the agent writes it: magic and version once, then the rate with one aligned
+32-bit store and the time slot with one 64-bit store, through native-int views (struct.pack_into
+writes byte by byte: a reader could see half of it); the library reads it with one atomic load.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+from kubeletplugin.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTROL_VERSION
+
+_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US = (
+    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us"))
+
+
+class Control:
+    def __init__(self, path: str):
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            size = os.fstat(fd).st_size
+            if size != CONTROL_SIZE:
+                raise ValueError(f"{path}: size {size}, expected {CONTROL_SIZE}")
+            self._map = mmap.mmap(fd, CONTROL_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)  # the mapping keeps the file
+        self._words = memoryview(self._map).cast("I")  # x86-64: native = little endian
+        self._quads = memoryview(self._map).cast("Q")
+        if struct.unpack_from("<Q", self._map, _MAGIC)[0] != CONTROL_MAGIC:
+            # header before any rate: the library reads a rate only under a valid header
+            struct.pack_into("<I", self._map, _VERSION, CONTROL_VERSION)
+            struct.pack_into("<Q", self._map, _MAGIC, CONTROL_MAGIC)
+
+    def close(self) -> None:
+        self._quads.release()
+        self._words.release()
+        self._map.close()
+
+    @property
+    def rate_ppm(self) -> int:
+        return self._words[_RATE_PPM // 4]
+
+    @rate_ppm.setter
+    def rate_ppm(self, ppm: int) -> None:
+        ppm = max(0, min(ppm, 1_000_000))
+        if self.rate_ppm != ppm:
+            self._words[_RATE_PPM // 4] = ppm
+
+    @property
+    def slot(self) -> tuple[int, int, int]:
+        """(period_us, start_us, length_us); length 0 = no slot."""
+        slot = self._quads[_SLOT // 8]
+        return self._words[_PERIOD_US // 4], slot & 0xFFFFFFFF, slot >> 32
+
+    def set_slot(self, period_us: int, start_us: int, length_us: int) -> None:
+        """The claim's time slot (docs/compute.md): the period first, then start and length in
+        one aligned 64-bit store, so the library never sees half of a slot."""
+        if self.slot != (period_us, start_us, length_us):
+            self._words[_PERIOD_US // 4] = period_us
+            self._quads[_SLOT // 8] = start_us | length_us << 32

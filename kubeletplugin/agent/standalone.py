@@ -1,0 +1,104 @@
+"""`gpushare-dra share-agent RUN_DIR...`: the node agent's slot scheduling (shares.py) for claims
+laid out with GPUSHARE_RUN_DIR (limits, region/<i>, control/<i>) instead of by the kubelet
+plugin: for hack/bench-share and hack/gpu-validate.sh, which run the library and the agent as a
+cluster does, without one. Control files missing from a run dir are created, as the plugin does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+
+from dra_driver.log import get_logger
+from dra_driver.runloop import serve
+from kubeletplugin.hooklayout import CONTROL_SIZE
+
+from .control import Control
+from .regions import Region
+from .shares import PERIOD_US, Share, plan_gpu, to_ppm
+
+log = get_logger("agent.standalone")
+
+
+class RunDirClaim:
+    """One run dir's paced GPUs: (uuid, share, region, control) each."""
+
+    def __init__(self, root: str):
+        kv = {}
+        with open(os.path.join(root, "limits")) as f:
+            for line in f:
+                key, sep, value = line.strip().partition("=")
+                if sep and not key.startswith("#"):
+                    kv[key] = value
+        self.gpus = []
+        for i in range(int(kv.get("GPUSHARE_GPU_COUNT", "1"))):
+            limit = int(kv.get(f"GPUSHARE_COMPUTE_LIMIT_{i}", "100"))
+            if limit >= 100:  # never paced
+                continue
+            path = os.path.join(root, "control", str(i))
+            if not os.path.exists(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.truncate(CONTROL_SIZE)
+            share = Share(limit=limit / 100.0, burst=kv.get(f"GPUSHARE_COMPUTE_POLICY_{i}") == "Burst", trusted=True)
+            self.gpus.append((kv.get(f"GPUSHARE_DEVICE_UUID_{i}", str(i)), share,
+                              Region(os.path.join(root, "region", str(i))), Control(path)))
+        self.charged = [0] * len(self.gpus)
+
+
+def tick(claims: list[RunDirClaim], seconds: float) -> None:
+    """One period: each claim's charged GPU time, then every GPU's slots and rates."""
+    on_gpu: dict[str, list[Share]] = {}
+    for c in claims:
+        for j, (uuid, share, region, _) in enumerate(c.gpus):
+            now = region.charged_ns
+            share.charged = max(0, now - c.charged[j]) / 1e9 / seconds
+            c.charged[j] = now
+            on_gpu.setdefault(uuid, []).append(share)
+    for shares in on_gpu.values():
+        plan_gpu(shares)
+    for c in claims:
+        for _, share, _, control in c.gpus:
+            control.rate_ppm = to_ppm(share.rate)
+            control.set_slot(PERIOD_US, share.start_us, share.length_us)
+
+
+class ShareAgent:
+    """Runs `tick` every `interval` seconds on a thread; `stop` zeroes every rate and slot, so
+    the claims' processes run unpaced once the agent is gone (docs/interfaces.md)."""
+
+    def __init__(self, claims: list[RunDirClaim], interval: float) -> None:
+        self.claims = claims
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="share-agent", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            tick(self.claims, now - last)
+            last = now
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for c in self.claims:
+            for _, _, region, control in c.gpus:
+                control.rate_ppm = 0
+                control.set_slot(0, 0, 0)
+                control.close()
+                region.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    def start() -> ShareAgent:
+        claims = [RunDirClaim(d) for d in args.run_dirs]  # in the order given: the slots' order
+        log.info("share agent running", claims=len(claims), interval=args.interval)
+        return ShareAgent(claims, args.interval)
+
+    # SIGTERM (bench-share, gpu-validate.sh) and Ctrl-C both stop it through `stop`.
+    return serve(start, log, "share agent stopping")

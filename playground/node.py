@@ -1,0 +1,168 @@
+"""One simulated GPU node: what the demo and `gpushare-dra playground` both run.
+
+A workdir laid out like a node (the plugin's folders, the installed hook with the simulated
+driver, a CDI folder), the real kubelet plugin on mock GPUs talking to an API server, the
+kubelet's side of its sockets, and a container runner (podman + runc when it can run here,
+else host processes with the CDI spec applied). No NVIDIA driver means no
+nvidia-cuda-mps-control: the plugin runs the stand-in (mpscontrol.py), so MPS claims work.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kubernetes import client
+
+from .claims import DRIVER
+
+if TYPE_CHECKING:  # imported where used: `--help` stays quick
+    from kubeletplugin.main import Plugin
+
+    from .containers import PodmanRunner, ProcessRunner
+    from .kubelet import Kubelet
+
+# The DeviceClass deploy/base/deviceclass.yaml installs (tests/e2e checks they are the same).
+# Bodies are the API's JSON; the client sends a dict as it is (its methods are typed for its models).
+DEVICE_CLASS: Any = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DRIVER},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+}
+
+
+
+def _extended_class(name: str, resource: str, sharing: str) -> Any:
+    expression = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].sharing == "{sharing}"'
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"extendedResourceName": resource, "selectors": [{"cel": {"expression": expression}}]}}
+
+
+# The classes deploy/base/deviceclass-extended.yaml installs: pods that write
+# `resources.limits: {gpushare.dev/share: 1}` (or gpushare.dev/gpu) get a device with no claim.
+EXTENDED_DEVICE_CLASSES: list[Any] = [
+    _extended_class(f"share.{DRIVER}", f"{DRIVER}/share", "partition"),
+    _extended_class(f"gpu.{DRIVER}", f"{DRIVER}/gpu", "capacity"),
+]
+
+RUNTIMES = ("auto", "podman", "process")
+# The plugin's --mps-control on simulated GPUs: the stand-in control daemon
+MPS_CONTROL = f"{shlex.quote(sys.executable)} -m playground.mpscontrol"
+
+
+def choose_runtime(runtime: str) -> str:
+    """'auto' -> podman when it can run here (root, podman and runc), else process."""
+    from .containers import PodmanRunner
+
+    if runtime == "auto":
+        return "podman" if PodmanRunner.available() is None else "process"
+    return runtime
+
+
+class SimulatedNode:
+    """A node's kubelet plugin, kubelet sockets and container runner, all under `workdir`."""
+
+    plugin: Plugin | None
+    kubelet: Kubelet | None
+
+    def __init__(self, name: str, mock_gpus: str, workdir: str, runtime: str, sharing_mode: str = "auto"):
+        from dra_driver.hookpath import native_paths
+
+        self.name = name
+        self.mock_gpus = mock_gpus
+        self.sharing_mode = sharing_mode
+        self.workdir = workdir
+        self.runtime = choose_runtime(runtime)
+        self.native = native_paths()
+        self.hook_dir = self._install_hook()
+        self.runner = self._make_runner()
+        self.plugin = None
+        self.kubelet = None
+
+    @property
+    def cdi_root(self) -> str:
+        # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi.
+        return "/var/run/cdi" if self.runtime == "podman" else os.path.join(self.workdir, "cdi")
+
+    @property
+    def state_dir(self) -> str:
+        return os.path.join(self.workdir, "state")
+
+    def _install_hook(self) -> str:
+        """What install-hook puts on a node: the library, and the simulated driver in sim/."""
+        hook = os.path.join(self.workdir, "hook")
+        os.makedirs(os.path.join(hook, "sim"), exist_ok=True)
+        shutil.copy(self.native["library"], hook)
+        shutil.copy(self.native["sim_cuda"], os.path.join(hook, "sim", "libcuda.so.1"))
+        shutil.copy(self.native["sim_nvml"], os.path.join(hook, "sim", "libnvidia-ml.so.1"))
+        return hook
+
+    def _make_runner(self) -> PodmanRunner | ProcessRunner:
+        from .containers import CONTAINER_PROBE, PodmanRunner, ProcessRunner
+
+        if self.runtime == "podman":
+            runner = PodmanRunner(self.native["probe"], (self.native["library"], self.native["sim_cuda"],
+                                                         self.native["sim_nvml"]))
+            write_tools(os.path.join(runner.rootfs, "usr", "local", "bin"), CONTAINER_PROBE)
+            return runner
+        tools = write_tools(os.path.join(self.workdir, "bin"), self.native["probe"])
+        return ProcessRunner(self.cdi_root, self.native["probe"], self.workdir, path=(tools,))
+
+    def register(self, api: client.ApiClient) -> None:
+        """The Node object and the driver's DeviceClass, as joining the cluster and installing do."""
+        core = client.CoreV1Api(api)
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name}})  # type: ignore[arg-type]
+        for device_class in (DEVICE_CLASS, *EXTENDED_DEVICE_CLASSES):
+            client.ResourceV1Api(api).create_device_class(device_class)
+
+    def start_plugin(self, api: client.ApiClient, health_recovery_seconds: float = 300.0) -> Plugin:
+        from dra_driver.cli import build_parser
+        from kubeletplugin.main import Plugin
+
+        from .kubelet import Kubelet
+
+        w = self.workdir
+        args = build_parser().parse_args([
+            "kubelet-plugin", "--node-name", self.name, "--plugin-dir", os.path.join(w, "plugin"),
+            "--registry-dir", os.path.join(w, "registry"), "--state-dir", self.state_dir,
+            "--cdi-root", self.cdi_root, "--hook-dir", self.hook_dir, "--device-backend", "mock",
+            "--mock-gpus", self.mock_gpus, "--sharing-mode", self.sharing_mode, "--metrics-addr", "127.0.0.1:0",
+            "--healthcheck-port", "0", "--health-recovery-seconds", str(health_recovery_seconds),
+            "--mps-control", MPS_CONTROL])
+        self.plugin = Plugin(args, api=api).start()
+        self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)
+        return self.plugin
+
+    def stop_plugin(self) -> None:
+        if self.kubelet:
+            self.kubelet.close()
+            self.kubelet = None
+        if self.plugin:
+            self.plugin.stop(grace=2)
+            self.plugin = None
+
+    def close(self) -> None:
+        self.stop_plugin()
+        self.runner.close()
+
+
+def write_tools(folder: str, probe: str) -> str:
+    """The commands the examples' containers run that a shell does not have, as the image has
+    them: `gpushare-dra hook-path probe` and `nvidia-smi -L` (the probe lists the GPUs NVML shows)."""
+    scripts = {
+        "gpushare-dra": f'[ "$*" = "hook-path probe" ] && exec echo {probe}\n'
+                        'echo "gpushare-dra on the playground node: only \\`hook-path probe\\`" >&2\nexit 2\n',
+        "nvidia-smi": f'case "$*" in -L|--list-gpus) exec {probe} gpus;; esac\n'
+                      'echo "nvidia-smi on the playground node: only -L" >&2\nexit 2\n',
+    }
+    os.makedirs(folder, exist_ok=True)
+    for name, body in scripts.items():
+        path = os.path.join(folder, name)
+        Path(path).write_text("#!/bin/sh\n" + body)
+        os.chmod(path, 0o755)
+    return folder
