@@ -67,7 +67,7 @@ def add_commands(sub: Any) -> None:
     _add_runtime(p)
     add_logging(p)
     # The story is the output; component logs only when something goes wrong.
-    p.set_defaults(run=_needs_demo_extra("playground.demo", "run"), log_level="warning")
+    p.set_defaults(run=_needs_demo_extra("playground.demos", "run"), log_level="warning")
 
     p = sub.add_parser("playground", formatter_class=Formatter,
                        help="a one-node cluster on simulated GPUs where `kubectl apply` runs pods",

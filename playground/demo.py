@@ -23,10 +23,6 @@ runs another story: one claim of each sharing strategy on one GPU (demo_strategi
 
 from __future__ import annotations
 
-import argparse
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -442,25 +438,3 @@ def region_used(path: Path) -> int:
         return region.used
     finally:
         region.close()
-
-
-def run(args: argparse.Namespace) -> int:
-    from dra_driver.discovery import MockBackend
-
-    MockBackend(args.mock_gpus)  # a bad --mock-gpus is the CLI's one-line error, before anything starts
-    workdir = args.workdir or tempfile.mkdtemp(prefix="gpushare-demo-")
-    os.makedirs(workdir, exist_ok=True)
-    print(f"gpushare-dra demo: simulated GPUs {args.mock_gpus}; files under {workdir}")
-    started = time.monotonic()
-    try:
-        if args.strategies:
-            from .demo_strategies import StrategiesDemo
-
-            code = StrategiesDemo(args.mock_gpus, workdir, args.runtime).run()
-        else:
-            code = Demo(args.mock_gpus, workdir, args.runtime).run()
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"({time.monotonic() - started:.1f}s)")
-    return code

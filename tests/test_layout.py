@@ -98,3 +98,51 @@ def test_neither_hack_nor_the_product_imports_the_tests():
                  if (found := [m for m in _imports(p.read_text(), "") if m.split(".")[0] == "tests"])}
     assert not offenders
     assert _imports("from tests.kubeletplugin.kubelet import make_claim", "")[0].split(".")[0] == "tests"
+
+
+def _module_cycles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other round a circle (Tarjan's strongly
+    connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in imports.get(module, ()):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                other = stack.pop()
+                group.append(other)
+                if other == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(imports):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_python_module_imports_round_a_circle():
+    # Imports under `if TYPE_CHECKING:` count too: a type one module needs from another is
+    # a dependency, and a circle of them means neither can be read alone.
+    import grimp
+
+    graph = grimp.build_graph("playground", "kubeletplugin", "dra_driver", "cdi")
+    imports = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    assert _module_cycles(imports) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    assert _module_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _module_cycles({"a": {"b"}, "b": set()}) == []

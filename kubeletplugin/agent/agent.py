@@ -14,24 +14,23 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubernetes import client
 
-from dra_driver.config import TIME_SLICING
 from dra_driver.kube import BACKGROUND_API_TIMEOUT_S
 from dra_driver.log import get_logger
 from kubeletplugin.cdispec import SimDriver
-from kubeletplugin.prepared import PreparedClaim, PreparedGpu
+from kubeletplugin.prepared import PreparedClaim
 
 from .backstop import Backstop
+from .claimview import ClaimView
 from .control import Control
 from .mpswatch import MpsWatch
 from .procmap import ProcessMap
 from .regions import Region
 from .sampler import GpuSample, Sampler, load_simulated_nvml
-from .shares import PERIOD_US, Share, plan_gpu, to_ppm
+from .shares import Share, plan_gpu
 from .status import StatusWriter
 
 log = get_logger("agent")
@@ -60,53 +59,6 @@ class ClaimPaths(Protocol):
     def region_path(self, uid: str, i: int) -> str: ...
 
     def control_path(self, uid: str, i: int) -> str: ...
-
-
-@dataclass
-class ClaimView:
-    uid: str
-    namespace: str
-    name: str
-    gpus: tuple[PreparedGpu, ...]
-    limits_path: str
-    regions: list[Region | None]
-    controls: list[Control | None]        # None: no control file (older plugin), rate goes to the region
-    shares: list[Share]
-    process_memory: list[dict[int, int]] = field(default_factory=list)  # per GPU: pid -> NVML bytes
-    paced_ns: list[int] = field(default_factory=list)                  # per GPU: the region's, last period
-    pods: dict[str, str] = field(default_factory=dict)  # status.reservedFor: pod UID -> name
-    charged_ns: list[int] = field(default_factory=list)                # per GPU: the region's, last period
-    sharing_strategy: str = TIME_SLICING  # None: no region or control file, the backstop only
-
-    def set_rate(self, i: int, ppm: int) -> None:
-        """The library's refill rate for GPU i: the control file when there is one, else the region."""
-        target = self.controls[i] or self.regions[i]
-        if target is not None:
-            target.rate_ppm = ppm
-
-    def apply(self, i: int) -> None:
-        """Write GPU i's planned rate and slot (a slot only where no tenant can write it)."""
-        s = self.shares[i]
-        self.set_rate(i, to_ppm(s.rate))
-        control = self.controls[i]
-        if control is not None:
-            control.set_slot(PERIOD_US, s.start_us, s.length_us)
-
-    def count_period(self, seconds: float) -> None:
-        """Each share's charged GPU time and paced flag over the last period, from the regions."""
-        paced_ns = [r.paced_ns if r else 0 for r in self.regions]
-        charged_ns = [r.charged_ns if r else 0 for r in self.regions]
-        for s, now, before, c_now, c_before in zip(self.shares, paced_ns, self.paced_ns or paced_ns, charged_ns,
-                                                   self.charged_ns or charged_ns, strict=True):
-            s.measured = 0.0
-            s.paced = now > before
-            s.charged = max(0, c_now - c_before) / 1e9 / seconds if seconds > 0 else 0.0
-        self.paced_ns, self.charged_ns = paced_ns, charged_ns
-
-    def close(self) -> None:
-        for f in (*self.regions, *self.controls):
-            if f is not None:
-                f.close()
 
 
 class Agent:

@@ -19,19 +19,28 @@ import signal
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kubernetes import client
 
 from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, plain, warning_event
 from dra_driver.log import get_logger
 
-from .procmap import Owner
-
-if TYPE_CHECKING:
-    from .agent import Agent, ClaimView
+from .claimview import ClaimView
+from .procmap import Owner, ProcessMap
 
 log = get_logger("agent.backstop")
+
+
+class Agent(Protocol):
+    """What the backstop reads of the node agent (agent.Agent) each poll."""
+
+    claims: dict[str, ClaimView]
+    procs: ProcessMap
+
+    def refresh_if_needed(self) -> None: ...
+
+    def sampler_process_memory(self) -> dict[str, dict[int, int]]: ...
 
 REASON = "GpuMemoryLimitExceeded"
 # NVML counts each process's CUDA context, which the library does not: allow that much per

@@ -46,7 +46,6 @@ import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kubernetes import client
 
@@ -55,8 +54,7 @@ from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, plain, warning_event
 from dra_driver.log import get_logger
 from kubeletplugin import mpslayout
 
-if TYPE_CHECKING:
-    from .agent import ClaimView
+from .claimview import ClaimView
 
 log = get_logger("agent.mpswatch")
 
