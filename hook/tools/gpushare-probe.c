@@ -2,7 +2,7 @@
  * (dlopen("libcuda.so.1") + cuGetProcAddress), against a real or the simulated driver.
  * Output: plain key=value lines.
  *
- *   gpushare-probe [--device N] alloc --chunk BYTES [--max BYTES] [--hold SECONDS] [--api A]
+ *   gpushare-probe [--main-exits] [--device N] alloc --chunk BYTES [--max BYTES] [--hold SECONDS] [--api A]
  *       A = alloc (default) | managed | async | pitch | vmm
  *   gpushare-probe [--device N] meminfo
  *   gpushare-probe [--device N] launch --seconds T [--kernel-us US]
@@ -16,12 +16,16 @@
  *       capturing, also launch kernels on another stream, 2 ms apart; --record: record an event
  *       on the capturing stream (the capture must fail)
  *
+ *   --main-exits: the command runs on a second thread and the main thread calls pthread_exit (a
+ *   zombie main thread, which reads "/" as its cgroup: the node agent must look at the others)
+ *
  *   launch, time, serve and graph take --grid BLOCKS: the blocks of each kernel (default: the
  *   GPU's SM count, a kernel that fills the GPU; fewer is a small kernel, which MPS can run
  *   beside another client's)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -464,10 +468,31 @@ static int cmd_graph(int argc, char **argv)
     return 0;
 }
 
+static int run(int argc, char **argv, int i);
+static int g_argc;
+static char **g_argv;
+
+static void *run_thread(void *arg)
+{
+    exit(run(g_argc, g_argv, (int)(long)arg));
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     int i = 1;
+    if (i < argc && !strcmp(argv[i], "--main-exits")) {
+        pthread_t t;
+        g_argc = argc, g_argv = argv;
+        if (pthread_create(&t, NULL, run_thread, (void *)(long)(i + 1)) != 0) return 70;
+        printf("main_exits=%d\n", (int)getpid());
+        pthread_exit(NULL);
+    }
+    return run(argc, argv, i);
+}
+
+static int run(int argc, char **argv, int i)
+{
     if (i + 1 < argc && !strcmp(argv[i], "--device")) {
         g_device = atoi(argv[i + 1]);
         i += 2;
@@ -479,7 +504,7 @@ int main(int argc, char **argv)
     if (i < argc && !strcmp(argv[i], "time")) return cmd_time(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "serve")) return cmd_serve(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "graph")) return cmd_graph(argc - i - 1, argv + i + 1);
-    fprintf(stderr, "usage: gpushare-probe [--device N] alloc --chunk BYTES [--max BYTES] [--hold S] [--api A]\n"
+    fprintf(stderr, "usage: gpushare-probe [--main-exits] [--device N] alloc --chunk BYTES [--max BYTES] [--hold S] [--api A]\n"
                     "       gpushare-probe [--device N] meminfo\n"
                     "       gpushare-probe gpus\n"
                     "       gpushare-probe [--device N] launch --seconds T [--kernel-us US]\n"

@@ -27,7 +27,7 @@ from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, plain, warning_event
 from dra_driver.log import get_logger
 
 from .claimview import ClaimView
-from .procmap import Owner, ProcessMap
+from .procmap import Owner, ProcessMap, exiting, view
 
 log = get_logger("agent.backstop")
 
@@ -96,6 +96,9 @@ def kill_cgroup(cgroup: str) -> list[int]:
             try:
                 with open(f"/proc/{name}/cgroup") as f:
                     inside = _inside(_paths(f.read()), container)
+                if not inside and exiting(int(name)):  # a zombie main thread reads "/": its live threads tell
+                    with open(f"{view(int(name))}/cgroup") as f:
+                        inside = _inside(_paths(f.read()), container)
             except OSError:
                 inside = False
             if inside:

@@ -7,10 +7,16 @@ anything a tenant can write (docs/security.md, "The trusted layer"):
    cgroup). The kubelet names each pod's cgroup after the pod's UID (`pod<uid>`, `_` for `-`
    under systemd), and each ResourceClaim's `status.reservedFor` (written by the scheduler)
    lists the UIDs of the pods that use it: pod UID -> claim. Neither chroot, a private mount
-   namespace, nor an image layout changes it. A pod that holds several of our claims (one per
-   container) is resolved to the container: the container ID at the end of the cgroup path
-   against the pod's status.containerStatuses, and the container's resources.claims in its
-   spec (the agent reads the pod; the API server's word, like reservedFor).
+   namespace, nor an image layout changes it. Only the kubelet's own layout counts (`layout`):
+   the pod is the component right under the kubepods root (and its QoS class), the container
+   the one below it; a tenant that may make sub-cgroups of its container (delegation, a
+   privileged pod) can name one `pod<another pod's uid>`, which is deeper and so never read:
+   the process stays its own pod's, and its container is killed whole. A pod that holds several
+   of our claims (one per container) is resolved to the container: the container ID of that
+   component against the pod's status.containerStatuses, and the container's resources.claims
+   in its spec (the agent reads the pod; the API server's word, like reservedFor).
+   Every fact is read from a live thread (`view`): a process whose main thread has exited
+   (a zombie leader) shows `/` as its cgroup, and no mount table or environment, at /proc/<pid>.
 2. Outside kubelet pods (podman, tests), or before the pod is read: the process's mount table
    (/proc/<pid>/mountinfo, written by the kernel). The claim's limits file reaches the
    container as a bind mount whose source shows there as (device, path in that filesystem) =
@@ -37,7 +43,6 @@ if TYPE_CHECKING:
     from .regions import Slot
 
 CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
-POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 MISS_TTL_S = 1.0  # an unmapped process is looked up again after this (or when claims change)
 
@@ -107,21 +112,105 @@ def exiting(pid: int) -> bool:
     return flags is None or bool(flags & PF_EXITING)
 
 
+def _tid_exiting(pid: int, tid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+            data = f.read()
+        return bool(int(data[data.rindex(b")") + 2:].split()[6]) & PF_EXITING)
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def view(pid: int) -> str:
+    """Where to read a process's kernel facts: /proc/<pid> while its main thread lives, else
+    /proc/<pid>/task/<tid> of a thread that has not begun to exit. A main thread that called
+    pthread_exit is a zombie until the last thread ends: /proc/<pid>/cgroup then reads `/` in
+    every cgroup v1 hierarchy, and its mount table, environment and root are gone, while the
+    other threads go on using the GPU (issue 26, attack 2). /proc/<pid> when no thread lives."""
+    if not exiting(pid):
+        return f"/proc/{pid}"
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+    except OSError:
+        return f"/proc/{pid}"
+    return next((f"/proc/{pid}/task/{tid}" for tid in tids if tid != pid and not _tid_exiting(pid, tid)),
+                f"/proc/{pid}")
+
+
+QOS = ("burstable", "besteffort")
+_UID_TEXT = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+_POD_COMPONENT = re.compile(rf"(?:[a-z0-9-]*-)?pod({_UID_TEXT})(?:\.slice)?")
+# cgroupfs driver: kubepods; systemd driver: kubepods.slice, or <root>-kubepods.slice under a
+# --cgroup-root (kind: kubelet.slice/kubelet-kubepods.slice)
+_KUBEPODS = re.compile(r"kubepods|(?:[a-z0-9-]*-)?kubepods\.slice")
+KUBEPODS_DEPTH = 2  # the kubepods root is the first component, or the second under a --cgroup-root
+
+
+def pod_path(path: str) -> tuple[str, list[str]] | None:
+    """(pod UID, the path's components down to its container) of one cgroup path laid out by the
+    kubelet: <cgroup root>/kubepods[/<qos>]/pod<uid>/<container> (cgroupfs) or
+    [<root>-]kubepods.slice[/...-<qos>.slice]/...-pod<uid_>.slice/<container>.scope (systemd).
+    The FIRST pod component under the kubepods root, never a deeper one: below the container's
+    cgroup the names are the tenant's. A path relative to the reader's cgroup namespace
+    (`/../../kubepods-pod<uid>.slice/...`) starts below the hidden kubepods root."""
+    parts = [p for p in path.split("/") if p]
+    ups = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
+    if ups:  # the kubepods root, if it shows at all, is the first component below the ".."
+        at = ups + (ups < len(parts) and bool(_KUBEPODS.fullmatch(parts[ups])))
+    else:
+        root = next((i for i, p in enumerate(parts[:KUBEPODS_DEPTH]) if _KUBEPODS.fullmatch(p)), None)
+        if root is None:
+            return None
+        at = root + 1
+    if at < len(parts) and any(parts[at] == q or parts[at].endswith(f"-{q}.slice") for q in QOS):
+        at += 1
+    m = _POD_COMPONENT.fullmatch(parts[at]) if at < len(parts) else None
+    return (m.group(1).replace("_", "-"), parts[:at + 2]) if m else None
+
+
+def layout(cgroup: str) -> tuple[str, str | None, str] | None:
+    """(pod UID, container component or None, the cgroup text cut at the container) of a
+    /proc/<pid>/cgroup text in the kubelet's layout, or None. Every hierarchy that shows a pod
+    must show the same one (else it is no kubelet layout: None); the cut text is the
+    container's cgroup in each hierarchy, which the backstop kills whole (a tenant's deeper
+    sub-cgroup included)."""
+    pod = container = None
+    lines = []
+    for line in cgroup.splitlines():
+        hierarchy, sep, path = line.rpartition(":")
+        found = pod_path(path) if sep else None
+        if found:
+            uid, cut = found
+            if pod is not None and uid != pod:
+                return None
+            pod = uid
+            if not _POD_COMPONENT.fullmatch(cut[-1]):
+                container = container or cut[-1]
+            path = "/" + "/".join(cut)
+        lines.append(f"{hierarchy}:{path}")
+    if pod is None:
+        return None
+    return pod, container, "\n".join(lines) + "\n"
+
+
 def pod_uid(cgroup: str) -> str | None:
-    """The kubelet pod UID in a /proc/<pid>/cgroup text (the deepest one), or None."""
-    found = POD_UID.findall(cgroup)
-    return found[-1].replace("_", "-") if found else None
+    """The kubelet pod UID of a /proc/<pid>/cgroup text (its own pod, from the kubelet's layout), or None."""
+    found = layout(cgroup)
+    return found[0] if found else None
 
 
 def container_id(cgroup: str) -> str | None:
-    """The runtime's container ID in a /proc/<pid>/cgroup text (the deepest one), or None."""
-    found = CONTAINER_ID.findall(cgroup)
-    return found[-1] if found else None
+    """The runtime's container ID of a /proc/<pid>/cgroup text: the container component of the
+    kubelet's layout (never a deeper sub-cgroup's name), or None."""
+    found = layout(cgroup)
+    ids = CONTAINER_ID.findall(found[1]) if found and found[1] else []
+    return ids[-1] if ids else None
 
 
 def mounts(pid: int | str) -> list[tuple[str, str, str]]:
-    """(major:minor, root in its filesystem, mount point) of each line of the mount table."""
-    text = _read(f"/proc/{pid}/mountinfo") or ""
+    """(major:minor, root in its filesystem, mount point) of each line of the mount table of a
+    pid, "self", or a /proc folder (a thread's: `view`)."""
+    text = _read(f"{pid}/mountinfo" if str(pid).startswith("/") else f"/proc/{pid}/mountinfo") or ""
     out = []
     for line in text.splitlines():
         f = line.split(" ")
@@ -148,9 +237,9 @@ def mount_source(path: str, table: list[tuple[str, str, str]] | None = None) -> 
     return best[0], os.path.normpath(os.path.join(best[1], rel))
 
 
-def _run_dir(pid: int) -> str | None:
+def _run_dir(at: str) -> str | None:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
+        with open(f"{at}/environ", "rb") as f:
             env = f.read().split(b"\0")
     except OSError:
         return None
@@ -224,32 +313,36 @@ class ProcessMap:
             return owner
 
     def _lookup(self, pid: int, key: tuple[int, int]) -> Owner | None:
-        cgroup = _read(f"/proc/{pid}/cgroup")
-        if cgroup and V1_AT_ROOT.search(cgroup) and exiting(pid):  # (asked after the read)
+        at = view(pid)  # a live thread's facts: a zombie main thread shows none
+        cgroup = _read(f"{at}/cgroup")
+        if cgroup and V1_AT_ROOT.search(cgroup) and exiting(pid) and at == f"/proc/{pid}":  # (asked after the read)
             return None  # not its container's paths: mapped, it would be killed alone and its container live on
         own = cgroup is None or cgroup == self._cgroup  # the agent's own cgroup: never kill it whole
-        pod = pod_uid(cgroup) if cgroup and not own else None
-        by_mount = {uid for dev, root, _ in mounts(pid) if (uid := self._by_mount.get((dev, root)))}
-        if pod:
-            candidates = self._by_pod.get(pod, [])
+        found = layout(cgroup) if cgroup and not own else None
+        pod = found[0] if found else None
+        by_mount = {uid for dev, root, _ in mounts(at) if (uid := self._by_mount.get((dev, root)))}
+        if found:
+            container = found[2]  # its container's cgroup, whatever the tenant made below it
+            candidates = self._by_pod.get(found[0], [])
             if len(candidates) == 1:
-                return Owner(candidates[0], pod, cgroup)
+                return Owner(candidates[0], pod, container)
             if not candidates:
-                self.unknown_pods.add(pod)
+                self.unknown_pods.add(found[0])
             else:  # several claims in one pod: the container tells which
-                by_id = self._by_container.get(container_id(cgroup or "") or "")
+                by_id = self._by_container.get(container_id(container) or "")
                 if by_id in candidates:
-                    return Owner(by_id, pod, cgroup)
-                self.unresolved_pods.add(pod)
+                    return Owner(by_id, pod, container)
+                self.unresolved_pods.add(found[0])
                 by_mount &= set(candidates)  # until the pod is read, its mounts if they show
+            cgroup = container
         if len(by_mount) == 1:
             return Owner(by_mount.pop(), pod, None if own else cgroup)
-        if _key(f"/proc/{pid}/root") != self._root:
+        if _key(f"{at}/root") != self._root:
             return None
-        run_dir = _run_dir(pid)
+        run_dir = _run_dir(at)
         limits = _key(os.path.join(run_dir, "limits")) if run_dir else None
-        found = (self._by_limits.get(limits) if limits else None) or self._by_slot.get(key)
-        return Owner(found, None, None) if found else None
+        uid = (self._by_limits.get(limits) if limits else None) or self._by_slot.get(key)
+        return Owner(uid, None, None) if uid else None
 
     def forget_except(self, pids: set[int]) -> None:
         """Drop cache entries of processes no longer on any GPU."""

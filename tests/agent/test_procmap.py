@@ -7,7 +7,7 @@ import subprocess
 
 from kubeletplugin.agent import procmap
 from kubeletplugin.agent.backstop import _inside, _paths, killable
-from kubeletplugin.agent.procmap import ProcessMap, mount_source, pod_uid
+from kubeletplugin.agent.procmap import ProcessMap, container_id, layout, mount_source, pod_uid
 from tests.support import wait_exec
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -22,6 +22,50 @@ def test_pod_uid_from_cgroupfs_and_systemd_paths():
     assert pod_uid(f"0::/../../kubepods-pod{systemd}.slice/crio-1.scope\n") == UID
     assert pod_uid("0::/user.slice/user-0.slice/session-1.scope\n") is None
     assert pod_uid("0::/kubepods/podnot-a-uid/x\n") is None
+
+
+VICTIM = "11111111-2222-3333-4444-555555555555"
+
+
+def test_the_pod_is_the_kubelets_first_pod_component_never_a_deeper_one():
+    """Attack 3 of issue 26: a tenant that may make sub-cgroups of its container names one
+    pod<victim uid>. Only the kubelet's layout counts: the pod right under kubepods (and its QoS
+    class), the container below it; the container's cgroup (cut there) is what gets killed."""
+    cid = "ab" * 32
+    forged = f"4:memory:/kubepods/burstable/pod{UID}/{cid}/pod{VICTIM}/{'cd' * 32}\n" \
+             f"0::/kubepods/burstable/pod{UID}/{cid}/pod{VICTIM}/{'cd' * 32}\n"
+    assert layout(forged) == (UID, cid, f"4:memory:/kubepods/burstable/pod{UID}/{cid}\n"
+                                        f"0::/kubepods/burstable/pod{UID}/{cid}\n")
+    assert container_id(forged) == cid  # not the deeper, tenant-named one
+    systemd, victim = UID.replace("-", "_"), VICTIM.replace("-", "_")
+    nested = (f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{systemd}.slice/"
+              f"cri-containerd-{cid}.scope/kubepods-besteffort-pod{victim}.slice\n")
+    assert pod_uid(nested) == UID and container_id(nested) == cid
+    kind = (f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/"
+            f"kubelet-kubepods-burstable-pod{systemd}.slice/cri-containerd-{cid}.scope\n")  # --cgroup-root
+    assert pod_uid(kind) == UID
+    # outside the kubelet's layout a pod name means nothing (a podman container's own sub-cgroup)
+    assert pod_uid(f"0::/libpod_parent/libpod-1/kubepods/pod{VICTIM}/x\n") is None
+    assert pod_uid(f"0::/kubepods/x/pod{VICTIM}\n") is None  # not a QoS class
+    # hierarchies that disagree are no kubelet layout
+    assert layout(f"4:memory:/kubepods/pod{UID}/c\n0::/kubepods/pod{VICTIM}/c\n") is None
+
+
+def test_a_tenant_sub_cgroup_named_after_another_pod_maps_to_its_own_pod(monkeypatch):
+    """The process map takes the tenant's own pod (its claim), and the container's cgroup as the
+    unit to kill, never the victim's."""
+    cid = "ab" * 32
+    p = subprocess.Popen(["sleep", "30"])
+    cgroup = f"0::/kubepods/pod{UID}/{cid}/pod{VICTIM}\n"
+    real_read = procmap._read
+    monkeypatch.setattr(procmap, "_read", lambda path: cgroup if path == f"/proc/{p.pid}/cgroup" else real_read(path))
+    try:
+        m = ProcessMap()
+        m.update({}, {}, {"tenant": {UID}, "victim": {VICTIM}})
+        assert m.owner(p.pid) == procmap.Owner("tenant", UID, f"0::/kubepods/pod{UID}/{cid}\n")
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_mount_source_is_the_bind_mount_root_a_container_shows():
