@@ -55,6 +55,17 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
                               "(a YAML mapping with clusters, contexts and users)") from None
 
 
+def no_request_retries(api: client.ApiClient) -> None:
+    """Make urllib3 send each request of `api` once. By default it repeats a GET that failed on
+    the way (a read that timed out included) three times, so a request bounded to T seconds
+    could take 4 T against a hung API server: Prepare took 80 s, long after the kubelet had given
+    up on the call (issue 26). Every caller here bounds its own time and retries on its own."""
+    pools = getattr(getattr(api, "rest_client", None), "pool_manager", None)
+    if pools is not None:
+        pools.connection_pool_kw["retries"] = False
+        pools.clear()  # pools made before keep the old setting
+
+
 def json_body(response: Any) -> JSON:
     """The body of a `_preload_content=False` response as plain JSON.
 

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+import urllib3
 from kubernetes import client
 
 from cdi import SpecDir, find_devices_of_kind, remove_temp_files
@@ -30,7 +31,7 @@ from dra_driver.config import MPS
 from dra_driver.devicemodel import parse_device_name
 from dra_driver.discovery import DeviceBackend, GpuInfo
 from dra_driver.install import LIBRARY_NAME, prune_versions
-from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_error, plain, warning_event
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_error, no_request_retries, plain, warning_event
 from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
@@ -105,6 +106,7 @@ class Driver:
                  partitions: int, state_dir: str, cdi_root: str, host_library: str,
                  system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None,
                  mps_control: Sequence[str] = (MPS_CONTROL,)) -> None:
+        no_request_retries(api)  # one read of a claim within API_TIMEOUT_S, not four
         self.resource_api = client.ResourceV1Api(api)
         self.core_api = client.CoreV1Api(api)
         self.driver_name = driver_name
@@ -257,7 +259,12 @@ class Driver:
             raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {api_error(e)}",
                              reason="api_error") from None
         except Exception as e:  # connection refused, timeouts: the kubelet retries
-            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {e}", reason="api_error") from None
+            server = f"the API server ({self.resource_api.api_client.configuration.host})"
+            if isinstance(e, urllib3.exceptions.TimeoutError):
+                raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {server} did not answer "
+                                 f"within {API_TIMEOUT_S:g} s", reason="api_error") from None
+            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {server}: {e}",
+                             reason="api_error") from None
         got = (claim.get("metadata") or {}).get("uid")
         if got != ref.uid:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: metadata.uid is {got!r}, the kubelet asked "
