@@ -24,6 +24,12 @@ BINPACK = "binpack"
 SPREAD = "spread"
 DEVICE_ORDERS = (BINPACK, SPREAD)
 FULL_COMPUTE = 100  # compute capacity of a whole GPU, in percent
+# Capacity mode: memory a request gets when it asks for none (its requestPolicy default), one
+# eighth of the GPU's, so a claim that asks only for compute leaves the rest to others. A
+# request that asks for no compute holds all of it (compute default: the whole GPU), so nobody
+# shares that GPU with it, and the kubelet plugin gives it all the memory too (whole_gpu_memory).
+DEFAULT_MEMORY_FRACTION = 8
+MEMORY_STEP = 256 * 2**20  # capacity mode's memory step (requestPolicy validRange)
 
 # the parser's bounds, which the builders keep too: a name built here always parses back
 MAX_GPU_INDEX = 999_999
@@ -69,6 +75,12 @@ def parse_device_name(name: object) -> DeviceRef | None:
 def share_memory(gpu: GpuInfo, partitions: int) -> int:
     """Bytes of one partition-mode share (whole bytes, rounded down)."""
     return gpu.memory_bytes // partitions
+
+
+def default_memory(gpu: GpuInfo) -> int:
+    """Capacity mode's memory for a request that asks for none: 1/8 of the GPU's, rounded down
+    to the 256Mi step, at least one step (80Gi: 10Gi; 24Gi: 3Gi; 141Gi: 17.5Gi)."""
+    return max(MEMORY_STEP, gpu.memory_bytes // DEFAULT_MEMORY_FRACTION // MEMORY_STEP * MEMORY_STEP)
 
 
 def share_compute(partitions: int, shares: int = 1) -> int:

@@ -2,7 +2,10 @@
 
 Limits per GPU:
 - capacity mode (device `gpu-<i>`): the result's `consumedCapacity` (memory bytes, compute
-  percent; a missing one means the whole GPU). Several results on one GPU add up.
+  percent; a missing one means the whole GPU). Several results on one GPU add up. A result
+  that holds all of the GPU's compute has the GPU alone (every other allocation needs at least
+  1 %); when its request asked for no memory (the claim's spec), it gets all the GPU's memory,
+  not the requestPolicy default the scheduler booked (1/8: docs/contract.md, ResourceSlices).
 - partition mode (`gpu-<i>-share-<j>`): k shares of one GPU give k * (memory / N) and
   share_compute(N, k).
 Then every GpuShareConfig that applies to one of the GPU's requests lowers them (FromClass
@@ -71,6 +74,8 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
         entry.requests.add(request)
         if ref.share is None:
             memory, compute = _consumed(result.get("consumedCapacity") or {}, gpu, where)
+            if compute == FULL_COMPUTE and not _asks_memory(claim, request, driver):
+                memory = gpu.memory_bytes  # the GPU alone: nobody else can use the rest
             entry.memory += memory
             entry.compute += compute
         else:
@@ -149,6 +154,25 @@ def _consumed(consumed: dict[str, Any], gpu: GpuInfo, where: str) -> tuple[int, 
         raise ClaimError(f"{where}.consumedCapacity.compute: must be a percentage from 1 to 100 "
                          f"(got {consumed.get('compute')!r})")
     return memory, compute
+
+
+def _asks_memory(claim: dict[str, Any], request: str, driver: str) -> bool:
+    """Whether the claim's request `request` (`name`, or `name/sub` for a firstAvailable
+    subrequest) asks for memory (`memory` or `<driver>/memory`). A request the spec does not
+    have (a claim written by someone else) counts as asking: its booked memory stands."""
+    name, _, sub = request.partition("/")
+    spec = claim.get("spec") or {}
+    entry = next((r for r in (spec.get("devices") or {}).get("requests") or []
+                  if isinstance(r, dict) and r.get("name") == name), None)
+    if entry is None:
+        return True
+    ask = entry.get("exactly")
+    if sub:
+        ask = next((s for s in entry.get("firstAvailable") or [] if isinstance(s, dict) and s.get("name") == sub), None)
+    if not isinstance(ask, dict):
+        return True
+    asked = ((ask.get("capacity") or {}).get("requests")) or {}
+    return "memory" in asked or f"{driver}/memory" in asked
 
 
 def _configs(allocation: dict[str, Any], driver: str) -> list[tuple[int, list[str], gpuconfig.GpuShareConfig]]:

@@ -12,7 +12,7 @@ import re
 from decimal import Decimal
 
 from .. import devicemodel
-from ..devicemodel import BINPACK, CAPACITY, DEVICE_ORDERS, FULL_COMPUTE, PARTITION, SPREAD
+from ..devicemodel import BINPACK, CAPACITY, DEVICE_ORDERS, FULL_COMPUTE, MEMORY_STEP, PARTITION, SPREAD
 from ..discovery import GpuInfo
 from ..kube import JSON
 from ..quantity import QuantityError, format_bytes, parse_decimal
@@ -24,10 +24,15 @@ TAINT_KEY = "gpushare.dev/unhealthy"
 TAINT_EFFECT = "NoSchedule"
 
 # Capacity-mode request policy. Claims ask for memory in 256Mi steps and compute in whole
-# percent. A request that asks for no capacity consumes the whole GPU (default = max): a
-# plain "give me a gpushare device" then behaves like ordinary DRA (one exclusive GPU)
-# instead of silently getting a tiny limit. Sharing is opt-in by asking for less.
-MEMORY_STEP = 256 * 2**20
+# percent. What a request gets of a capacity it does not name is the policy's default:
+# - compute: the whole GPU (100). A request that asks for no compute (nothing at all, or only
+#   memory) holds all of the GPU's time, so no other claim shares that GPU: a plain "give me a
+#   gpushare device" behaves like ordinary DRA (one exclusive GPU). The kubelet plugin gives
+#   such a request all the GPU's memory when it asked for none (kubeletplugin/allocation.py).
+# - memory: 1/8 of the GPU (devicemodel.default_memory, 10Gi of 80Gi). A request that asks
+#   only for compute leaves the rest of the memory to others (it would take all of it with a
+#   whole-GPU default: one `compute: "10"` claim blocked every other claim on its GPU).
+# The admission policy gpushare.dev-requests-warnings tells the author of either at apply time.
 MIN_PUBLISHABLE_MEMORY = 2 * MEMORY_STEP  # validRange needs min + step <= capacity
 
 
@@ -95,7 +100,7 @@ def _capacity_device(gpu: GpuInfo) -> JSON:
             "memory": {
                 "value": format_bytes(gpu.memory_bytes),
                 "requestPolicy": {
-                    "default": format_bytes(max_memory),
+                    "default": format_bytes(devicemodel.default_memory(gpu)),
                     "validRange": {"min": format_bytes(MEMORY_STEP), "step": format_bytes(MEMORY_STEP),
                                    "max": format_bytes(max_memory)},
                 },

@@ -31,7 +31,7 @@ def test_capacity_mode_one_device_per_gpu_with_request_policy():
     memory, compute = d["capacity"]["memory"], d["capacity"]["compute"]
     assert parse_quantity(memory["value"]) == 80 * GiB
     assert memory["requestPolicy"]["validRange"] == {"min": "256Mi", "step": "256Mi", "max": "80Gi"}
-    assert memory["requestPolicy"]["default"] == "80Gi"  # no ask = the whole GPU
+    assert memory["requestPolicy"]["default"] == "10Gi"  # no memory ask: 1/8 (no compute ask: all of it)
     assert compute == {"value": "100", "requestPolicy": {"default": "100",
                                                          "validRange": {"min": "1", "step": "1", "max": "100"}}}
 
@@ -43,7 +43,7 @@ def test_capacity_mode_max_is_a_multiple_of_step_on_odd_memory():
     assert parse_quantity(policy["validRange"]["max"]) % (256 * 2**20) == 0
     top = parse_quantity(policy["validRange"]["max"])
     assert top <= 81559 * 2**20 < top + 256 * 2**20
-    assert policy["default"] == policy["validRange"]["max"]
+    assert policy["default"] == "9984Mi"  # 1/8 of 81559Mi, rounded down to the 256Mi step
 
 
 @pytest.mark.parametrize("partitions,compute", [(8, Decimal("12.5")), (4, Decimal(25)), (3, Decimal("33.333"))])
