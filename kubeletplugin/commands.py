@@ -13,6 +13,8 @@ from typing import Any
 from dra_driver import flags
 from dra_driver.cli import Formatter, add_cluster, add_devices, add_logging, lazy
 
+from .config import DEFAULTS
+
 
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("kubelet-plugin", formatter_class=Formatter,
@@ -25,49 +27,50 @@ def add_commands(sub: Any) -> None:
     g = p.add_argument_group("kubelet plugin")
     g.add_argument("--plugin-dir", default=None,
                    help="folder serving dra.sock (default /var/lib/kubelet/plugins/<driver-name>)")
-    g.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry",
+    g.add_argument("--registry-dir", default=DEFAULTS.registry_dir,
                    help="kubelet plugin registration folder; serves <driver-name>-reg.sock")
-    g.add_argument("--pod-uid", default="", type=flags.pod_uid,
+    g.add_argument("--pod-uid", default=DEFAULTS.pod_uid, type=flags.pod_uid,
                    help="this pod's UID (the DaemonSet passes metadata.uid): turns on rolling updates, "
                         "the old and the new pod of an upgrade serving at once (kubelet 1.33+). The sockets "
                         "get the UID in their names (<driver-name>-<uid>-reg.sock, dra-<uid>.sock), both "
                         "instances share --state-dir, take turns at calls and hand the node agent over "
                         "(docs/operations.md, Upgrade). Empty: dra.sock and <driver-name>-reg.sock")
-    g.add_argument("--cdi-root", default="/var/run/cdi",
+    g.add_argument("--cdi-root", default=DEFAULTS.cdi_root,
                    help="folder for CDI spec files read by the container runtime")
-    g.add_argument("--state-dir", default="/var/lib/gpushare",
+    g.add_argument("--state-dir", default=DEFAULTS.state_dir,
                    help="checkpoint, per-claim limit files and usage regions (must survive restarts)")
     g.add_argument("--hook-dir", default=None,
                    help="host folder holding libgpushare.so to mount into containers (default: the "
                         "library shipped in this package, see `gpushare-dra hook-path`)")
-    g.add_argument("--mps-control", default="nvidia-cuda-mps-control", type=shlex.split,
+    g.add_argument("--mps-control", default=" ".join(DEFAULTS.mps_control), type=shlex.split,
                    help="command line of NVIDIA's MPS control program, run for claims with sharingStrategy MPS: "
                         "one control daemon per GPU (docs/strategies.md)")
-    g.add_argument("--metrics-addr", default=":9400", type=flags.host_port,
+    g.add_argument("--metrics-addr", default=DEFAULTS.metrics_addr, type=flags.host_port,
                    help="HOST:PORT serving Prometheus metrics at /metrics; empty disables")
-    g.add_argument("--healthcheck-port", type=flags.port, default=51515,
+    g.add_argument("--healthcheck-port", type=flags.port, default=DEFAULTS.healthcheck_port,
                    help="TCP port serving the gRPC health service (service name 'liveness') for the "
                         "kubelet's liveness probe; 0 disables")
-    g.add_argument("--publish-slices", default=True, action=argparse.BooleanOptionalAction,
+    g.add_argument("--publish-slices", default=DEFAULTS.publish_slices, action=argparse.BooleanOptionalAction,
                    help="run the ResourceSlice controller for this node's pool inside this process")
-    g.add_argument("--agent-interval", type=flags.positive_float, default=1.0,
+    g.add_argument("--agent-interval", type=flags.positive_float, default=DEFAULTS.agent_interval,
                    help="seconds between the node agent's samples: NVML telemetry, compute-share rate "
                         "control (docs/agent.md)")
-    g.add_argument("--backstop-interval", type=flags.positive_float, default=0.05,
+    g.add_argument("--backstop-interval", type=flags.positive_float, default=DEFAULTS.backstop_interval,
                    help="seconds between the backstop's NVML per-process memory polls (docs/security.md)")
-    g.add_argument("--enforce", default="kill", choices=("report", "kill"),
+    g.add_argument("--enforce", default=DEFAULTS.enforce, choices=("report", "kill"),
                    help="when NVML shows a claim's processes above its memory limit (memory allocated "
                         "around libgpushare.so): kill = SIGKILL the containers of its largest processes on "
                         "that GPU until the rest fits, with Warning Events on the claim and the pod and a "
                         "metric; report = only the Events and the metric")
     g = p.add_argument_group("GPU health")
-    g.add_argument("--health-events", default=True, action=argparse.BooleanOptionalAction,
+    g.add_argument("--health-events", default=DEFAULTS.health_events, action=argparse.BooleanOptionalAction,
                    help="watch NVML XID and ECC events; a critical one taints the GPU's devices and is "
                         "reported to the kubelet (docs/operations.md, GPU health)")
-    g.add_argument("--unhealthy-taint-effect", default="NoSchedule", choices=("NoSchedule", "NoExecute"),
+    g.add_argument("--unhealthy-taint-effect", default=DEFAULTS.unhealthy_taint_effect,
+                   choices=("NoSchedule", "NoExecute"),
                    help="effect of an unhealthy GPU's device taint: NoSchedule keeps new claims off it; "
                         "NoExecute also evicts the pods using it")
-    g.add_argument("--health-recovery-seconds", type=flags.positive_float, default=300.0,
+    g.add_argument("--health-recovery-seconds", type=flags.positive_float, default=DEFAULTS.health_recovery_seconds,
                    help="a GPU marked unhealthy by an event is healthy again after this long without a new "
                         "critical event, once NVML reaches it with no page retirement or row remapping pending")
     g.add_argument("--health-ignore-xids", metavar="LIST", type=flags.xid_list,
@@ -96,8 +99,8 @@ def add_commands(sub: Any) -> None:
                         "files in --state-dir and, with --hook-dir, the installed libraries")
     g.add_argument("--keep-slices", action="store_true",
                    help="do not touch the API server (with --node-state: only the node's files)")
-    g.add_argument("--state-dir", default="/var/lib/gpushare", help="the plugin's --state-dir")
-    g.add_argument("--cdi-root", default="/var/run/cdi", help="the plugin's --cdi-root")
+    g.add_argument("--state-dir", default=DEFAULTS.state_dir, help="the plugin's --state-dir")
+    g.add_argument("--cdi-root", default=DEFAULTS.cdi_root, help="the plugin's --cdi-root")
     g.add_argument("--hook-dir", default=None,
                    help="the folder install-hook wrote (the DaemonSet: /opt/gpushare/lib); unset: left alone")
     g.add_argument("--force", action="store_true",

@@ -30,6 +30,7 @@ from kubeletplugin.agent.metrics import AgentCollector
 from kubeletplugin.health import HealthAwareBackend, HealthCollector, HealthMonitor
 
 from .cdispec import SimDriver
+from .config import PluginConfig
 from .driver import Driver
 from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
 from .healthservice import DeviceHealthServicer
@@ -92,56 +93,57 @@ def check_writable_dir(flag: str, path: str) -> None:
 class Plugin:
     """One kubelet plugin: driver state, gRPC servers, optional slice controller and metrics."""
 
-    def __init__(self, args: argparse.Namespace, api: client.ApiClient | None = None,
+    def __init__(self, config: PluginConfig, api: client.ApiClient | None = None,
                  backend: DeviceBackend | None = None) -> None:
-        if not args.node_name:
+        if not config.node_name:
             raise PluginConfigError("--node-name", "required (or set NODE_NAME)")
         # Ports first, before any file or socket exists: a taken port is one line, nothing left behind.
-        if args.metrics_addr:
-            host, port = split_host_port(args.metrics_addr)
+        if config.metrics_addr:
+            host, port = split_host_port(config.metrics_addr)
             check_port_free("--metrics-addr", host or "0.0.0.0", port)
-        check_port_free("--healthcheck-port", "", args.healthcheck_port, zero="0 to disable")
-        self.args = args
-        self.plugin_dir = os.path.abspath(args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}")
-        self.registry_dir = os.path.abspath(args.registry_dir)
+        check_port_free("--healthcheck-port", "", config.healthcheck_port, zero="0 to disable")
+        self.config = config
+        self.plugin_dir = os.path.abspath(config.plugin_dir or f"/var/lib/kubelet/plugins/{config.driver_name}")
+        self.registry_dir = os.path.abspath(config.registry_dir)
         # With a pod UID, each pod's sockets have their own names, so the kubelet (1.33+) keeps
         # the old and the new pod of a rolling upgrade registered at once (names as upstream's
         # kubeletplugin helper gives them, k8s.io/dynamic-resource-allocation RollingUpdate).
-        uid_part = f"-{args.pod_uid}" if args.pod_uid else ""
+        uid_part = f"-{config.pod_uid}" if config.pod_uid else ""
         self.dra_socket = os.path.join(self.plugin_dir, f"dra{uid_part}.sock")
-        self.reg_socket = os.path.join(self.registry_dir, f"{args.driver_name}{uid_part}-reg.sock")
-        library = host_library(args.hook_dir or default_hook_dir())
+        self.reg_socket = os.path.join(self.registry_dir, f"{config.driver_name}{uid_part}-reg.sock")
+        library = host_library(config.hook_dir or default_hook_dir())
         # The folders the plugin writes (made when missing): one line naming the flag if it cannot.
-        for flag, path in (("--state-dir", args.state_dir), ("--cdi-root", args.cdi_root),
+        for flag, path in (("--state-dir", config.state_dir), ("--cdi-root", config.cdi_root),
                            ("--plugin-dir", self.plugin_dir), ("--registry-dir", self.registry_dir)):
             check_writable_dir(flag, path)
-        self.api = api or make_api_client(args.kubeconfig)
-        self.gpu_health = HealthMonitor(args.health_recovery_seconds, ignored_xids=args.health_ignore_xids)
-        backend = backend or make_backend(args.device_backend, args.mock_gpus, args.driver_root)
+        self.api = api or make_api_client(config.kubeconfig)
+        self.gpu_health = HealthMonitor(config.health_recovery_seconds, ignored_xids=config.health_ignore_xids)
+        backend = backend or make_backend(config.device_backend, config.mock_gpus, config.driver_root)
         self.backend = HealthAwareBackend(backend, self.gpu_health)
         # Every flag is good: make the folders (a write the access check could not foresee, such as
         # in /proc or a read-only mount, is still one line).
-        for flag, path, mode in (("--state-dir", args.state_dir, 0o711), ("--cdi-root", args.cdi_root, 0o755)):
+        for flag, path, mode in (("--state-dir", config.state_dir, 0o711), ("--cdi-root", config.cdi_root, 0o755)):
             try:
                 os.makedirs(path, mode=mode, exist_ok=True)
             except OSError as e:
                 raise PluginConfigError(flag, f"cannot create {path!r}: {e.strerror}") from None
-        self.driver = Driver(self.api, args.driver_name, args.node_name, self.backend, args.partitions,
-                             os.path.abspath(args.state_dir), os.path.abspath(args.cdi_root), library,
+        self.driver = Driver(self.api, config.driver_name, config.node_name, self.backend, config.partitions,
+                             os.path.abspath(config.state_dir), os.path.abspath(config.cdi_root), library,
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None,
-                             mps_control=args.mps_control)
+                             mps_control=config.mps_control)
         self.metrics = Metrics()
         self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error
-        self.agent = Agent(self.driver, self.driver.files, self.api, args.driver_name, args.node_name,
-                           self.backend.name, interval=args.agent_interval, enforce=args.enforce, sim=self.driver.sim,
-                           backstop_interval=args.backstop_interval, state_dir=os.path.abspath(args.state_dir))
+        self.agent = Agent(self.driver, self.driver.files, self.api, config.driver_name, config.node_name,
+                           self.backend.name, interval=config.agent_interval, enforce=config.enforce,
+                           sim=self.driver.sim, backstop_interval=config.backstop_interval,
+                           state_dir=os.path.abspath(config.state_dir))
         self.driver.listeners.append(self.agent)
         self.metrics.registry.register(AgentCollector(self.agent))
         self.metrics.registry.register(HealthCollector(self.gpu_health))
-        self.registration = RegistrationServicer(args.driver_name, self.dra_socket)
+        self.registration = RegistrationServicer(config.driver_name, self.dra_socket)
         self.health = health.HealthServicer()
-        self.device_health = DeviceHealthServicer(args.node_name, self._device_health)
+        self.device_health = DeviceHealthServicer(config.node_name, self._device_health)
         self.gpu_health.listeners += [self.device_health.notify, self._rediscover]
         self.slices: SliceController | None = None
         self.leader: NodeLeader | None = None
@@ -157,7 +159,7 @@ class Plugin:
                         looked_in=os.path.join(os.path.dirname(library), "sim"))
             return None
         gpus = self.backend.discover()
-        state = os.path.join(os.path.abspath(self.args.state_dir), "sim.state")
+        state = os.path.join(os.path.abspath(self.config.state_dir), "sim.state")
         os.makedirs(os.path.dirname(state), mode=0o711, exist_ok=True)
         fd = os.open(state, os.O_CREAT | os.O_RDWR, 0o666)  # the sim initialises an empty file
         os.close(fd)
@@ -180,11 +182,11 @@ class Plugin:
             for server, path in ((dra, self.dra_socket), (reg, self.reg_socket)):
                 _serve_unix(server, path)
                 self._servers.append(server)
-            if self.args.healthcheck_port:
-                self._servers.append(self._serve_liveness(self.args.healthcheck_port))
+            if self.config.healthcheck_port:
+                self._servers.append(self._serve_liveness(self.config.healthcheck_port))
             self.health.set("", health_pb2.HealthCheckResponse.SERVING)
             self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-            self.leader = NodeLeader(os.path.abspath(self.args.state_dir))
+            self.leader = NodeLeader(os.path.abspath(self.config.state_dir))
             if self.leader.try_take():
                 self._start_node_work()
             else:
@@ -193,26 +195,26 @@ class Plugin:
                          lock=self.leader.path)
                 self.leader.take_later(self._start_node_work)
             try:
-                self.metrics_port = self.metrics.serve(self.args.metrics_addr)
+                self.metrics_port = self.metrics.serve(self.config.metrics_addr)
             except OSError as e:  # taken since the check
-                raise PluginConfigError("--metrics-addr", f"cannot listen on {self.args.metrics_addr}: "
+                raise PluginConfigError("--metrics-addr", f"cannot listen on {self.config.metrics_addr}: "
                                                           f"{e.strerror}") from None
         except BaseException:
             self.stop(grace=0)  # a port taken since the check: no sockets left behind
             raise
-        log.info("kubelet plugin serving", driver=self.args.driver_name, node=self.args.node_name,
+        log.info("kubelet plugin serving", driver=self.config.driver_name, node=self.config.node_name,
                  dra_socket=self.dra_socket, registration_socket=self.reg_socket, metrics_port=self.metrics_port)
         return self
 
     def _start_node_work(self) -> None:
         """What one instance per node does: the node agent, GPU health events, the slices."""
         self.agent.start()  # first: on mock nodes it loads the simulated NVML the health monitor uses
-        if self.args.health_events:
+        if self.config.health_events:
             if self.backend.name == "nvml" or self.driver.sim is not None:
                 self.gpu_health.start()
             else:
                 log.warning("mock backend without the simulated NVML: no GPU health events")
-        if self.args.publish_slices:
+        if self.config.publish_slices:
             self._start_slices()
 
     def _serve_liveness(self, port: int) -> grpc.Server:
@@ -237,10 +239,10 @@ class Plugin:
         except ImportError as e:
             log.error("ResourceSlice controller unavailable; not publishing slices", error=str(e))
             return
-        self.slices = SliceController(self.api, self.args.driver_name, self.args.node_name, self.backend,
-                                      sharing_mode=self.args.sharing_mode, partitions=self.args.partitions,
-                                      taint_effect=self.args.unhealthy_taint_effect,
-                                      device_order=self.args.device_order).start()
+        self.slices = SliceController(self.api, self.config.driver_name, self.config.node_name, self.backend,
+                                      sharing_mode=self.config.sharing_mode, partitions=self.config.partitions,
+                                      taint_effect=self.config.unhealthy_taint_effect,
+                                      device_order=self.config.device_order).start()
 
     def _rediscover(self) -> None:
         if self.slices is not None:
@@ -248,11 +250,11 @@ class Plugin:
 
     def _device_health(self) -> list[tuple[str, bool, str]]:
         """(device name, healthy, why not) of every device this node publishes, for the kubelet."""
-        mode = self.slices.mode if self.slices is not None else self.args.sharing_mode
+        mode = self.slices.mode if self.slices is not None else self.config.sharing_mode
         if mode not in (CAPACITY, PARTITION):  # "auto" before the server was asked: names unknown yet
             return []
         return [(d["name"], gpu.healthy, gpu.health_reason) for gpu in self.backend.discover()
-                for d in desired_devices([gpu], mode, self.args.partitions, taints=True)]
+                for d in desired_devices([gpu], mode, self.config.partitions, taints=True)]
 
     def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None:
         """Finish in-flight calls, remove the sockets; slices are left in place."""
@@ -276,7 +278,7 @@ class Plugin:
             self.leader = None
         self.driver.close()
         self.metrics.stop()
-        log.info("kubelet plugin stopped", driver=self.args.driver_name)
+        log.info("kubelet plugin stopped", driver=self.config.driver_name)
 
 
 def _serve_unix(server: grpc.Server, path: str) -> None:
@@ -300,4 +302,5 @@ def _unlink(path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # a bad flag raises PluginConfigError from start(): the CLI's one-line error
-    return serve(lambda: Plugin(args).start(), log, "signal received, shutting down")
+    config = PluginConfig.from_args(args)
+    return serve(lambda: Plugin(config).start(), log, "signal received, shutting down")

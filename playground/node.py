@@ -10,13 +10,14 @@ nvidia-cuda-mps-control: the plugin runs the stand-in (mpscontrol.py), so MPS cl
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
+
+from kubeletplugin.config import PluginConfig, SharingMode
 
 from .claims import DRIVER
 
@@ -52,7 +53,7 @@ EXTENDED_DEVICE_CLASSES: list[Any] = [
 
 RUNTIMES = ("auto", "podman", "process")
 # The plugin's --mps-control on simulated GPUs: the stand-in control daemon
-MPS_CONTROL = f"{shlex.quote(sys.executable)} -m playground.mpscontrol"
+MPS_CONTROL = (sys.executable, "-m", "playground.mpscontrol")  # the stand-in control daemon
 
 
 def choose_runtime(runtime: str) -> str:
@@ -70,7 +71,7 @@ class SimulatedNode:
     plugin: Plugin | None
     kubelet: Kubelet | None
 
-    def __init__(self, name: str, mock_gpus: str, workdir: str, runtime: str, sharing_mode: str = "auto"):
+    def __init__(self, name: str, mock_gpus: str, workdir: str, runtime: str, sharing_mode: SharingMode = "auto"):
         from dra_driver.hookpath import native_paths
 
         self.name = name
@@ -121,20 +122,17 @@ class SimulatedNode:
             client.ResourceV1Api(api).create_device_class(device_class)
 
     def start_plugin(self, api: client.ApiClient, health_recovery_seconds: float = 300.0) -> Plugin:
-        from dra_driver.cli import build_parser
         from kubeletplugin.main import Plugin
 
         from .kubelet import Kubelet
 
         w = self.workdir
-        args = build_parser().parse_args([
-            "kubelet-plugin", "--node-name", self.name, "--plugin-dir", os.path.join(w, "plugin"),
-            "--registry-dir", os.path.join(w, "registry"), "--state-dir", self.state_dir,
-            "--cdi-root", self.cdi_root, "--hook-dir", self.hook_dir, "--device-backend", "mock",
-            "--mock-gpus", self.mock_gpus, "--sharing-mode", self.sharing_mode, "--metrics-addr", "127.0.0.1:0",
-            "--healthcheck-port", "0", "--health-recovery-seconds", str(health_recovery_seconds),
-            "--mps-control", MPS_CONTROL])
-        self.plugin = Plugin(args, api=api).start()
+        config = PluginConfig(
+            node_name=self.name, plugin_dir=os.path.join(w, "plugin"), registry_dir=os.path.join(w, "registry"),
+            state_dir=self.state_dir, cdi_root=self.cdi_root, hook_dir=self.hook_dir, device_backend="mock",
+            mock_gpus=self.mock_gpus, sharing_mode=self.sharing_mode, metrics_addr="127.0.0.1:0",
+            healthcheck_port=0, health_recovery_seconds=health_recovery_seconds, mps_control=MPS_CONTROL)
+        self.plugin = Plugin(config, api=api).start()
         self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)
         return self.plugin
 

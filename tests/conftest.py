@@ -75,12 +75,12 @@ def dirs() -> Iterator[Dirs]:
 
 @pytest.fixture
 def start_plugin(api: client.ApiClient, dirs: Dirs, hook_dir: str) -> Iterator[Callable[..., Plugin]]:
-    """start_plugin(*extra_flags, cdi_root=None) -> Plugin running in this process on `dirs`;
-    stopped at the end."""
+    """start_plugin(cdi_root=None, **changes) -> Plugin running in this process on `dirs`, its
+    configuration changed by `changes` (PluginConfig's fields); stopped at the end."""
     running: list[Plugin] = []
 
-    def start_one(*extra: str, cdi_root: str | None = None) -> Plugin:
-        plugin = launch_plugin(api, dirs, hook_dir, *extra, cdi_root=cdi_root)
+    def start_one(cdi_root: str | None = None, **changes: Any) -> Plugin:
+        plugin = launch_plugin(api, dirs, hook_dir, cdi_root, **changes)
         running.append(plugin)
         return plugin
 

@@ -37,11 +37,11 @@ def sim_hook_dir():
 class Node:
     """A running plugin with its agent, a kubelet stand-in and a container runner."""
 
-    def __init__(self, api, dirs: Dirs, hook_dir: str, extra: list[str], cdi_root: str | None = None):
+    def __init__(self, api, dirs: Dirs, hook_dir: str, changes: dict, cdi_root: str | None = None):
         self.api = api
         self.dirs = dirs
-        self._launch = lambda: launch_plugin(api, dirs, hook_dir, "--metrics-addr", "127.0.0.1:0",
-                                             "--agent-interval", "0.5", *extra, cdi_root=cdi_root)
+        changes = {"metrics_addr": "127.0.0.1:0", "agent_interval": 0.5, **changes}
+        self._launch = lambda: launch_plugin(api, dirs, hook_dir, cdi_root, **changes)
         self.plugin = self._launch()
         self.kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
         self.runner = ProcessRunner(dirs.cdi, str(BUILD / "gpushare-probe"), dirs.root)
@@ -113,7 +113,8 @@ def node_factory(api, sim_hook_dir, node_root):
     Everything else is removed between nodes."""
     nodes: list[Node] = []
 
-    def make(*extra: str, cdi_root: str | None = None) -> Node:
+    def make(cdi_root: str | None = None, **changes) -> Node:
+        """`changes`: PluginConfig's fields."""
         assert not nodes, "one node per test"
         for entry in os.listdir(node_root):
             if entry != "state":
@@ -123,7 +124,7 @@ def node_factory(api, sim_hook_dir, node_root):
             if entry != "sim.state":
                 path = os.path.join(state, entry)
                 shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
-        n = Node(api, Dirs(node_root), sim_hook_dir, list(extra), cdi_root)
+        n = Node(api, Dirs(node_root), sim_hook_dir, changes, cdi_root)
         nodes.append(n)
         return n
 

@@ -37,7 +37,7 @@ def events(node, ref):
 
 
 def test_escape_is_reported(node_factory):
-    node = node_factory("--enforce", "report")
+    node = node_factory(enforce="report")
     ref, ids = node.claim(memory="256Mi")
     w = escape(node, ids)
     wait_for(lambda: node.claim_metric("gpushare_claim_backstop_violations_total", ref) == 1)

@@ -53,8 +53,8 @@ class HealthStream:
 
 
 def test_xid_taints_and_reports_then_recovers(api, node_factory):
-    node = node_factory("--publish-slices", "--sharing-mode", "partition", "--health-recovery-seconds", "3",
-                        "--unhealthy-taint-effect", "NoExecute")
+    node = node_factory(publish_slices=True, sharing_mode="partition", health_recovery_seconds=3.0,
+                        unhealthy_taint_effect="NoExecute")
     assert node.plugin.slices.wait_synced(20)
     assert all(t == [] for t in taints(api, "node-a").values())
     stream = HealthStream(node.dirs.dra_socket)
@@ -73,8 +73,9 @@ def test_xid_taints_and_reports_then_recovers(api, node_factory):
         assert stream.latest()["gpu-0-share-0"] == (pb.HEALTHY, "")
         m = node.scrape()
         uuid = "GPU-5ea1c0de-0000-4000-8000-000000000001"
-        assert m["gpushare_gpu_unhealthy"] == {(("gpu", uuid), ("reason", "XID 79")): 1}
-        assert m["gpushare_gpu_critical_events_total"] == {(("gpu", uuid), ("reason", "XID 79")): 1}
+        # `gpu` the index and `UUID` the uuid, as dcgm-exporter names them
+        assert m["gpushare_gpu_unhealthy"] == {(("UUID", uuid), ("gpu", "1"), ("reason", "XID 79")): 1}
+        assert m["gpushare_gpu_critical_events_total"] == {(("UUID", uuid), ("gpu", "1"), ("reason", "XID 79")): 1}
         # quiet for 3 s and the simulated GPU answers: healthy again
         wait_for(lambda: all(t == [] for t in taints(api, "node-a").values()), timeout=30)
         wait_for(lambda: all(stream.latest().get(d) == (pb.HEALTHY, "") for d in gpu1), timeout=20)
@@ -86,7 +87,7 @@ def test_xid_taints_and_reports_then_recovers(api, node_factory):
 def test_ignored_xid_leaves_the_gpu_healthy(api, node_factory):
     """--health-ignore-xids through the simulated NVML: XID 79 on GPU 1 is ignored, XID 94 on GPU 2
     still taints it."""
-    node = node_factory("--publish-slices", "--sharing-mode", "partition", "--health-ignore-xids", "79,48")
+    node = node_factory(publish_slices=True, sharing_mode="partition", health_ignore_xids=frozenset({79, 48}))
     assert node.plugin.slices.wait_synced(20)
     with open(os.path.join(node.dirs.state, "sim.state.events"), "a") as f:
         f.write("1 xid 79\n")  # ignored: GPU 1 stays healthy
@@ -96,5 +97,6 @@ def test_ignored_xid_leaves_the_gpu_healthy(api, node_factory):
                          for d in gpu2), timeout=20)
     assert all(t == [] for d, t in taints(api, "node-a").items() if d not in gpu2)
     uuid = "GPU-5ea1c0de-0000-4000-8000-000000000002"
-    assert node.scrape()["gpushare_gpu_critical_events_total"] == {(("gpu", uuid), ("reason", "XID 94")): 1}
+    assert node.scrape()["gpushare_gpu_critical_events_total"] == {
+        (("UUID", uuid), ("gpu", "2"), ("reason", "XID 94")): 1}
     assert node.plugin.gpu_health.unhealthy() == {uuid: "XID 94"}

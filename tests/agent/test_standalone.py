@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 OUTSIDE = os.path.join("..", "shared")  # built, so this file does not match itself
 PACKAGES = ("podman", "runc", "busybox-static", "valgrind", "strace", "gcc", "make", "libc6-dev", "debootstrap", "musl",
             "musl-tools")

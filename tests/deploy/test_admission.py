@@ -15,7 +15,7 @@ from kubeletplugin.claimref import ClaimError
 from playground.claims import DRIVER
 from playground.emulator import admission
 
-POLICY_FILE = Path(__file__).parents[1] / "deploy" / "base" / "admission.yaml"
+POLICY_FILE = Path(__file__).parents[2] / "deploy" / "base" / "admission.yaml"
 DOCS = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
 POLICY = next(d for d in DOCS if d["kind"] == "ValidatingAdmissionPolicy")
 HEAD = {"apiVersion": "gpushare.dev/v1alpha1", "kind": "GpuShareConfig"}

@@ -12,7 +12,7 @@ import yaml
 
 from playground.emulator.features import default_gates
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SCRIPTS = [ROOT / "hack" / "kind-up.sh", ROOT / "hack" / "e2e-kind.sh"]
 # What the driver uses: capacity mode, taints on unhealthy GPUs, pods without claims, health in pod status.
 DRIVER_GATES = {"DRAConsumableCapacity", "DRADeviceTaints", "DRAExtendedResource", "ResourceHealthStatus"}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dra_driver.config import ConfigError, GpuShareConfig, decode
 
-SCHEMA = json.loads((Path(__file__).parents[1] / "api/gpushare.dev/v1alpha1/gpushareconfig.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "api/gpushare.dev/v1alpha1/gpushareconfig.schema.json").read_text())
 HEAD = {"apiVersion": "gpushare.dev/v1alpha1", "kind": "GpuShareConfig"}
 
 

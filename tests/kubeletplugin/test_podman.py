@@ -116,7 +116,7 @@ def test_non_root_container_shares_its_region_through_the_mount(api, start_plugi
     # No sampling in this process: the simulated NVML, once loaded, stays bound to the first
     # node's state file for the life of the process, and the agent's tests need their own.
     monkeypatch.setattr(Agent, "_open_nvml", lambda self: None)
-    start_plugin("--hook-dir", os.path.dirname(native["library"]))
+    start_plugin(hook_dir=os.path.dirname(native["library"]))
     kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
     claim = make_claim(api, [result("gpu-0", share_id=str(uuid.uuid4()), consumed={"memory": "1Gi", "compute": "50"})])
     answer = kubelet.prepare(claim).claims[claim.uid]

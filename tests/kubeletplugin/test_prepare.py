@@ -288,7 +288,7 @@ def test_nvidia_toolkit_spec_is_used(api, kubelet, dirs):
 def test_metrics_and_slices(api, start_plugin, dirs):
     import urllib.request
 
-    plugin = start_plugin("--metrics-addr", "127.0.0.1:0", "--publish-slices", "--sharing-mode", "partition")
+    plugin = start_plugin(metrics_addr="127.0.0.1:0", publish_slices=True, sharing_mode="partition")
     assert plugin.slices is not None and plugin.slices.wait_synced(20)
     slices = client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={NODE}").items
     assert any(s.spec.driver == DRIVER for s in slices)
@@ -311,7 +311,7 @@ def test_liveness_on_tcp_for_the_kubelet_probe(start_plugin):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    start_plugin("--healthcheck-port", str(port))
+    start_plugin(healthcheck_port=port)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         answer = stub.Check(health_pb2.HealthCheckRequest(service="liveness"), timeout=5)

@@ -11,12 +11,11 @@ import shutil
 
 import pytest
 
-from dra_driver.cli import build_parser
 from dra_driver.install import install_versioned
 from kubeletplugin.main import Plugin
 from playground.claims import make_claim, result
 from playground.kubelet import Kubelet
-from tests.support.plugin import REAL_LIBRARY
+from tests.support.plugin import REAL_LIBRARY, plugin_config
 
 
 def snapshot(dirs, uid: str) -> dict:
@@ -53,8 +52,7 @@ def builds(tmp_path):
 
 def test_rolling_upgrade_keeps_prepared_claims(api, dirs, builds):
     def start() -> tuple[Plugin, Kubelet]:
-        args = build_parser().parse_args(["kubelet-plugin", *dirs.flags(str(builds.dir))])
-        plugin = Plugin(args, api=api).start()
+        plugin = Plugin(plugin_config(dirs, str(builds.dir)), api=api).start()
         return plugin, Kubelet(dirs.dra_socket, dirs.reg_socket)
 
     old_build = builds(1)

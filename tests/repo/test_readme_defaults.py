@@ -5,7 +5,7 @@ from pathlib import Path
 
 from dra_driver.cli import build_parser
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 # Cells that describe a default in words rather than as a value (the flag reads the environment,
 # or the default is computed at start-up).
 # --mock-gpus: unset means 1x16Gi, decided where the mock backend starts.

@@ -3,21 +3,21 @@ folders under one short root (unix socket paths are limited to 107 bytes)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import IO
+from dataclasses import replace
+from typing import IO, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubernetes import client
 
-from dra_driver.cli import build_parser
 from kubeletplugin import checkpoint as ckpt
+from kubeletplugin.config import PluginConfig
 from kubeletplugin.main import Plugin
 from playground.claims import DRIVER, NODE
 
@@ -53,14 +53,19 @@ class Dirs:
                 "--mps-control", MPS_CONTROL]
 
 
-def plugin_args(dirs: Dirs, hook_dir: str, *extra: str, cdi_root: str | None = None) -> argparse.Namespace:
-    """`gpushare-dra kubelet-plugin` flags on `dirs`, then `extra` (a later flag wins)."""
-    return build_parser().parse_args(["kubelet-plugin", *dirs.flags(hook_dir, cdi_root), *extra])
+def plugin_config(dirs: Dirs, hook_dir: str, cdi_root: str | None = None, **changes: Any) -> PluginConfig:
+    """The plugin's configuration on `dirs` (what Dirs.flags says), with `changes` (PluginConfig's fields)."""
+    config = PluginConfig(
+        node_name=NODE, plugin_dir=dirs.plugin, registry_dir=dirs.registry, state_dir=dirs.state,
+        cdi_root=cdi_root or dirs.cdi, hook_dir=hook_dir, device_backend="mock", mock_gpus="4x16Gi", partitions=4,
+        publish_slices=False, metrics_addr="", healthcheck_port=0, mps_control=tuple(MPS_CONTROL.split()))
+    return replace(config, **changes)
 
 
-def launch_plugin(api: client.ApiClient, dirs: Dirs, hook_dir: str, *extra: str, cdi_root: str | None = None) -> Plugin:
+def launch_plugin(api: client.ApiClient, dirs: Dirs, hook_dir: str, cdi_root: str | None = None,
+                  **changes: Any) -> Plugin:
     """A started plugin in this process; the caller stops it."""
-    return Plugin(plugin_args(dirs, hook_dir, *extra, cdi_root=cdi_root), api=api).start()
+    return Plugin(plugin_config(dirs, hook_dir, cdi_root, **changes), api=api).start()
 
 
 GPUSHARE_DRA = os.path.join(os.path.dirname(sys.executable), "gpushare-dra")

@@ -11,7 +11,8 @@ Built from Debian's package registry, never from the host's own /lib:
 Each debootstrap root is built once, in `.cache/roots/<suite>` under the repository (or
 `$GPUSHARE_TEST_ROOTS`), under a lock, into a temporary folder renamed when complete: a killed
 build is never taken for a root. A cold build takes about 30 s per suite here; later runs reuse
-it. `GPUSHARE_DEBIAN_MIRROR` names another mirror.
+it. The mirror is the one this machine's apt sources name (what debootstrap users expect);
+`GPUSHARE_DEBIAN_MIRROR` names another.
 """
 
 from __future__ import annotations
@@ -28,11 +29,45 @@ from . import BUILD, REPO
 # suite -> the glibc version its libc6 has (what the image matrix expects to find inside)
 GLIBC_SUITES = {"bullseye": "2.31", "bookworm": "2.36", "trixie": "2.41"}
 CACHE = Path(os.environ.get("GPUSHARE_TEST_ROOTS") or REPO / ".cache" / "roots")
-MIRROR = os.environ.get("GPUSHARE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PROBE = "/usr/local/bin/gpushare-probe"  # where each root has the probe
 MUSL_LOADER = "/lib/ld-musl-x86_64.so.1"
 # the probe for musl: the same source, without the glibc baseline (musl has no symbol versions)
 PROBE_SOURCE = REPO / "hook" / "tools" / "gpushare-probe.c"
+
+
+def apt_mirror(sources: Path = Path("/etc/apt")) -> str | None:
+    """The Debian archive this machine's apt sources name (not its -security or -updates suites):
+    deb822 `.sources` files and one-line `.list` files. None when they name none."""
+    files = [sources / "sources.list", *sorted((sources / "sources.list.d").glob("*.list")),
+             *sorted((sources / "sources.list.d").glob("*.sources"))]
+    for path in files:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if path.suffix == ".sources":
+            for stanza in text.split("\n\n"):
+                fields = dict(line.split(":", 1) for line in stanza.splitlines()
+                              if ":" in line and not line.startswith(("#", " ")))
+                uris, suites = fields.get("URIs", "").split(), fields.get("Suites", "").split()
+                if fields.get("Types", "deb").split().count("deb") and uris and _main_suite(suites):
+                    return uris[0]
+        else:
+            for line in text.splitlines():
+                words = [w for w in line.split() if not w.startswith("[")]  # drop [options]
+                if len(words) >= 3 and words[0] == "deb" and _main_suite(words[2:3]):
+                    return words[1]
+    return None
+
+
+def _main_suite(suites: list[str]) -> bool:
+    return any(not s.endswith(("-security", "-updates", "-backports")) for s in suites)
+
+
+def mirror() -> str | None:
+    """Where debootstrap takes packages from: $GPUSHARE_DEBIAN_MIRROR, else the host's apt mirror,
+    else debootstrap's own default (None)."""
+    return os.environ.get("GPUSHARE_DEBIAN_MIRROR") or apt_mirror()
 
 
 def why_not() -> str | None:
@@ -61,15 +96,16 @@ def glibc_root(suite: str) -> Path:
     with _locked():
         if not root.is_dir():
             tmp = CACHE / f"{suite}.partial"
+            source = mirror()
             for _attempt in range(2):  # once more after a mirror's hiccup; a second failure is real
                 shutil.rmtree(tmp, ignore_errors=True)
-                proc = subprocess.run(["debootstrap", "--variant=minbase", suite, str(tmp), MIRROR],
+                proc = subprocess.run(["debootstrap", "--variant=minbase", suite, str(tmp), *([source] if source else [])],
                                       capture_output=True, text=True, timeout=1200)
                 if proc.returncode == 0:
                     break
             if proc.returncode != 0:
                 tail = (proc.stdout + proc.stderr)[-2000:]
-                raise RuntimeError(f"debootstrap {suite} from {MIRROR} failed ({proc.returncode}):\n{tail}")
+                raise RuntimeError(f"debootstrap {suite} from {source or 'its default mirror'} failed ({proc.returncode}):\n{tail}")
             tmp.rename(root)
         _install(BUILD / "gpushare-probe", root)
     return root
