@@ -27,19 +27,30 @@ def human_bytes(n: float) -> str:
 
 
 def scrape(url: str, timeout: float = 5.0) -> Samples:
-    """metric sample name -> {(namespace, claim, gpu) or (gpu, index) or (): value}; a sample with an
-    `enforcement` label goes under "<name>:<enforcement>"."""
+    """metric sample name -> {(claim namespace, claim, GPU uuid) or (GPU uuid, GPU index) or (): value};
+    a sample with an `enforcement` label goes under "<name>:<enforcement>"."""
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         text = resp.read().decode()
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            key = tuple(s.labels.get(k, "") for k in ("namespace", "claim", "gpu")) if "claim" in s.labels else \
-                tuple(s.labels.get(k, "") for k in ("gpu", "index"))
+            key = _key(s.labels)
             name = f"{s.name}:{s.labels['enforcement']}" if "enforcement" in s.labels else s.name
             # gpushare_claim_sharing_strategy: its label is the value
             out.setdefault(name, {})[key] = s.labels["strategy"] if "strategy" in s.labels else s.value
     return out
+
+
+def _key(labels: dict[str, str]) -> tuple[str, ...]:
+    """A series' key: its labels are claim_namespace, claim, gpu (the index), UUID (docs/agent.md);
+    an older plugin (a node not upgraded yet) names them namespace, claim, gpu (the uuid), index."""
+    if "UUID" in labels:
+        uuid, index = labels["UUID"], labels.get("gpu", "")
+    else:
+        uuid, index = labels.get("gpu", ""), labels.get("index", "")
+    if "claim" in labels:
+        return labels.get("claim_namespace", labels.get("namespace", "")), labels["claim"], uuid
+    return (uuid, index) if uuid or index else ()
 
 
 def frame(m: Samples) -> str:

@@ -64,6 +64,7 @@ class HealthMonitor:
         self.listeners: list[Callable[[], None]] = []  # told when a GPU's health changes
         self._marks: dict[str, tuple[str, float]] = {}  # uuid -> (reason, time of the last critical event)
         self._events: dict[tuple[str, str], int] = {}  # (uuid, reason) -> critical events seen
+        self._indexes: dict[str, int] = {}  # uuid -> GPU index, from the last discovery (for metrics)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -188,7 +189,15 @@ class HealthMonitor:
         with self._lock:
             return dict(self._events)
 
+    def index_of(self, uuid: str) -> str:
+        """The GPU's index as discovery last told it ("" before one did): the metrics' `gpu` label."""
+        with self._lock:
+            index = self._indexes.get(uuid)
+        return "" if index is None else str(index)
+
     def apply(self, gpus: list[GpuInfo]) -> list[GpuInfo]:
+        with self._lock:
+            self._indexes.update({g.uuid: g.index for g in gpus})
         marks = self.unhealthy()
         return [replace(g, healthy=False, health_reason=marks[g.uuid]) if g.healthy and g.uuid in marks else g
                 for g in gpus]
@@ -202,7 +211,8 @@ class HealthMonitor:
 
 
 class HealthCollector:
-    """Prometheus: GPUs marked unhealthy now, and critical events seen, by GPU and reason."""
+    """Prometheus: GPUs marked unhealthy now, and critical events seen, by GPU (`gpu` its index and
+    `UUID`, as dcgm-exporter names them) and reason."""
 
     def __init__(self, monitor: HealthMonitor):
         self.monitor = monitor
@@ -211,13 +221,13 @@ class HealthCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         marked = GaugeMetricFamily("gpushare_gpu_unhealthy", "1 while an NVML event keeps the GPU marked unhealthy",
-                                   labels=["gpu", "reason"])
+                                   labels=["gpu", "UUID", "reason"])
         for uuid, reason in sorted(self.monitor.unhealthy().items()):
-            marked.add_metric([uuid, reason], 1)
+            marked.add_metric([self.monitor.index_of(uuid), uuid, reason], 1)
         events = CounterMetricFamily("gpushare_gpu_critical_events", "Critical NVML events (XID, double-bit ECC)",
-                                     labels=["gpu", "reason"])
+                                     labels=["gpu", "UUID", "reason"])
         for (uuid, reason), n in sorted(self.monitor.critical_events().items()):
-            events.add_metric([uuid, reason], n)
+            events.add_metric([self.monitor.index_of(uuid), uuid, reason], n)
         yield marked
         yield events
 

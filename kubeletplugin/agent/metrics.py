@@ -1,7 +1,12 @@
 """The agent's Prometheus metrics: a collector that reads the regions and the agent's last NVML
 sample at scrape time (registered in the plugin's one registry, kubeletplugin/metrics.py).
 
-Per claim and GPU (labels namespace, claim, gpu = uuid): limits, memory used (the region's
+Labels join dcgm-exporter's series without relabelling: `gpu` is the GPU's index and `UUID` its
+uuid, as dcgm-exporter names them. A claim's series name it `claim_namespace` and `claim`, which
+no scrape target label has (the ServiceMonitor's `namespace`, `pod`, `container` are the plugin
+pod's), so nothing is renamed `exported_*` and no `honorLabels` is needed.
+
+Per claim and GPU (labels claim_namespace, claim, gpu, UUID): limits, memory used (the region's
 accounting), NVML memory of its processes, measured utilization, pacing rate, paced time,
 out-of-memory refusals, backstop violations and kills, and its processes by enforcement (the
 library, or the backstop alone: docs/images.md). Per GPU: NVML memory, utilization,
@@ -26,7 +31,8 @@ from .regions import Slot
 if TYPE_CHECKING:
     from .agent import Agent
 
-CLAIM = ["namespace", "claim", "gpu"]
+CLAIM = ["claim_namespace", "claim", "gpu", "UUID"]
+GPU = ["gpu", "UUID"]
 
 
 def under_library(pids: set[int], slots: list[Slot]) -> int:
@@ -67,7 +73,7 @@ class AgentCollector:
             gpus = list(a.gpus)
             for cl in claims:
                 for i, gpu in enumerate(cl.gpus):
-                    labels = [cl.namespace, cl.name, gpu.uuid]
+                    labels = [cl.namespace, cl.name, str(gpu.index), gpu.uuid]
                     region = cl.regions[i]
                     share = cl.shares[i]
                     g["memory_limit_bytes"].add_metric(labels, gpu.memory_limit)
@@ -100,13 +106,13 @@ class AgentCollector:
                                   "(--enforce=kill: the offending containers)", value=a.backstop.total_kills)
         yield GaugeMetricFamily("gpushare_backstop_poll_seconds", "Time the backstop's last NVML poll took",
                                 value=a.backstop.last_poll_s)
-        per_gpu = {name: GaugeMetricFamily(f"gpushare_gpu_{name}", doc, labels=["gpu", "index"]) for name, doc in (
+        per_gpu = {name: GaugeMetricFamily(f"gpushare_gpu_{name}", doc, labels=GPU) for name, doc in (
             ("memory_used_bytes", "GPU memory in use (NVML)"), ("memory_total_bytes", "GPU memory (NVML)"),
             ("utilization_ratio", "Share of time the GPU was busy in the last agent period (NVML, 0..1)"),
             ("temperature_celsius", "GPU temperature (NVML)"), ("power_watts", "GPU power draw (NVML)"),
         )}
         for s in gpus:
-            labels = [s.uuid, str(s.index)]
+            labels = [str(s.index), s.uuid]
             per_gpu["memory_used_bytes"].add_metric(labels, s.memory_used)
             per_gpu["memory_total_bytes"].add_metric(labels, s.memory_total)
             utilization = s.utilization / 100 if s.utilization is not None else None  # NVML says percent
@@ -117,7 +123,8 @@ class AgentCollector:
         yield from per_gpu.values()
         restarts = CounterMetricFamily("gpushare_mps_server_restarts", "MPS servers of the GPU that exited abnormally "
                                        "(a client's fatal fault): every MPS claim on the GPU lost its processes' GPU "
-                                       "contexts", labels=["gpu"])
+                                       "contexts", labels=GPU)
+        indexes = {s.uuid: str(s.index) for s in gpus}
         for uuid, count in sorted(a.mps_watch.restarts().items()):
-            restarts.add_metric([uuid], count)
+            restarts.add_metric([indexes.get(uuid, ""), uuid], count)
         yield restarts

@@ -7,7 +7,7 @@ kubeletplugin/mps.py). The control daemon starts a new server for the next clien
 stays broken for an operator to see; the claims' processes just got CUDA errors. The agent reads
 the daemon's log and says so: one Warning Event `MpsServerRestarted` on each MPS ResourceClaim
 prepared on the GPU and on each pod its status.reservedFor names, and
-`gpushare_mps_server_restarts_total{gpu}`.
+`gpushare_mps_server_restarts_total{gpu,UUID}`.
 
 What the daemon writes (mpslayout: the messages, and the public logs they were taken from):
 `[<time> Control <pid>] Server <pid> exited with status <n>`, sometimes after `Server

@@ -37,7 +37,7 @@ def test_metrics_match_what_the_claim_did(node):
     m = node.scrape()
     assert m["gpushare_prepared_claims"][()] == 1
     assert not [name for name in m if name.endswith("_created")]  # Prometheus would store each as a series
-    gpu0 = next(v for k, v in m["gpushare_gpu_memory_used_bytes"].items() if dict(k)["index"] == "0")
+    gpu0 = next(v for k, v in m["gpushare_gpu_memory_used_bytes"].items() if dict(k)["gpu"] == "0")
     assert gpu0 >= 256 * MiB
     assert any(v == 1 for k, v in m["gpushare_kubelet_plugin_claims_total"].items()
                if dict(k) == {"operation": "prepare", "result": "success"})

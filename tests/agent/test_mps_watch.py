@@ -142,7 +142,7 @@ def events(node, ref) -> list:
 
 
 def restarts(node, uuid: str) -> float | None:
-    return node.scrape().get(METRIC, {}).get((("gpu", uuid),))
+    return next((v for labels, v in node.scrape().get(METRIC, {}).items() if dict(labels)["UUID"] == uuid), None)
 
 
 class MpsNode:
