@@ -47,8 +47,8 @@ def template(*requests: dict) -> dict:
             "metadata": {"name": "t", "namespace": "default"}, "spec": {"spec": claim(*requests)["spec"]}}
 
 
-FITS = [ask(), ask(memory="6Gi", compute="20"), ask(memory="288Gi", compute="100"), ask(memory="512Mi"),
-        ask(**{"gpushare.dev/memory": "1Gi", "gpushare.dev/compute": "1"}), ask(memory="1073741824"),
+FITS = [ask(), ask(memory="6Gi", compute="20"), ask(memory="288Gi", compute="100"), ask(memory="512Mi", compute="5"),
+        ask(**{"gpushare.dev/memory": "1Gi", "gpushare.dev/compute": "1"}), ask(memory="1073741824", compute="10"),
         ask("other.example.com", memory="4G", compute="150"),  # not ours: not looked at
         ask("gpu.nvidia.com")]
 
@@ -80,7 +80,7 @@ def test_template_and_subrequest_paths_name_the_bad_ask():
 
 
 def test_decimal_memory_is_admitted_with_the_rounding_it_gets():
-    obj = claim(ask(memory="6Gi"), ask(memory="4G"))
+    obj = claim(ask(memory="6Gi", compute="20"), ask(memory="4G"))
     assert verdict(DENY, "resourceclaims", obj) is None
     assert verdict(WARN, "resourceclaims", obj) == (
         "spec.devices.requests[1].exactly.capacity.requests.memory: 4000000000 bytes is not a multiple of "

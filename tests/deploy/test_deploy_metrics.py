@@ -83,11 +83,13 @@ def test_servicemonitor_component_selects_the_service(tmp_path):
     assert "namespaceSelector" not in sm["spec"] and sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
     assert [e["port"] for e in sm["spec"]["endpoints"]] == [p["name"] for p in svc["spec"]["ports"]]
     assert "ServiceMonitor" not in {o["kind"] for o in kustomize(DEPLOY)}  # opt-in only
-    # the labels of a claim's series as Prometheus stores them through this ServiceMonitor
-    claim_series = {"namespace": "team-a", "claim": "shared-gpu", "gpu": "GPU-0"}
+    # the labels of a claim's series as Prometheus stores them through this ServiceMonitor: the
+    # claim's own beside the plugin pod's, none renamed exported_*
+    claim_series = {"claim_namespace": "team-a", "claim": "shared-gpu", "gpu": "0", "UUID": "GPU-0"}
     for endpoint in sm["spec"]["endpoints"]:
         stored = stored_labels(claim_series, endpoint)
-        assert stored["namespace"] == "team-a" and "exported_namespace" not in stored, stored
+        assert stored.items() >= claim_series.items() and stored["namespace"] == "gpushare-system", stored
+        assert not [name for name in stored if name.startswith("exported_")], stored
 
 
 # Labels the Prometheus Operator gives every target of a ServiceMonitor (its generated scrape
