@@ -1,0 +1,148 @@
+"""Fixtures of the real-cluster suite: ONE one-node cluster (hack/cluster-up: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, containerd, a kubelet), shared by every test here, with
+the product installed as users install it (`kubectl apply -k deploy/overlays/mock`).
+
+A cluster that already runs is reused and left running; one this session started is stopped
+with hack/cluster-down at the end (GPUSHARE_CLUSTER_KEEP=1 keeps it, for a faster next run).
+Every test skips, with the reason, where the cluster cannot be had: not root, a tool missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import REPO
+
+UP = REPO / "hack" / "cluster-up"
+DOWN = REPO / "hack" / "cluster-down"
+STATE = Path(os.environ.get("CLUSTER_STATE", "/var/lib/gpushare-cluster"))
+# What cluster-up needs on the host beyond what it builds or downloads into .cache/cluster.
+HOST_TOOLS = ("go", "gcc", "openssl", "curl", "ip", "debootstrap", "apt-get", "dpkg")
+COLD_UP_TIMEOUT = 4800  # a cold Go build of the five binaries on 2 cores, the image and the debs
+
+
+def why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "the real cluster needs root (a kubelet and containerd run on this machine)"
+    missing = [t for t in HOST_TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"hack/cluster-up needs {', '.join(missing)} on PATH (hack/test-deps installs them as root)"
+    return None
+
+
+class Kube:
+    """kubectl of the cluster's own release, with the cluster's admin kubeconfig."""
+
+    def __init__(self, kubectl: str, kubeconfig: str, node: str):
+        self.kubectl, self.kubeconfig, self.node = kubectl, kubeconfig, node
+
+    def run(self, *args: str, input: str | None = None, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        cmd = [self.kubectl, f"--kubeconfig={self.kubeconfig}", *args]
+        out = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        if check and out.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
+        return out
+
+    def __call__(self, *args: str, **kw) -> str:
+        return self.run(*args, **kw).stdout
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self("get", *args, "-o", "json"))
+
+    def items(self, *args: str) -> list[dict]:
+        return self.get(*args)["items"]
+
+    def apply(self, manifest: str) -> str:
+        """kubectl apply -f - of YAML text; returns what kubectl printed (stdout and stderr)."""
+        out = self.run("apply", "-f", "-", input=manifest)
+        return out.stdout + out.stderr
+
+    def wait_until(self, what: str, predicate, timeout: float = 180, every: float = 2):
+        """Polls predicate() until it returns something truthy; fails naming what it waited for."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                last = predicate()
+            except (AssertionError, KeyError, IndexError, subprocess.TimeoutExpired) as e:
+                last = e
+            else:
+                if last:
+                    return last
+            time.sleep(every)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+    def logs(self, pod: str, container: str | None = None, namespace: str = "default") -> str:
+        args = ["logs", "-n", namespace, pod] + (["-c", container] if container else [])
+        return self(*args)
+
+
+def _parse_up_output(stdout: str) -> tuple[str, str]:
+    lines = [ln for ln in stdout.strip().splitlines() if ln.strip()]
+    assert lines and lines[-1].startswith("export KUBECONFIG="), f"cluster-up's last line: {lines[-1:]}"
+    kubeconfig = lines[-1].split("=", 1)[1]
+    path_line = next(ln for ln in lines if ln.startswith("export PATH="))
+    kbin = path_line.split("=", 1)[1].split(":", 1)[0]
+    return kubeconfig, str(Path(kbin) / "kubectl")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Kube]:
+    """The running cluster (started here unless one runs already); stopped at the end if started here."""
+    if why := why_not():
+        pytest.skip(why)
+    already = (STATE / "pids" / "kubelet.pid").exists()
+    start = time.monotonic()
+    proc = subprocess.run([str(UP)], capture_output=True, text=True, timeout=COLD_UP_TIMEOUT)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+        pytest.fail(f"hack/cluster-up exited {proc.returncode}:\n{tail}", pytrace=False)
+    print(f"\ncluster-up: {time.monotonic() - start:.0f}s")
+    kubeconfig, kubectl = _parse_up_output(proc.stdout)
+    node = json.loads(subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "json"],
+                                     capture_output=True, text=True, check=True).stdout)["items"][0]
+    kube = Kube(kubectl, kubeconfig, node["metadata"]["name"])
+    try:
+        yield kube
+    finally:
+        if not already and not os.environ.get("GPUSHARE_CLUSTER_KEEP"):
+            subprocess.run([str(DOWN)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def installed(cluster: Kube) -> Kube:
+    """The product as users install it: kubectl apply -k deploy/overlays/mock, the plugin Running."""
+    cluster("apply", "-k", "deploy/overlays/mock")
+    cluster("-n", "gpushare-system", "rollout", "status", "daemonset/gpushare-kubelet-plugin",
+            "--timeout=300s", timeout=320)
+    cluster.wait_until("ResourceSlices of gpushare.dev for the node", lambda: [
+        s for s in cluster.items("resourceslices")
+        if s["spec"]["driver"] == "gpushare.dev" and s["spec"].get("nodeName") == cluster.node])
+    return cluster
+
+
+def examples(path: str, image: str = "gpushare-dra:dev") -> str:
+    """A deploy/examples file as YAML text; images no registry here serves become the product's
+    image (it has the probe and a shell: the examples' `sleep infinity` and probe runs work)."""
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "examples" / path).read_text()))
+    for doc in docs:
+        spec = (doc or {}).get("spec", {})
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            if not c["image"].startswith("gpushare-dra"):
+                c["image"] = image
+    return yaml.safe_dump_all([d for d in docs if d])
+
+
+@pytest.fixture(scope="session")
+def example_text():
+    return examples

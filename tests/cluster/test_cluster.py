@@ -1,0 +1,161 @@
+"""The product on a real Kubernetes (hack/cluster-up: kube-apiserver, kube-controller-manager,
+kube-scheduler, a kubelet and containerd built or unpacked from their releases), checked the way a
+user sees it, through kubectl. One cluster for the whole module (tests/cluster/conftest.py); the
+tests run in file order and the last one uninstalls the product.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.support import GiB
+
+# The fixture's cold start (a Go build of five binaries on 2 cores) is part of the first test's time.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(5400)]
+
+E2E = "e2e"
+DRIVER = "gpushare.dev"
+
+
+def allocated(kube, pod: str, container: str) -> int | None:
+    """Bytes a probe container holds, from its `allocated=N chunks=M result=R` line."""
+    for line in kube.logs(pod, container).splitlines():
+        if line.startswith("allocated=") and " result=" in line:
+            return int(line.split()[0].split("=")[1])
+    return None
+
+
+def printed(kube, pod: str, marker: str) -> str | None:
+    """The pod's log once it shows marker."""
+    log = kube.logs(pod)
+    return log if marker in log else None
+
+
+def pod_phase(kube, name: str, namespace: str = "default") -> str:
+    return kube.get("pod", name, "-n", namespace)["status"].get("phase", "")
+
+
+def node_shell(*args: str) -> str:
+    """A command on the node: the node is this machine."""
+    return subprocess.run(args, capture_output=True, text=True, check=False).stdout
+
+
+def test_the_node_is_ready_the_plugin_runs_and_publishes_slices(installed):
+    kube = installed
+    node = kube.get("node", kube.node)
+    ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]
+    assert ready == "True"
+    assert node["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.37.")
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
+    pods = kube.items("pods", "-n", "gpushare-system", "-l", "app.kubernetes.io/name=gpushare-dra")
+    plugin = [p for p in pods if p["spec"].get("nodeName") == kube.node]
+    assert plugin and plugin[0]["status"]["phase"] == "Running", [p["status"] for p in pods]
+    assert all(cs["ready"] for cs in plugin[0]["status"]["containerStatuses"])
+    slices = [s for s in kube.items("resourceslices") if s["spec"]["driver"] == DRIVER]
+    devices = [d["name"] for s in slices if s["spec"].get("nodeName") == kube.node for d in s["spec"]["devices"]]
+    assert len(devices) >= 2, slices  # --mock-gpus=2x80Gi
+    # The plugin registered with the real kubelet's plugin manager: its socket is in the registry.
+    assert "gpushare.dev" in node_shell("ls", "/var/lib/kubelet/plugins_registry")
+
+
+def test_two_pods_of_one_claim_share_its_budget_allocated_by_the_real_scheduler(installed):
+    kube = installed
+    files = [f"deploy/examples/{E2E}/0{i}" for i in range(1, 5)]
+    kube("delete", "-f", f"deploy/examples/{E2E}", "--ignore-not-found", "--wait=true", timeout=180)
+    try:
+        kube("apply", "-f", f"{files[0]}-claims.yaml", "-f", f"{files[1]}-trainer-a.yaml",
+             "-f", f"{files[2]}-trainer-b.yaml", "-f", f"{files[3]}-other-team.yaml")
+        kube("wait", "--for=condition=Ready", "pod/trainer-a", "pod/trainer-b", "pod/other",
+             "--timeout=240s", timeout=260)
+        # Allocated by the real scheduler's allocator, reserved for both pods, one device.
+        claim = kube.get("resourceclaim", "shared-gpu")
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert [r["driver"] for r in results] == [DRIVER]
+        assert sorted(r["name"] for r in claim["status"]["reservedFor"]) == ["trainer-a", "trainer-b"]
+        assert kube.get("pod", "trainer-a")["spec"]["nodeName"] == kube.node
+
+        def all_printed():
+            got = {pc: allocated(kube, *pc.split("/")) for pc in
+                   ("trainer-a/a1", "trainer-a/a2", "trainer-b/b1", "trainer-b/b2", "other/c1")}
+            return got if None not in got.values() else None
+        held = kube.wait_until("the probes' results", all_printed, timeout=90)
+        shared = sum(v for k, v in held.items() if not k.startswith("other"))
+        assert shared == 4 * GiB, held  # one budget of 4Gi for the four containers
+        assert held["other/c1"] == 2 * GiB, held  # other-team: a budget of its own
+        logs = kube("logs", "trainer-a", "--all-containers") + kube("logs", "trainer-b", "--all-containers")
+        assert "result=oom" in logs  # the allocations past the budget failed with out-of-memory
+        # CDI: containerd injected the claim's device (the hook and its limits) into the container.
+        meminfo = kube("exec", "trainer-b", "-c", "b1", "--", "sh", "-c", '"$(gpushare-dra hook-path probe)" meminfo')
+        assert f"cu_total={4 * GiB}" in meminfo, meminfo
+        assert f"nvml_total={4 * GiB}" in meminfo, meminfo
+        assert [pod_phase(kube, p) for p in ("trainer-a", "trainer-b")] == ["Running", "Running"]
+    finally:
+        kube("delete", "-f", f"deploy/examples/{E2E}", "--ignore-not-found", "--wait=true", timeout=180)
+
+
+def test_the_shared_claim_example_runs_both_pods_on_one_allocation(installed, example_text):
+    kube = installed
+    text = example_text("shared-claim.yaml")  # its CUDA image: the product's here (no registry)
+    try:
+        kube.apply(text)
+        kube("wait", "--for=condition=Ready", "pod/team-gpu-a", "pod/team-gpu-b", "--timeout=240s", timeout=260)
+        claim = kube.get("resourceclaim", "team-gpu")
+        assert len(claim["status"]["allocation"]["devices"]["results"]) == 1
+        assert sorted(r["name"] for r in claim["status"]["reservedFor"]) == ["team-gpu-a", "team-gpu-b"]
+    finally:
+        kube.run("delete", "-f", "-", "--ignore-not-found", "--wait=true", input=text, timeout=180)
+
+
+def test_first_available_takes_the_first_subrequest_that_fits(installed):
+    kube = installed
+    path = "deploy/examples/first-available.yaml"
+    try:
+        kube("apply", "-f", path)
+        kube("wait", "--for=condition=Ready", "pod/flexible", "--timeout=240s", timeout=260)
+        pod = kube.get("pod", "flexible")
+        claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        results = kube.get("resourceclaim", claim_name)["status"]["allocation"]["devices"]["results"]
+        assert [r["request"] for r in results] == ["gpu/share-20gi"], results
+        out = kube.wait_until("the probe's meminfo", lambda: printed(kube, "flexible", "cu_total="))
+        assert f"cu_total={20 * GiB}" in out, out
+    finally:
+        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", timeout=180)
+
+
+def test_the_admission_policy_refuses_a_bad_claim_at_apply(installed):
+    kube = installed
+    bad = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: bad-config, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpushare.dev}
+    config:
+    - opaque:
+        driver: gpushare.dev
+        parameters:
+          apiVersion: gpushare.dev/v1alpha1
+          kind: GpuShareConfig
+          memoryLimit: 4Gx
+"""
+    out = kube.run("apply", "-f", "-", input=bad, check=False)
+    assert out.returncode != 0, out.stdout
+    assert "gpushare.dev-config" in out.stderr, out.stderr
+    assert ("spec.devices.config[0].opaque.parameters.memoryLimit: not a valid quantity "
+            "(examples: 4Gi, 512Mi, 1500000000) (got '4Gx')") in out.stderr, out.stderr
+    assert kube.run("get", "resourceclaim", "bad-config", check=False).returncode != 0
+
+
+def test_kubectl_delete_k_leaves_nothing_on_the_node(installed):
+    kube = installed
+    kube("delete", "-k", "deploy/overlays/mock", "--wait=true", timeout=300)
+    kube.wait_until("the plugin pods to be gone", lambda: not kube.items("pods", "-n", "gpushare-system"),
+                    timeout=180)
+    left = node_shell("sh", "-c", "ls /var/run/cdi/ /etc/cdi/ 2>/dev/null | grep -i gpushare; "
+                                  "ls /var/lib/gpushare/claims/ 2>/dev/null")
+    assert left.strip() == "", left
