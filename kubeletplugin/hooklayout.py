@@ -82,6 +82,7 @@ CONTROL: dict[str, Field] = {
     "rate_ppm": Field(12, 4),        # one aligned 32-bit store
     "slot": Field(16, 8),            # start_us | length_us << 32, one aligned 64-bit store
     "period_us": Field(24, 4),
+    "procs": Field(28, 4),           # the claim's processes on the GPU (agent's count); 0 = unknown
 }
 
 

@@ -18,12 +18,16 @@ struct gs_control {
     uint64_t slot;      /* 16: the claim's time slot on the GPU: start_us | length_us << 32,
                                one 64-bit store; length 0 = none (docs/compute.md) */
     uint32_t period_us; /* 24: period of the GPU's slot schedule (CLOCK_MONOTONIC) */
+    uint32_t procs;     /* 28: the claim's processes on this GPU as the agent sees them (NVML,
+                               mapped from kernel facts); 0 = unknown. A process that finds the
+                               claim's shared timeline forged paces itself at rate / procs */
 };
 
 _Static_assert(__builtin_offsetof(struct gs_control, version) == 8, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, rate_ppm) == 12, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, slot) == 16, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, period_us) == 24, "layout");
+_Static_assert(__builtin_offsetof(struct gs_control, procs) == 28, "layout");
 
 /* The agent's rate, or 0 (none yet, or a header this library does not know). The agent writes
  * magic and version before the first rate, so a rate seen here comes with its header. */
@@ -46,6 +50,14 @@ static inline int gs_control_slot(const struct gs_control *c, uint64_t *start, u
         return 0;
     *start = s * 1000, *len = l * 1000, *period = p * 1000;
     return 1;
+}
+
+/* The agent's count of the claim's processes on the GPU, at least 1 (1 = none known). */
+static inline uint32_t gs_control_procs(const struct gs_control *c)
+{
+    uint32_t n = __atomic_load_n(&c->procs, __ATOMIC_RELAXED);
+    if (n == 0 || __atomic_load_n(&c->magic, __ATOMIC_RELAXED) != GS_CONTROL_MAGIC) return 1;
+    return n > 4096 ? 4096 : n;
 }
 
 #endif

@@ -178,6 +178,8 @@ struct gpu_state {
     uint64_t cost_ns[2];       /* [kernel, graph]: mean of all samples, 0 = unknown */
     struct cost_entry { uintptr_t key; uint64_t ns; } costs[COST_ENTRIES]; /* per kernel/graph */
     uint64_t my_tat_ns;        /* this process's own bucket (the region's can be forged) */
+    uint64_t my_shared_ns;     /* what this process last wrote into the region's timeline */
+    int forged;                /* the region's timeline went back: paced alone at rate / procs */
     uint64_t next_sample_ns;
     pthread_mutex_t sample_lock; /* only trylocked on the launch path */
     int pending, pending_kind;
@@ -231,6 +233,7 @@ static void atfork_child(void)
         pthread_mutex_init(&g->sample_lock, NULL);
         g->pending = 0;
         g->my_tat_ns = 0;
+        g->my_shared_ns = 0;
         g->mps_ctx = NULL;
         g->ev0 = g->ev1 = NULL; /* events of the parent's contexts */
     }
@@ -1006,6 +1009,32 @@ static uint64_t book(uint64_t *tat, uint64_t now, uint64_t floor, uint64_t inter
     return base;
 }
 
+/* The claim's shared timeline (the region's pace_tat_ns) only ever moves forward: every booking
+ * writes max(old, floor) + interval. So a value below the one this process last wrote there, or
+ * an absurd one, means someone wrote the region: a tenant that keeps it at 0 lets each of its
+ * processes run at the claim's whole rate on its private bucket, N processes N times the share
+ * (issue 26). From then on this process paces its private bucket at rate / procs, procs being
+ * the agent's count of the claim's processes on the GPU (trusted control file): together they
+ * hold the claim's rate whatever the region says. Sticky for the process's life. */
+static uint64_t book_shared(struct gpu_state *g, uint64_t now, uint64_t floor, uint64_t interval)
+{
+    uint64_t *tat = &g->region.hdr->pace_tat_ns;
+    /* last before old (acquire/release): another thread's write is in the timeline before its
+     * my_shared_ns, so an honest timeline is never seen below it */
+    uint64_t last = __atomic_load_n(&g->my_shared_ns, __ATOMIC_ACQUIRE);
+    uint64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED), base;
+    do {
+        if ((old < last || old >= now + TAT_SANE_NS) && !__atomic_exchange_n(&g->forged, 1, __ATOMIC_RELAXED))
+            gs_log("GPU %d: the claim's pacing timeline in the usage region went back (%llu ns, this process wrote "
+                   "%llu): a process of the claim writes the region; this process now paces itself at the claim's "
+                   "rate / %u (the processes the node agent sees)", g->index, (unsigned long long)old,
+                   (unsigned long long)last, g->control ? gs_control_procs(g->control) : 1u);
+        base = old > floor && old < now + TAT_SANE_NS ? old : floor;
+    } while (!__atomic_compare_exchange_n(tat, &old, base + interval, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    __atomic_store_n(&g->my_shared_ns, base + interval, __ATOMIC_RELEASE);
+    return base;
+}
+
 /* MPS (docs/strategies.md): kernels of the MPS server's clients run side by side, each on the
  * SMs the server gives its context, so a launch costs its GPU time times that part of the SMs:
  * an MPS claim's timeline counts SM-time. A lone client the server holds to the share then books
@@ -1077,8 +1106,12 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
             if (in_slot) floor = now - phase; /* a late wake-up does not cost the claim its time */
         }
         uint64_t interval = cost * 1000000 / rate_ppm(g);
-        uint64_t base = book(&g->region.hdr->pace_tat_ns, now, floor, interval);
-        uint64_t mine = book(&g->my_tat_ns, now, floor, interval);
+        uint64_t base = book_shared(g, now, floor, interval);
+        int forged = __atomic_load_n(&g->forged, __ATOMIC_RELAXED);
+        uint64_t alone = forged && g->control ? gs_control_procs(g->control) : 1;
+        /* forged: a GCRA of its own that may catch up a period it lost waiting for its slot */
+        uint64_t tolerance = slotted ? period : BURST_NS;
+        uint64_t mine = book(&g->my_tat_ns, now, forged && now > tolerance ? now - tolerance : floor, interval * alone);
         if (mine > base) base = mine;
         /* the first launch of a slot can queue behind the last one of the previous slot's
          * claim: not a clean sample */
@@ -1089,6 +1122,18 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
             __atomic_add_fetch(&g->region.hdr->paced_ns, wake - now, __ATOMIC_RELAXED);
             sleep_until(wake);
             now = wake;
+        }
+        if (forged) { /* the private bucket alone holds the claim: a plain GCRA, no slot shortcut */
+            if (mine > now + tolerance) {
+                uint64_t wake = mine - tolerance;
+                if (slotted) { /* in the claim's slot, as its other launches (clean cost samples) */
+                    uint64_t phase = (wake % period + period - start) % period;
+                    if (phase >= len) wake += period - phase;
+                }
+                __atomic_add_fetch(&g->region.hdr->paced_ns, wake - now, __ATOMIC_RELAXED);
+                sleep_until(wake);
+                now = wake;
+            }
         }
     }
     if (captures || first_in_slot || (cost && now < __atomic_load_n(&g->next_sample_ns, __ATOMIC_RELAXED)) ||

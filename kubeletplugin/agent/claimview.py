@@ -36,12 +36,15 @@ class ClaimView:
             target.rate_ppm = ppm
 
     def apply(self, i: int) -> None:
-        """Write GPU i's planned rate and slot (a slot only where no tenant can write it)."""
+        """Write GPU i's planned rate and slot (a slot only where no tenant can write it), and the
+        count of the claim's processes on it (the library's answer to a forged region)."""
         s = self.shares[i]
         self.set_rate(i, to_ppm(s.rate))
         control = self.controls[i]
         if control is not None:
             control.set_slot(PERIOD_US, s.start_us, s.length_us)
+            if i < len(self.process_memory):  # how many share the claim's rate if its region is forged
+                control.procs = len(self.process_memory[i])
 
     def count_period(self, seconds: float) -> None:
         """Each share's charged GPU time and paced flag over the last period, from the regions."""

@@ -15,8 +15,8 @@ import struct
 
 from kubeletplugin.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTROL_VERSION
 
-_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US = (
-    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us"))
+_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US, _PROCS = (
+    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us", "procs"))
 
 
 class Control:
@@ -64,3 +64,16 @@ class Control:
         if self.slot != (period_us, start_us, length_us):
             self._words[_PERIOD_US // 4] = period_us
             self._quads[_SLOT // 8] = start_us | length_us << 32
+
+    @property
+    def procs(self) -> int:
+        """The claim's processes on the GPU as the agent sees them (NVML, mapped from kernel facts);
+        0 = unknown. A library that finds the claim's shared timeline in the region forged paces
+        itself at the claim's rate / procs (hook/src/hook.c, book_shared)."""
+        return self._words[_PROCS // 4]
+
+    @procs.setter
+    def procs(self, n: int) -> None:
+        n = max(0, min(n, 0xFFFFFFFF))
+        if self.procs != n:
+            self._words[_PROCS // 4] = n

@@ -93,3 +93,19 @@ def test_burst_borrows_idle_time_and_hands_it_back(node):
     time.sleep(2 * node.plugin.agent.interval)
     got_a, got_b = node.share(a).charged * 100, node.share(b).charged * 100  # NVML's are sampled
     assert got_a <= 55 and got_b >= 45, (got_a, got_b)
+
+
+def test_the_agent_tells_the_library_how_many_processes_share_the_claim(node):
+    """The control file's `procs` is the claim's processes on the GPU as NVML and the process map
+    see them: a library that finds the claim's timeline in the region forged paces itself at
+    rate / procs (tests/hook/test_forged_timeline.py)."""
+    from kubeletplugin.agent.control import Control
+
+    ref, ids = node.claim(compute=25)
+    for n in range(3):
+        node.run(f"p{n}", ids, "launch", "--seconds", "8")
+    control = Control(node.plugin.driver.files.control_path(ref.uid, 0))
+    try:
+        wait_for(lambda: control.procs == 3, timeout=15, what="procs == 3 in the control file")
+    finally:
+        control.close()

@@ -42,15 +42,15 @@ class Claim:
         return self.root / "region" / str(i)
 
     def write_control(self, rate_ppm: int, i: int = 0, magic: int = CONTROL_MAGIC, version: int = CONTROL_VERSION,
-                      slot: tuple[int, int, int] = (0, 0, 0)) -> None:
-        """The node agent's control file (hook/src/control.h): header, the rate, and the claim's
-        time slot (period_us, start_us, length_us; zeros: none)."""
+                      slot: tuple[int, int, int] = (0, 0, 0), procs: int = 0) -> None:
+        """The node agent's control file (hook/src/control.h): header, the rate, the claim's
+        time slot (period_us, start_us, length_us; zeros: none) and its process count (0: unknown)."""
         path = self.root / "control" / str(i)
         path.parent.mkdir(exist_ok=True)
         period, start, length = slot
         data = bytearray(CONTROL_SIZE)
         for name, value in (("magic", magic), ("version", version), ("rate_ppm", rate_ppm),
-                            ("slot", start | length << 32), ("period_us", period)):
+                            ("slot", start | length << 32), ("period_us", period), ("procs", procs)):
             CONTROL[name].write(data, value)
         path.write_bytes(data)
 

@@ -1,0 +1,92 @@
+"""A claim's compute share holds for the claim, whatever its processes write (issue 26, attack 1).
+
+The claim's shared pacing timeline (the region's pace_tat_ns) is tenant-writable. A tenant that
+keeps it at 0 while it runs N processes was held only by each process's private bucket, each at
+the claim's whole rate: a 25 % claim with 4 processes took about half of the GPU from its 50 %
+neighbour. The timeline only ever moves forward, so a process that finds it below what it wrote
+itself knows it is forged, and from then on paces its private bucket at rate / procs, the node
+agent's count of the claim's processes in the trusted control file (here written by the test, as
+the agent does: tests/agent/test_shares.py checks the agent's count).
+
+The tenant (25 %) runs 1 and 4 processes beside an honest neighbour (75 %) while a thread keeps
+writing 0 into the timeline; under TimeSlicing a claim's share is its GPU time, under MPS (each
+claim a client of one simulated server at its share) its part of the two claims' work. Before:
+4 processes took 53 % (TimeSlicing) and 51 % (MPS), the neighbour fell to 58 % and 49 %. Now the
+forger gets no more than its share (2 points) and the neighbour keeps its own within the suite's
+3 points for honest shares on this loaded machine; the forger itself gets less than its share
+(about 21 % with 4 processes under TimeSlicing: each process paces alone, so the claim's
+processes no longer take turns and their cost samples count each other's slices).
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER, SIM_MPS_FILE, SIM_MPS_PIPE_ENV, sim_mps_server_text
+from tests.support import CPU_TIMED
+from tests.support.hook import kv
+
+SECONDS = 6
+LARGE_US = 2650
+BOUND = 2.0  # points: the tenant never gets more than its share plus this
+NEIGHBOUR_BOUND = 3.0  # the neighbour's loss: the suite's bound for honest shares (test_compute_shares.py)
+FLOOR = 15.0  # the forger still runs: its own processes' cost samples count each other's slices
+PERIOD_US = 20_000
+
+
+def forge_while(claim, stop: threading.Event) -> None:
+    with open(claim.region(0), "r+b") as f, mmap.mmap(f.fileno(), HEADER_SIZE) as m:
+        while not stop.is_set():
+            struct.pack_into("<Q", m, REGION_HEADER["pace_tat_ns"].offset, 0)
+            stop.wait(0.0005)
+
+
+def pipe_dir(tmp_path: Path, name: str, percentage: int) -> Path:
+    d = tmp_path / f"mps-{name}"
+    d.mkdir()
+    (d / SIM_MPS_FILE).write_text(sim_mps_server_text("gpu0", percentage))
+    return d
+
+
+@CPU_TIMED
+@pytest.mark.parametrize("strategy", ["TimeSlicing", "MPS"])
+@pytest.mark.parametrize("procs", [1, 4])
+def test_a_forged_timeline_gives_the_claim_no_more_than_its_share(make_claim, tmp_path, strategy, procs):
+    tenant, neighbour = make_claim(compute=25, name="tenant"), make_claim(compute=75, name="neighbour")
+    envs: list[dict] = [{}, {}]
+    for i, (c, limit, slot) in enumerate(((tenant, 25, (PERIOD_US, 0, 5000)),
+                                          (neighbour, 75, (PERIOD_US, 5000, 15000)))):
+        c.write_control(limit * 10_000, slot=slot, procs=procs if c is tenant else 1)
+        if strategy == "MPS":
+            with open(c.limits, "a") as f:
+                f.write("GPUSHARE_SHARING_STRATEGY=MPS\nGPUSHARE_SM_COUNT_0=132\n")
+            envs[i] = {SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, c.root.name, limit))}
+    tenant.run("gpushare-probe", "meminfo", env=envs[0])  # the region initialised
+    stop = threading.Event()
+    forger = threading.Thread(target=forge_while, args=(tenant, stop))
+    forger.start()
+    try:
+        argv = ("gpushare-probe", "launch", "--seconds", SECONDS, "--kernel-us", LARGE_US)
+        running = [tenant.popen(*argv, env=envs[0]) for _ in range(procs)] + [neighbour.popen(*argv, env=envs[1])]
+        outs = []
+        for p in running:
+            stdout, stderr = p.communicate(timeout=120)
+            assert p.returncode == 0, stderr
+            outs.append((kv(stdout), stderr))
+    finally:
+        stop.set()
+        forger.join()
+    work = [float(o["launches"]) * LARGE_US / 1e6 / float(o["seconds"]) * 100 for o, _ in outs]
+    mine, theirs = sum(work[:procs]), work[-1]
+    if strategy == "MPS":  # a claim's share under MPS: its part of the claims' work (docs/compute.md)
+        mine, theirs = 100 * mine / (mine + theirs), 100 * theirs / (mine + theirs)
+    print(f"{strategy}, forging tenant at 25 with {procs} process(es): {mine:.1f}; neighbour at 75: {theirs:.1f}",
+          [round(w, 1) for w in work])
+    assert FLOOR <= mine <= 25 + BOUND and theirs >= 75 - NEIGHBOUR_BOUND, (mine, theirs, outs)
+    if procs > 1:  # it was seen, and said
+        assert any("pacing timeline in the usage region went back" in err for _, err in outs[:procs]), outs
