@@ -27,6 +27,7 @@ from ..discovery import DeviceBackend, DiscoveryError, GpuInfo
 from ..kube import JSON, api_error, json_body, plain, warning_event
 from ..log import get_logger
 from . import slices
+from .ceiling import MemoryCeiling
 
 MODES = ("auto", devicemodel.CAPACITY, devicemodel.PARTITION)
 REQUEST_TIMEOUT = (5, 30)  # (connect, read) seconds: a hung server never blocks the loop
@@ -149,6 +150,8 @@ class SliceController:
         self._wake = threading.Event()
         self._watch = SliceWatch(api_client, f"spec.driver={driver_name},spec.nodeName={node_name}",
                                  self._slices_changed)
+        # The admission policy's largest GPU (ceiling.py): the DeviceClass named like the driver.
+        self._ceiling = MemoryCeiling(api_client, driver_name, node_name)
         self._rediscover_asked = threading.Event()
         self._stopped = threading.Event()
         self._synced = threading.Event()
@@ -230,10 +233,20 @@ class SliceController:
                                      retry_in=round(delay, 2))
                     self._stopped.wait(delay)
                     continue
+            if self._synced.is_set():
+                self._raise_ceiling()  # returns at once unless the GPUs changed or a recheck is due
             if self._gpus is None:  # discovery failing at start: just wait for the next poll
                 self._stopped.wait(max(0.0, next_poll - time.monotonic()))
             else:
                 self._wake.wait(max(0.0, next_poll - time.monotonic()))
+
+    def _raise_ceiling(self) -> None:
+        """Publish this node's largest GPU for admission (once per change); a failure is logged
+        and tried again after the next change or pass, never holding up the slices."""
+        try:
+            self._ceiling.raise_to(self._gpus or [])
+        except Exception as e:
+            self.log.warning("publishing the largest GPU's memory for admission failed", error=_describe(e))
 
     def _rediscover(self) -> bool:
         """Read the GPUs again; True when they differ from the last reading."""

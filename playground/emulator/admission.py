@@ -3,16 +3,19 @@ cel-python: the policies' CEL (with Kubernetes' quantity library), matchConstrai
 resourceRules, the bindings' validationActions and the policy's failurePolicy.
 
 Supported: what deploy/base/admission.yaml and plain policies use (`object`, `oldObject`,
-`request`, `variables`, `validations` with message/messageExpression/reason). A policy or
-binding that uses anything else (params, matchConditions, selectors, matchResources, audit
-annotations) is a configuration error, refused or let through by failurePolicy as the real
-server does with a policy it cannot configure.
+`request`, `variables`, `validations` with message/messageExpression/reason), and `params`: a
+policy's paramKind with a binding's paramRef by `name` (and `namespace`) and its
+parameterNotFoundAction, as deploy/base/admission-requests.yaml reads the DeviceClass the
+plugins annotate. A policy or binding that uses anything else (matchConditions, selectors,
+a paramRef selector, matchResources, audit annotations) is a configuration error, refused or
+let through by failurePolicy as the real server does with a policy it cannot configure.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -131,12 +134,12 @@ def request_attributes(group, version, resource, kind, operation, namespace, nam
             "userInfo": {"username": "system:admin", "groups": ["system:masters"]}}
 
 
-def activation(policy_spec: dict, obj, old, request: dict) -> dict:
-    """`object`, `oldObject`, `request` and the policy's `variables`, each variable seeing the
-    ones before it. A variable that fails holds its error, which fails only the expressions
-    that use it (as the real server evaluates variables lazily)."""
+def activation(policy_spec: dict, obj, old, request: dict, params=None) -> dict:
+    """`object`, `oldObject`, `request`, `params` (null without one) and the policy's
+    `variables`, each variable seeing the ones before it. A variable that fails holds its error,
+    which fails only the expressions that use it (as the real server evaluates variables lazily)."""
     bound = {"object": json_to_cel(obj), "oldObject": json_to_cel(old),
-             "request": json_to_cel(request)}
+             "request": json_to_cel(request), "params": json_to_cel(params)}
     variables: dict = {}
     for variable in policy_spec.get("variables") or []:
         context = {**bound, "variables": celtypes.MapType(variables)}
@@ -188,9 +191,13 @@ def validate(policy_spec: dict, context: dict) -> list[Decision]:
 
 # --- the admission plugin -----------------------------------------------------------------
 
-_UNSUPPORTED_POLICY = ("paramKind", "matchConditions", "auditAnnotations")
+_UNSUPPORTED_POLICY = ("matchConditions", "auditAnnotations")
 _UNSUPPORTED_CONSTRAINTS = ("namespaceSelector", "objectSelector", "excludeResourceRules")
-_UNSUPPORTED_BINDING = ("paramRef", "matchResources")
+_UNSUPPORTED_BINDING = ("matchResources",)
+_UNSUPPORTED_PARAM_REF = ("selector",)
+# Finds a param: (apiVersion, kind, namespace or "", name) -> the object, or None.
+ParamLookup = Callable[[str, str, str, str], "dict | None"]
+_NOT_FOUND = object()
 REASON_CODES = {"Forbidden": 403, "Unauthorized": 401, "RequestEntityTooLarge": 413}
 
 
@@ -228,10 +235,28 @@ def _matches(policy: dict, request: dict) -> bool:
     return any(_rule_matches(rule, request) for rule in constraints.get("resourceRules") or [])
 
 
+def _param(spec: dict, binding_spec: dict, request: dict, lookup: ParamLookup | None):
+    """The binding's param object: None for a policy without paramKind, _NOT_FOUND when the
+    paramRef names none that exists; a str is the configuration problem."""
+    kind = spec.get("paramKind")
+    ref = binding_spec.get("paramRef")
+    if not kind:
+        return "paramRef" if ref else None
+    if not ref:
+        return "a policy with paramKind and a binding without paramRef"
+    unsupported = _unsupported(ref, _UNSUPPORTED_PARAM_REF)
+    if unsupported or not ref.get("name"):
+        return f"paramRef {unsupported or 'without name'}"
+    namespace = ref.get("namespace") or ""
+    found = lookup(kind.get("apiVersion", ""), kind.get("kind", ""), namespace, ref["name"]) if lookup else None
+    return _NOT_FOUND if found is None else found
+
+
 def admit(policies: list[dict], bindings: list[dict], obj, old, request: dict,
-          warnings: list) -> None:
+          warnings: list, params: ParamLookup | None = None) -> None:
     """Apply every bound policy that matches the request: Deny refuses (the first denial is
-    raised as the real server's 422), Warn adds a warning, Audit is not acted on."""
+    raised as the real server's 422), Warn adds a warning, Audit is not acted on. `params`
+    finds a binding's paramRef (a policy with paramKind)."""
     denials = []
     for policy in sorted(policies, key=lambda p: p["metadata"]["name"]):
         name = policy["metadata"]["name"]
@@ -243,10 +268,11 @@ def admit(policies: list[dict], bindings: list[dict], obj, old, request: dict,
         fail = spec.get("failurePolicy", "Fail") != "Ignore"
         problem = _unsupported(spec, _UNSUPPORTED_POLICY) or _unsupported(
             spec.get("matchConstraints") or {}, _UNSUPPORTED_CONSTRAINTS)
-        context = None if problem else activation(spec, obj, old, request)
         for binding in bound:
             binding_spec = binding.get("spec") or {}
-            unsupported = problem or _unsupported(binding_spec, _UNSUPPORTED_BINDING)
+            param = None if problem else _param(spec, binding_spec, request, params)
+            unsupported = problem or _unsupported(binding_spec, _UNSUPPORTED_BINDING) or (
+                param if isinstance(param, str) else None)
             if unsupported:
                 if fail:
                     what = "policy" if problem else "binding"
@@ -254,8 +280,15 @@ def admit(policies: list[dict], bindings: list[dict], obj, old, request: dict,
                         True, f"failed to configure {what}: the API emulator does not support "
                               f"{unsupported}")))
                 continue
-            assert context is not None  # no problem with the policy
             actions = binding_spec.get("validationActions") or []
+            if param is _NOT_FOUND:
+                if (binding_spec.get("paramRef") or {}).get("parameterNotFoundAction") == "Deny" and \
+                        "Deny" in actions:
+                    denials.append((name, binding, Decision(
+                        True, "failed to configure binding: no params found for policy binding with "
+                              "`Deny` parameterNotFoundAction")))
+                continue  # Allow: the binding does not apply
+            context = activation(spec, obj, old, request, param)
             for decision in validate(spec, context):
                 if not decision.denied or (decision.error and not fail):
                     continue

@@ -167,7 +167,16 @@ class Registry:
         request = admission.request_attributes(
             rt.group, rt.version, rt.plural, rt.kind, operation, metadata.get("namespace", ""),
             metadata.get("name", ""), subresource or "", write.dry_run)
-        admission.admit(policies, self.store.all(BINDINGS), obj, old, request, write.warnings)
+        admission.admit(policies, self.store.all(BINDINGS), obj, old, request, write.warnings, self._param)
+
+    def _param(self, api_version, kind, namespace, name):
+        """A policy binding's param object (paramKind and paramRef), or None."""
+        rt = next((r for r in RESOURCE_TYPES if r.api_version == api_version and r.kind == kind), None)
+        if rt is None:
+            return None
+        objects = self.store.all(rt)
+        return next((o for o in objects if o["metadata"]["name"] == name
+                     and o["metadata"].get("namespace", "") == (namespace if rt.namespaced else "")), None)
 
     # --- verbs --------------------------------------------------------------------------
 

@@ -69,7 +69,7 @@ def test_compute_over_a_whole_gpu_is_refused():
 def test_memory_over_the_largest_gpu_is_refused():
     assert verdict(DENY, "resourceclaims", claim(ask(**{"gpushare.dev/memory": "300Gi"}))) == (
         "spec.devices.requests[0].exactly.capacity.requests.gpushare.dev/memory: more than the largest GPU "
-        "has (288Gi, largestGpu in policy gpushare.dev-requests); no GPU can hold it (got '300Gi')")
+        "has (288Gi, the largest GPU made; no node has published its GPUs yet); no GPU can hold it (got '300Gi')")
 
 
 def test_template_and_subrequest_paths_name_the_bad_ask():

@@ -182,7 +182,7 @@ def test_operator_settings_land_where_they_belong(template):
     assert pod["tolerations"] == [{"operator": "Exists"}]
     [requests] = [o for o in objects if o["metadata"]["name"] == "gpushare.dev-requests"
                   and o["kind"] == "ValidatingAdmissionPolicy"]
-    assert {"name": "largestGpu", "expression": "'80Gi'"} in requests["spec"]["variables"]
+    assert {"name": "fallbackLargestGpu", "expression": "'80Gi'"} in requests["spec"]["variables"]
 
 
 def test_without_admission_policies_none_is_rendered(template):
