@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Protocol
 
 from kubernetes import client
@@ -118,6 +120,23 @@ def kill_cgroup(cgroup: str) -> list[int]:
     return killed
 
 
+_RANDOM = random.SystemRandom()  # from the kernel: nothing a tenant can predict
+
+
+def poll_times(interval: float, stop: threading.Event) -> Iterator[float]:
+    """When to poll (time.monotonic): one instant drawn at random in each period of `interval`.
+    On a fixed schedule a tenant that learnt the phase (the moment a sacrificial container of its
+    own was killed tells it) could hold memory over its limit in every gap between two polls and
+    never be seen (issue 26, attack 4). At a random instant of each period a hold of h seconds is
+    seen with a chance of at least h / interval whenever it is made, so the expected memory-time a
+    tenant holds over its limit before the first sighting (which kills it) is at most
+    excess x interval, however it times its holds: sum_i E h_i prod_j<i (1 - h_j/T) <= E T."""
+    start = time.monotonic()
+    while not stop.is_set():
+        yield start + _RANDOM.uniform(0, interval)
+        start = max(start + interval, time.monotonic() - interval)  # fell behind: no burst of polls to catch up
+
+
 def _read_own_cgroup() -> str | None:
     try:
         with open("/proc/self/cgroup") as f:
@@ -159,16 +178,16 @@ class Backstop:
             t.join(timeout=10)
 
     def _run(self, agent: Agent) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
+        for at in poll_times(self.interval, self._stop):
+            self._stop.wait(at - time.monotonic())
+            if self._stop.is_set():
+                break
             started = time.monotonic()
             try:
                 self.poll(agent)
             except Exception:
                 log.exception("backstop poll failed")
             self.last_poll_s = time.monotonic() - started
-            next_at = max(next_at + self.interval, time.monotonic())
-            self._stop.wait(next_at - time.monotonic())
 
     # ---- one poll -------------------------------------------------------------------------------
     def poll(self, agent: Agent) -> None:
