@@ -7,7 +7,8 @@ A claim's life, each step recorded before the next starts (fault points in fault
 
 At start-up (`recover`) anything not PrepareCompleted is rolled back, completed claims get
 missing files or specs rewritten (a reboot empties /var/run/cdi), CDI specs that no entry owns
-are removed, and a claim folder no entry owns is adopted from its prepared.json (kept, never
+are removed when this plugin wrote them (they mount its claims folder; another plugin's in a
+shared CDI root are left alone), and a claim folder no entry owns is adopted from its prepared.json (kept, never
 removed because the checkpoint lacks it). So after any crash a claim is prepared exactly once or absent, and
 the kubelet's retry finishes the job.
 """
@@ -425,13 +426,28 @@ class Driver:
             log.error("claim folder without a record kept; the claim's Prepare reuses it, its Unprepare removes it",
                       uid=uid, path=self.files.dir(uid), step="recover")
         for uid in self.specs.names() - known - self.files.uids():
-            if UID.fullmatch(uid):
+            if UID.fullmatch(uid) and self._wrote_spec(uid):
                 log.warning("removing a CDI spec no claim owns", uid=uid, step="recover")
                 self.specs.remove(uid)
         self._recover_mps()
         self.checkpoint.replace_all(dict(self.checkpoint.items()))  # records the current boot id
         log.info("state recovered", claims=len(known), rebooted=rebooted, step="recover")
         self.prune_libraries()
+
+    def _wrote_spec(self, uid: str) -> bool:
+        """Whether a spec of our kind was written by a plugin with this state dir: it mounts files of
+        our claims folder. Another plugin's sharing the CDI root (a playground, a test's plugin: podman
+        reads only /etc/cdi and /var/run/cdi) names its own, and is never touched. A spec that mounts
+        nothing of ours (sharingStrategy None) stays too: a spec no container asks for does nothing."""
+        ours = os.path.join(self.files.root, "")
+        for ext in (".json", ".yaml"):
+            try:
+                with open(os.path.join(self.specs.root, f"{self.specs.prefix}{uid}{ext}"), encoding="utf-8") as f:
+                    if ours in f.read():
+                        return True
+            except OSError:
+                continue
+        return False
 
     def _recover_mps(self) -> None:
         """Each GPU with MPS claims has its daemon (found after a plugin restart, started again

@@ -229,6 +229,9 @@ class ProcessRunner:
         self._cgroups.clear()
 
 
+OWNER_LABEL = "gpushare.dev/owner"  # on every container a PodmanRunner starts
+
+
 class PodmanRunner:
     """podman + runc with our CDI devices: the runtime applies the spec."""
 
@@ -244,13 +247,18 @@ class PodmanRunner:
                 return f"{tool} not installed (apt-get install -y podman runc)"
         return None
 
-    def __init__(self, probe: str | None = None, libraries: tuple[str, ...] = (), rootfs: str | None = None):
+    def __init__(self, probe: str | None = None, libraries: tuple[str, ...] = (), rootfs: str | None = None,
+                 owner: str | None = None):
         """Containers on a root filesystem built here from the host's files (the probe, the
-        libraries it needs, busybox), or on `rootfs`, a distribution's own, used as it is."""
+        libraries it needs, busybox), or on `rootfs`, a distribution's own, used as it is.
+        Each container is labelled OWNER_LABEL=`owner` (default: this runner's own folder), so
+        one user of podman on the host (a playground, the test suite) finds its own containers
+        and never another's (`podman ps --filter label=gpushare.dev/owner=...`)."""
         why = self.available()
         if why:
             raise RuntimeError(f"podman runner unavailable: {why}")
         self.work = tempfile.mkdtemp(prefix="gspodman")
+        self.owner = owner or self.work
         self.rootfs = rootfs or build_rootfs(os.path.join(self.work, "rootfs"), probe, libraries)
         wrapper = os.path.join(self.work, "runc-wrapper")
         Path(wrapper).write_text(_RUNC_WRAPPER.format(python=sys.executable, runc=shutil.which("runc")))
@@ -262,7 +270,7 @@ class PodmanRunner:
 
     def command(self, device_ids: list[str], argv: list[str], name: str | None = None,
                 cgroup_parent: str | None = None) -> list[str]:
-        cmd = ["podman", "run", "--rm", "--network=none", "--runtime", "runc"]
+        cmd = ["podman", "run", "--rm", "--network=none", "--runtime", "runc", "--label", f"{OWNER_LABEL}={self.owner}"]
         if name:
             cmd += ["--name", name]
         if cgroup_parent:  # e.g. /kubepods/pod<uid>: the cgroup the kubelet would give a pod

@@ -108,7 +108,7 @@ class SimulatedNode:
 
         if self.runtime == "podman":
             runner = PodmanRunner(self.native["probe"], (self.native["library"], self.native["sim_cuda"],
-                                                         self.native["sim_nvml"]))
+                                                         self.native["sim_nvml"]), owner=self.workdir)
             write_tools(os.path.join(runner.rootfs, "usr", "local", "bin"), CONTAINER_PROBE)
             return runner
         tools = write_tools(os.path.join(self.workdir, "bin"), self.native["probe"])

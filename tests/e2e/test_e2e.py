@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from playground.containers import PodmanRunner
+from playground.containers import OWNER_LABEL, PodmanRunner
 from playground.node import DEVICE_CLASS, EXTENDED_DEVICE_CLASSES
 
 ROOT = Path(__file__).parents[2]
@@ -44,8 +44,9 @@ def test_story_in_podman_containers(tmp_path):
         pytest.skip(f"podman runner unavailable: {why_not} (CI installs podman and runc and runs as root)")
     out = run_demo(tmp_path, "podman")
     assert "containers run with: podman" in out
-    left = subprocess.run(["podman", "ps", "-aq", "--filter", "name=gpushare-"], capture_output=True, text=True,
-                          check=True).stdout.split()
+    # this demo's containers only (a playground or another test may run podman on this host too)
+    left = subprocess.run(["podman", "ps", "-aq", "--filter", f"label={OWNER_LABEL}={tmp_path}"], capture_output=True,
+                          text=True, check=True).stdout.split()
     assert not left, f"containers left running: {left}"
 
 

@@ -1,0 +1,58 @@
+"""Two kubelet plugins on one host that share a CDI root (a playground and the test suite, two
+playgrounds, a playground beside a real plugin: podman 4.3 reads specs only from /etc/cdi and
+/var/run/cdi) never remove each other's specs: start-up recovery removes only the specs no claim
+owns that this plugin wrote (they mount its own claims folder). And the playground's podman
+containers carry their owner's label, so one user's leak check never counts another's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from playground.claims import make_claim, result
+from playground.containers import OWNER_LABEL, PodmanRunner
+from playground.kubelet import Kubelet
+from tests.support.plugin import Dirs, launch_plugin
+
+
+def prepare_one(api, dirs: Dirs, hook_dir: str, cdi_root: str) -> str:
+    """A plugin on `dirs` prepares one claim, and stops (its spec stays, as across a restart)."""
+    plugin = launch_plugin(api, dirs, hook_dir, cdi_root)
+    kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    try:
+        claim = make_claim(api, [result("gpu-0-share-0")])
+        assert kubelet.prepare(claim).claims[claim.uid].error == ""
+        return claim.uid
+    finally:
+        kubelet.close()
+        plugin.stop(grace=1)
+
+
+def spec(cdi_root: str, uid: str) -> str:
+    return os.path.join(cdi_root, f"k8s.gpushare.dev-claim_{uid}.json")
+
+
+def test_a_plugin_leaves_another_plugins_specs_alone(api, hook_dir):
+    roots = [tempfile.mkdtemp(prefix="gsshared") for _ in range(3)]
+    cdi_root, a, b = roots[0], Dirs(roots[1]), Dirs(roots[2])
+    try:
+        theirs = prepare_one(api, a, hook_dir, cdi_root)
+        mine = prepare_one(api, b, hook_dir, cdi_root)
+        # b's state is lost (its spec is now an orphan of b's); a's claim is still prepared on a
+        shutil.rmtree(b.state)
+        launch_plugin(api, b, hook_dir, cdi_root).stop(grace=1)
+        assert not os.path.exists(spec(cdi_root, mine))  # b's own orphan: removed
+        assert os.path.exists(spec(cdi_root, theirs))  # a's: untouched
+        launch_plugin(api, a, hook_dir, cdi_root).stop(grace=1)
+        assert os.path.exists(spec(cdi_root, theirs))  # and still a's after a's own restart
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_podman_containers_carry_their_owners_label():
+    runner = object.__new__(PodmanRunner)  # the command only: podman need not be here
+    runner.owner, runner.rootfs = "/tmp/playground-a", "/tmp/rootfs"
+    command = runner.command(["k8s.gpushare.dev/claim=x"], ["true"])
+    assert command[command.index("--label") + 1] == f"{OWNER_LABEL}=/tmp/playground-a"
