@@ -474,6 +474,7 @@ static char **g_argv;
 
 static void *run_thread(void *arg)
 {
+    usleep(200000); /* the main thread is gone by then */
     exit(run(g_argc, g_argv, (int)(long)arg));
 }
 
@@ -484,8 +485,8 @@ int main(int argc, char **argv)
     if (i < argc && !strcmp(argv[i], "--main-exits")) {
         pthread_t t;
         g_argc = argc, g_argv = argv;
-        if (pthread_create(&t, NULL, run_thread, (void *)(long)(i + 1)) != 0) return 70;
         printf("main_exits=%d\n", (int)getpid());
+        if (pthread_create(&t, NULL, run_thread, (void *)(long)(i + 1)) != 0) return 70;
         pthread_exit(NULL);
     }
     return run(argc, argv, i);
