@@ -14,6 +14,18 @@ folders). Version 1 (the first release) kept only completed claims as
 `_migrate_v1` lifts it to version 2 through the same reader. Every write is atomic (temp,
 fsync, rename, fsync dir).
 
+Beside it, `checkpoint.json.journal` holds the changes since that file was written, one line
+each, appended and fsynced: {"uid": "<uid>", "entry": {...} | null, "checksum": "sha256:..."}
+(null: the claim's entry is gone). So a Prepare writes two short lines, not the whole
+checkpoint, and costs the same with 1 or 1,000 claims held. The state is the file with the
+journal replayed over it. Replaying is idempotent (a line sets or drops one entry), so the file
+is rewritten whole and the journal emptied afterwards (compaction) without a window where
+either order loses a change: when the journal holds more lines than claims (at least
+COMPACT_MIN), at `replace_all`, when another plugin instance queues for its turn (an older
+release reads only the file) and when the plugin stops. A torn last line (a crash half-way
+through an append, whose call never returned) is ignored and the next write is a compaction;
+a bad line before the last makes the whole checkpoint CheckpointCorrupt.
+
 Writes are group-committed: a caller changes the in-memory claims and then `commit()`s;
 callers that queue while one write runs are covered by the next single write.
 """
@@ -27,7 +39,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from cdi import write_atomic
+from cdi import fsync_dir, write_atomic
 from dra_driver.log import get_logger
 
 from .prepared import PreparedClaim, PreparedError
@@ -35,6 +47,8 @@ from .prepared import PreparedClaim, PreparedError
 log = get_logger("kubeletplugin.checkpoint")
 
 VERSION = 2
+JOURNAL_SUFFIX = ".journal"
+COMPACT_MIN = 64  # journal lines before a compaction, at the least
 PREPARE_STARTED = "PrepareStarted"
 PREPARE_COMPLETED = "PrepareCompleted"
 UNPREPARE_STARTED = "UnprepareStarted"
@@ -94,6 +108,39 @@ def decode(data: bytes) -> tuple[dict[str, Entry], str | None]:
     return entries, boot_id if isinstance(boot_id, str) else None
 
 
+def journal_line(uid: str, entry: Entry | None) -> bytes:
+    payload = {"uid": uid, "entry": entry.to_json() if entry else None}
+    line = json.dumps({**payload, "checksum": checksum(payload)}, sort_keys=True, separators=(",", ":"))
+    return line.encode() + b"\n"
+
+
+def replay(claims: dict[str, Entry], journal: bytes) -> tuple[dict[str, Entry], int, bool]:
+    """(claims with the journal's lines applied, lines applied, whether the last line was torn)."""
+    claims = dict(claims)
+    lines = journal.split(b"\n")
+    complete, tail = lines[:-1], lines[-1]  # the text after the last newline: a torn append
+    applied = 0
+    for number, line in enumerate(complete, 1):
+        try:
+            doc = json.loads(line)
+            stored = doc.pop("checksum", None) if isinstance(doc, dict) else None
+            if stored != checksum(doc):
+                raise CheckpointCorrupt("checksum: mismatch")
+            uid, raw = doc.get("uid"), doc.get("entry")
+            if not isinstance(uid, str) or not (raw is None or isinstance(raw, dict)):
+                raise CheckpointCorrupt("expected {uid, entry}")
+            if raw is None:
+                claims.pop(uid, None)
+            else:
+                claims[uid] = _entry(uid, raw)
+        except (ValueError, CheckpointCorrupt, PreparedError) as e:
+            if number == len(complete) and not tail:
+                return claims, applied, True  # the last line, cut short before its newline was fsynced
+            raise CheckpointCorrupt(f"journal line {number}: {e}") from None
+        applied += 1
+    return claims, applied, bool(tail)
+
+
 def _entry(uid: str, doc: dict[str, Any]) -> Entry:
     where = f"claims[{uid!r}]"
     state, namespace, name = doc.get("state"), doc.get("namespace"), doc.get("name")
@@ -122,54 +169,75 @@ def _migrate_v1(uid: str, old: dict[str, Any]) -> Entry:
 class Checkpoint:
     def __init__(self, path: str, boot_id: str | None) -> None:
         self.path = path
+        self.journal_path = path + JOURNAL_SUFFIX
         self.boot_id = boot_id
         self._claims: dict[str, Entry] = {}  # entries are frozen: handed out without copying
-        self._lock = threading.Lock()  # guards _claims and the generation counters
+        self._lock = threading.Lock()  # guards _claims, _pending, _compact and the generation counters
         self._write_lock = threading.Lock()  # one file write at a time
         self._changed = 0  # generation of the in-memory claims
         self._written = 0  # generation on disk
-        self._identity: tuple[int, ...] | None = None  # of the file as last read or written here
+        self._pending: dict[str, Entry | None] = {}  # changed since the last write (None: deleted)
+        self._compact = False  # the next write rewrites the file whole
+        self._journal_lines = 0
+        self._identity: tuple[int, ...] | None = None  # of the files as last read or written here
         self._view: tuple[tuple[int, ...] | None, dict[str, Entry]] = (None, {})  # on_disk()'s cache
 
-    def _read(self) -> tuple[dict[str, Entry], str | None, tuple[int, ...]] | None:
-        """(claims, boot id, file identity) of the file as it is now; None when there is none."""
+    def _read(self) -> tuple[dict[str, Entry], str | None, tuple[int, ...], int, bool] | None:
+        """(claims, boot id, identity, journal lines, torn) of the files as they are now; None when
+        there are none."""
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
                 identity = _identity(os.fstat(f.fileno()))
+            claims, boot_id = decode(data)
         except FileNotFoundError:
+            claims, boot_id, identity = {}, self.boot_id, ()
+        try:
+            with open(self.journal_path, "rb") as f:
+                journal = f.read()
+                identity += _identity(os.fstat(f.fileno()))
+        except FileNotFoundError:
+            journal = b""
+        if not identity:
             return None
-        return (*decode(data), identity)
+        replayed, lines, torn = replay(claims, journal)
+        return replayed, boot_id, identity, lines, torn
+
+    def _current_identity(self) -> tuple[int, ...]:
+        identity: tuple[int, ...] = ()
+        for path in (self.path, self.journal_path):
+            try:
+                identity += _identity(os.stat(path))
+            except FileNotFoundError:
+                pass
+        return identity
 
     def load(self) -> str | None:
-        """Read the file (missing = empty); return the boot id it was written under."""
+        """Read the files (missing = empty); return the boot id they were written under."""
         read = self._read()
         if read is None:
             return self.boot_id
-        claims, boot_id, identity = read
+        claims, boot_id, identity, lines, torn = read
         with self._lock:
             self._claims = claims
             self._identity = identity
+            self._journal_lines = lines
+            self._pending = {}
+            self._compact = torn  # never append after a torn line
         return boot_id
 
     def reload_if_changed(self) -> None:
-        """Read the file again if another plugin instance wrote it since this one last did.
+        """Read the files again if another plugin instance wrote them since this one last did.
         Only while no call of this process is changing claims (kubeletplugin/instances.py)."""
-        try:
-            identity = _identity(os.stat(self.path))
-        except FileNotFoundError:
-            return
-        if identity != self._identity:
+        identity = self._current_identity()
+        if identity and identity != self._identity:
             self.load()
 
     def on_disk(self) -> dict[str, Entry]:
-        """The entries the file holds now, read only when it changed; the last good read if it
-        does not decode. For readers that run beside the calls (the node agent), even those of
+        """The entries the files hold now, read only when they changed; the last good read if
+        they do not decode. For readers that run beside the calls (the node agent), even those of
         another plugin instance: a completed call is on disk before it returns."""
-        try:
-            identity: tuple[int, ...] | None = _identity(os.stat(self.path))
-        except FileNotFoundError:
-            identity = None
+        identity: tuple[int, ...] | None = self._current_identity() or None
         cached_identity, entries = self._view
         if identity == cached_identity:
             return entries
@@ -182,9 +250,15 @@ class Checkpoint:
         return entries
 
     def move_aside(self) -> str:
-        """Keep a corrupt file for inspection; return its new path."""
+        """Keep a corrupt checkpoint (and its journal) for inspection; return the file's new path."""
         aside = f"{self.path}.corrupt-{os.getpid()}-{int.from_bytes(os.urandom(4), 'big'):08x}"
-        os.rename(self.path, aside)
+        for path, to in ((self.path, aside), (self.journal_path, aside + JOURNAL_SUFFIX)):
+            try:
+                os.rename(path, to)
+            except FileNotFoundError:
+                pass
+        with self._lock:
+            self._compact = True
         return aside
 
     def get(self, uid: str) -> Entry | None:
@@ -198,6 +272,7 @@ class Checkpoint:
     def set(self, uid: str, entry: Entry) -> None:
         with self._lock:
             self._claims[uid] = entry
+            self._pending[uid] = entry
             self._changed += 1
         self.commit()
 
@@ -205,17 +280,29 @@ class Checkpoint:
         with self._lock:
             if self._claims.pop(uid, None) is None:
                 return
+            self._pending[uid] = None
             self._changed += 1
         self.commit()
 
     def replace_all(self, claims: dict[str, Entry]) -> None:
         with self._lock:
             self._claims = claims
+            self._compact = True
+            self._changed += 1
+        self.commit()
+
+    def compact(self) -> None:
+        """Rewrite the file whole and empty the journal (for a reader of the file alone: an older
+        release's plugin instance). Under the call lock, as every write."""
+        with self._lock:
+            if not self._journal_lines and not self._pending and not self._compact:
+                return
+            self._compact = True
             self._changed += 1
         self.commit()
 
     def commit(self) -> None:
-        """Return once the file holds at least the changes made before this call."""
+        """Return once the files hold at least the changes made before this call."""
         with self._lock:
             wanted = self._changed
         with self._write_lock:
@@ -223,10 +310,51 @@ class Checkpoint:
                 return  # a write that started after our change already covered it
             with self._lock:
                 generation = self._changed
-                data = encode(self._claims, self.boot_id)
-            write_atomic(self.path, data, mode=0o600)
+                pending, self._pending = self._pending, {}
+                whole = self._compact or self._journal_lines + len(pending) > max(COMPACT_MIN, len(self._claims))
+                self._compact = False
+                data = encode(self._claims, self.boot_id) if whole else \
+                    b"".join(journal_line(uid, entry) for uid, entry in pending.items())
+            try:
+                if whole:
+                    write_atomic(self.path, data, mode=0o600)
+                    _truncate(self.journal_path)  # after the file: replaying it again changes nothing
+                    self._journal_lines = 0
+                else:
+                    _append(self.journal_path, data)
+                    self._journal_lines += len(pending)
+            except BaseException:
+                with self._lock:
+                    self._compact = True  # the next write covers everything, whatever got onto disk
+                raise
             self._written = generation
-            self._identity = _identity(os.stat(self.path))
+            self._identity = self._current_identity()
+
+
+def _append(path: str, data: bytes) -> None:
+    """One write (a torn one can only cut the last line), then fsync; a new file's folder too."""
+    created = not os.path.exists(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(os.path.dirname(path))
+
+
+def _truncate(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:

@@ -123,7 +123,8 @@ class Driver:
         self.cdi_dirs = [*system_cdi_dirs, cdi_root]
         self.checkpoint = ckpt.Checkpoint(os.path.join(state_dir, "checkpoint.json"), boot_id())
         # another plugin instance may share the state dir (a rolling upgrade): calls take turns
-        self.calls = CallLock(state_dir, on_take=self.checkpoint.reload_if_changed)
+        self.calls = CallLock(state_dir, on_take=self.checkpoint.reload_if_changed,
+                              on_handover=self.checkpoint.compact)
         self._locks = KeyedLocks(CLAIM_LOCK_WAIT_S)
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()
@@ -131,6 +132,15 @@ class Driver:
         self.on_error: Callable[[str, str], None] = lambda operation, reason: None  # metrics: failed calls by reason
 
     def close(self) -> None:
+        """Compact the checkpoint (the next instance may be an older release, which reads only the
+        file, not its journal), then close the lock files."""
+        if self.calls.closed:  # stopped before
+            return
+        try:
+            with self.calls.hold():
+                self.checkpoint.compact()
+        except Exception as e:  # the journal keeps every change; only an older release misses it
+            log.error("compacting the checkpoint at shutdown", path=self.checkpoint.path, error=str(e))
         self.calls.close()
 
     # ---- Prepare ---------------------------------------------------------------------------

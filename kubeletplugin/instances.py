@@ -8,7 +8,9 @@ may be unprepared by the other. Both share `--state-dir`. Two file locks there k
   time holds it while it has calls in flight; inside that instance calls still run in
   parallel. An instance that takes it over reads the checkpoint again (the other one may have
   written it). A waiting instance queues on `calls.gate`, and a holder admits no new call while
-  someone queues there, so a busy instance cannot starve the other.
+  someone queues there, so a busy instance cannot starve the other. A holder that lets go while
+  another instance queues first runs `on_handover` (the checkpoint is compacted into the one
+  file an older release reads).
 - `NodeLeader` (`leader.lock`): the work there must be one of per node (the node agent's
   pacing and backstop, ResourceSlice publishing) runs in the instance that holds it. A new
   instance waits for it and takes over when the old one stops.
@@ -46,10 +48,13 @@ class CallLock:
     holds it (the checkpoint is read again there).
     """
 
-    def __init__(self, state_dir: str, on_take: Callable[[], None]) -> None:
+    def __init__(self, state_dir: str, on_take: Callable[[], None],
+                 on_handover: Callable[[], None] = lambda: None) -> None:
+        self._gate_path = os.path.join(state_dir, CALLS_GATE)
         self._calls_fd = _open_lock(os.path.join(state_dir, CALLS_LOCK))
-        self._gate_fd = _open_lock(os.path.join(state_dir, CALLS_GATE))
+        self._gate_fd = _open_lock(self._gate_path)
         self._on_take = on_take
+        self._on_handover = on_handover
         self._gate = threading.Lock()  # one thread of this process on the gate at a time
         self._count_lock = threading.Lock()
         self._count = 0  # calls of this process holding the file lock
@@ -81,9 +86,32 @@ class CallLock:
             with self._count_lock:
                 self._count -= 1
                 if self._count == 0:
+                    if self._other_instance_waits():
+                        try:
+                            self._on_handover()
+                        except Exception as e:  # the turn is handed over all the same
+                            log.error("handing the call lock over", error=str(e))
                     fcntl.flock(self._calls_fd, fcntl.LOCK_UN)
                     if self._closed:
                         self._close_files()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _other_instance_waits(self) -> bool:
+        """Another process holds the gate: it waits for calls.lock. (While a thread of ours holds
+        the gate, no other process can.)"""
+        if self._gate.locked():
+            return False
+        fd = _open_lock(self._gate_path)  # a new open file: our own gate lock would not block it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing the file lets go of the lock, if taken
+        return False
 
     def close(self) -> None:
         """Close the lock files, once the last call in flight (past the shutdown grace) is done."""

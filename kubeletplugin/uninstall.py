@@ -33,8 +33,8 @@ log = get_logger("cleanup")
 CHECKPOINT = "checkpoint.json"
 # with the leftovers of an interrupted atomic write (this release's and older ones'), corrupt
 # checkpoints moved aside, and the lock files two plugin instances share (instances.py)
-STATE_NAMES = (CHECKPOINT, f"{CHECKPOINT}.corrupt-*", f".{CHECKPOINT}.*.tmp", f".tmp-*-{CHECKPOINT}", "claims",
-               "sim.state", *LOCK_FILES)
+STATE_NAMES = (CHECKPOINT, f"{CHECKPOINT}.journal", f"{CHECKPOINT}.corrupt-*", f".{CHECKPOINT}.*.tmp",
+               f".tmp-*-{CHECKPOINT}", "claims", "sim.state", *LOCK_FILES)
 HOOK_NAMES = ("libgpushare.so", "libgpushare-*.so", ".libgpushare*", "sim/libcuda*.so.1", "sim/libnvidia-ml*.so.1",
               "sim/.lib*")
 

@@ -46,12 +46,23 @@ def edit_checkpoint(dirs, change):
 
 
 def test_checkpoint_file_is_versioned_and_checksummed(prepared, dirs):
+    plugin, _, claim, _ = prepared
+    # While the plugin runs, a Prepare appends to the journal: checksummed lines, the last one final.
+    with open(os.path.join(dirs.state, "checkpoint.json.journal")) as f:
+        lines = [json.loads(line) for line in f]
+    assert [(line["uid"], line["entry"]["state"]) for line in lines] == [
+        (claim.uid, ckpt.PREPARE_STARTED), (claim.uid, ckpt.PREPARE_COMPLETED)]
+    assert all(line["checksum"].startswith("sha256:") for line in lines)
+    # Stopping compacts it into the file (what an older release reads).
+    plugin.stop(grace=1)
     with open(os.path.join(dirs.state, "checkpoint.json")) as f:
         doc = json.load(f)
     assert doc["version"] == 2 and doc["checksum"].startswith("sha256:")
     (entry,) = doc["claims"].values()
     assert entry["state"] == ckpt.PREPARE_COMPLETED
-    assert os.stat(os.path.join(dirs.state, "checkpoint.json")).st_mode & 0o777 == 0o600
+    assert os.path.getsize(os.path.join(dirs.state, "checkpoint.json.journal")) == 0
+    for name in ("checkpoint.json", "checkpoint.json.journal"):
+        assert os.stat(os.path.join(dirs.state, name)).st_mode & 0o777 == 0o600
 
 
 def test_missing_spec_is_rewritten_at_start(prepared, start_plugin, dirs):
@@ -106,7 +117,8 @@ def test_corrupt_checkpoint_is_moved_aside_and_rebuilt(api, prepared, start_plug
         f.seek(40)
         f.write(b"garbage")
     plugin = start_plugin()
-    assert len(glob.glob(path + ".corrupt-*")) == 1
+    asides = glob.glob(path + ".corrupt-*")  # the file and its journal, side by side
+    assert len(asides) == 2 and sum(a.endswith(".journal") for a in asides) == 1
     assert set(plugin.driver.prepared_claims()) == {claim.uid}
     assert kubelet.prepare(claim) == answer
     assert not os.path.exists(spec_path(dirs, orphan.uid))

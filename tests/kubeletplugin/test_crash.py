@@ -22,7 +22,7 @@ from playground.claims import make_claim, result
 from playground.containers import PodmanRunner
 from playground.kubelet import Kubelet
 from tests.support.cdi import duplicate_devices, podman_run
-from tests.support.plugin import GPUSHARE_DRA, PluginProcess, on_disk
+from tests.support.plugin import GPUSHARE_DRA, PluginProcess, on_disk, recorded
 
 
 @pytest.fixture(scope="module")
@@ -137,10 +137,8 @@ def assert_exactly(dirs, prepared: set[str]) -> None:
     assert sorted(os.listdir(dirs.cdi)) == sorted(f"k8s.gpushare.dev-claim_{uid}.json" for uid in prepared)
     assert sorted(os.listdir(os.path.join(dirs.state, "claims"))) == sorted(prepared)
     left = set(os.listdir(dirs.state))
-    assert left <= {"checkpoint.json", "claims", "sim.state", *LOCK_FILES}, left
-    with open(os.path.join(dirs.state, "checkpoint.json"), "rb") as f:
-        claims, _ = ckpt.decode(f.read())
-    assert {uid: e.state for uid, e in claims.items()} == {uid: ckpt.PREPARE_COMPLETED for uid in prepared}
+    assert left <= {"checkpoint.json", "checkpoint.json.journal", "claims", "sim.state", *LOCK_FILES}, left
+    assert {uid: e.state for uid, e in recorded(dirs).items()} == {uid: ckpt.PREPARE_COMPLETED for uid in prepared}
     for uid in prepared:
         assert sorted(os.listdir(os.path.join(dirs.state, "claims", uid))) == \
             ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]

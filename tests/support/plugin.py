@@ -143,14 +143,14 @@ class PluginProcess:
             self.proc.wait()
 
 
+def recorded(dirs: Dirs) -> dict[str, ckpt.Entry]:
+    """The checkpoint's entries as a restarted plugin reads them (the file and its journal)."""
+    return ckpt.Checkpoint(os.path.join(dirs.state, "checkpoint.json"), None).on_disk()
+
+
 def on_disk(dirs: Dirs, uid: str) -> tuple[bool, bool, str | None]:
     """A claim's state on the node: (spec exists, claim folder exists, checkpoint state)."""
     spec = os.path.exists(os.path.join(dirs.cdi, f"k8s.gpushare.dev-claim_{uid}.json"))
     folder = os.path.exists(os.path.join(dirs.state, "claims", uid))
-    try:
-        with open(os.path.join(dirs.state, "checkpoint.json"), "rb") as f:
-            claims, _ = ckpt.decode(f.read())
-    except FileNotFoundError:
-        claims = {}
-    entry = claims.get(uid)
+    entry = recorded(dirs).get(uid)
     return spec, folder, entry.state if entry else None

@@ -97,15 +97,16 @@ def glibc_root(suite: str) -> Path:
         if not root.is_dir():
             tmp = CACHE / f"{suite}.partial"
             source = mirror()
+            command = ["debootstrap", "--variant=minbase", suite, str(tmp), *([source] if source else [])]
             for _attempt in range(2):  # once more after a mirror's hiccup; a second failure is real
                 shutil.rmtree(tmp, ignore_errors=True)
-                proc = subprocess.run(["debootstrap", "--variant=minbase", suite, str(tmp), *([source] if source else [])],
-                                      capture_output=True, text=True, timeout=1200)
+                proc = subprocess.run(command, capture_output=True, text=True, timeout=1200)
                 if proc.returncode == 0:
                     break
             if proc.returncode != 0:
                 tail = (proc.stdout + proc.stderr)[-2000:]
-                raise RuntimeError(f"debootstrap {suite} from {source or 'its default mirror'} failed ({proc.returncode}):\n{tail}")
+                where = source or "its default mirror"
+                raise RuntimeError(f"debootstrap {suite} from {where} failed ({proc.returncode}):\n{tail}")
             tmp.rename(root)
         _install(BUILD / "gpushare-probe", root)
     return root
