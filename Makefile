@@ -3,11 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test test-deps lint hook codegen bench clean
 
-demo: $(STAMP) hook          ## run the whole path on simulated GPUs, no cluster
+demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster (installs only .[demo])
 	$(BIN)/gpushare-dra demo
+	@echo "gpushare-dra is in $(CURDIR)/$(BIN): export PATH=\"$(CURDIR)/$(BIN):\$$PATH\" (or . $(BIN)/activate)"
 
 test: test-deps lint hook     ## the checks and every test suite, as CI runs it (as root: podman and the rest installed)
 	$(BIN)/python -m pytest -q
@@ -33,11 +35,19 @@ bench: $(STAMP) hook         ## print every benchmark table
 	$(BIN)/python hack/bench-share
 	$(BIN)/python hack/bench-agent
 
+# The demo needs the product and the playground (.[demo]); the checks and tests add the
+# development tools (.[test], which includes .[demo]), so a test install serves the demo too.
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[demo]'
+	touch $@
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
-	touch $@
+	touch $@ $(DEMO_STAMP)
 
 clean:
 	$(MAKE) -C hook clean

@@ -60,7 +60,12 @@ def test_daemonset_has_what_the_plugin_needs(rendered):
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     assert pod["serviceAccountName"] == "gpushare-dra"
     assert pod["initContainers"][0]["args"][0] == "install-hook"
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # GPU nodes as NVIDIA's DRA driver chart finds them (NFD's labels, or nvidia.com/gpu.present)
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert "nodeSelector" not in pod and [t["matchExpressions"] for t in terms] == [
+        [{"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]}],
+        [{"key": "feature.node.kubernetes.io/cpu-model.vendor_id", "operator": "In", "values": ["NVIDIA"]}],
+        [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]]
     # the kubelet dials the paths the plugin registers: each folder is mounted at its host path
     for volume, variable in (("plugin-dir", "GPUSHARE_PLUGIN_DIR"), ("registry-dir", "GPUSHARE_REGISTRY_DIR")):
         assert volumes[volume]["hostPath"]["path"] == mounts[volume]["mountPath"] == env[variable]["value"]
@@ -110,7 +115,7 @@ def test_mock_overlay_switches_backend_and_keeps_the_rest(rendered):
     pod, plugin = plugin_container(rendered[MOCK])
     assert "--device-backend=mock" in plugin["args"] and "--hook-dir=/opt/gpushare/lib" in plugin["args"]
     assert "--with-sim" in pod["initContainers"][0]["args"]
-    assert "nvidia.com/gpu.present" not in pod["nodeSelector"]
+    assert "affinity" not in pod and pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
     env = {e["name"]: e for e in plugin["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void" and "NODE_NAME" in env  # merged, not replaced
     assert plugin["image"] == "gpushare-dra:dev" and plugin["volumeMounts"]

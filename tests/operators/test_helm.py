@@ -141,7 +141,8 @@ def test_mock_is_the_mock_overlay(template, kustomize):
 
 @pytest.mark.parametrize("value,component", [
     ("serviceMonitor.enabled=true", "servicemonitor"), ("networkPolicy.enabled=true", "network-policy"),
-    ("nodeRestriction.enabled=true", "node-restriction"), ("driverRoot=/run/nvidia/driver", "gpu-operator")])
+    ("nodeRestriction.enabled=true", "node-restriction"), ("driverRoot=/run/nvidia/driver", "gpu-operator"),
+    ("nodeSelector.gpushare\\.dev/node=true", "node-label")])
 def test_each_option_is_its_component(template, kustomize, tmp_path, value, component):
     overlay = tmp_path / "overlay"
     shutil.copytree(DEPLOY, tmp_path / "deploy", ignore=shutil.ignore_patterns("overlays", "examples", "helm"))
