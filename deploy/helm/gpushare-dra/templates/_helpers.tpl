@@ -17,7 +17,7 @@ app.kubernetes.io/component: kubelet-plugin
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
-{{/* A file of deploy/ (a copy in files/), as it is: its objects keep deploy/'s labels. */}}
+{{/* A file of deploy/ (linked in files/), as it is: its objects keep deploy/'s labels. */}}
 {{- define "gpushare-dra.file" -}}
 {{- $text := index . 1 }}
 ---
