@@ -166,6 +166,17 @@ def _migrate_v1(uid: str, old: dict[str, Any]) -> Entry:
                         "prepared": prepared})
 
 
+@dataclass
+class _View:
+    """What on_disk() read last: the file, and the journal up to `offset` replayed over it."""
+
+    file_identity: tuple[int, ...] | None
+    file_entries: dict[str, Entry]
+    journal_file: tuple[int, int] | None
+    offset: int
+    entries: dict[str, Entry]
+
+
 class Checkpoint:
     def __init__(self, path: str, boot_id: str | None) -> None:
         self.path = path
@@ -180,7 +191,7 @@ class Checkpoint:
         self._compact = False  # the next write rewrites the file whole
         self._journal_lines = 0
         self._identity: tuple[int, ...] | None = None  # of the files as last read or written here
-        self._view: tuple[tuple[int, ...] | None, dict[str, Entry]] = (None, {})  # on_disk()'s cache
+        self._view = _View(None, {}, None, 0, {})  # on_disk()'s last read
 
     def _read(self) -> tuple[dict[str, Entry], str | None, tuple[int, ...], int, bool] | None:
         """(claims, boot id, identity, journal lines, torn) of the files as they are now; None when
@@ -234,20 +245,47 @@ class Checkpoint:
             self.load()
 
     def on_disk(self) -> dict[str, Entry]:
-        """The entries the files hold now, read only when they changed; the last good read if
-        they do not decode. For readers that run beside the calls (the node agent), even those of
-        another plugin instance: a completed call is on disk before it returns."""
-        identity: tuple[int, ...] | None = self._current_identity() or None
-        cached_identity, entries = self._view
-        if identity == cached_identity:
-            return entries
+        """The entries the files hold now; the last good read if they do not decode. For readers
+        that run beside the calls (the node agent, many times a second), even those of another
+        plugin instance: a completed call is on disk before it returns. The file is parsed again
+        only when it was rewritten, the journal only from where the last read ended."""
+        view = self._view
         try:
-            read = self._read()
-            entries = read[0] if read is not None else {}
-        except CheckpointCorrupt as e:
+            file_identity: tuple[int, ...] | None = _identity(os.stat(self.path))
+        except FileNotFoundError:
+            file_identity = None
+        try:
+            st = os.stat(self.journal_path)
+            journal_file: tuple[int, int] | None = (st.st_dev, st.st_ino)  # a compaction replaces it
+        except FileNotFoundError:
+            journal_file = None
+        try:
+            if file_identity != view.file_identity:
+                view = _View(file_identity, self._read_file(), journal_file, 0, {})
+                view.entries = view.file_entries
+            elif journal_file != view.journal_file:
+                view = _View(file_identity, view.file_entries, journal_file, 0, view.file_entries)
+            if journal_file is not None:
+                with open(self.journal_path, "rb") as f:
+                    f.seek(view.offset)
+                    new = f.read()
+                complete = new[:new.rfind(b"\n") + 1]  # a line still being appended waits for the next read
+                if complete:
+                    entries, _, _ = replay(view.entries, complete)
+                    view = _View(view.file_identity, view.file_entries, journal_file, view.offset + len(complete),
+                                 entries)
+        except (CheckpointCorrupt, FileNotFoundError) as e:  # FileNotFoundError: replaced since the stat
             log.error("checkpoint unreadable; the node agent keeps its last good read", path=self.path, error=str(e))
-        self._view = (identity, entries)
-        return entries
+            return self._view.entries
+        self._view = view
+        return view.entries
+
+    def _read_file(self) -> dict[str, Entry]:
+        try:
+            with open(self.path, "rb") as f:
+                return decode(f.read())[0]
+        except FileNotFoundError:
+            return {}
 
     def move_aside(self) -> str:
         """Keep a corrupt checkpoint (and its journal) for inspection; return the file's new path."""
@@ -318,7 +356,10 @@ class Checkpoint:
             try:
                 if whole:
                     write_atomic(self.path, data, mode=0o600)
-                    _truncate(self.journal_path)  # after the file: replaying it again changes nothing
+                    # After the file: replaying the old journal over it changes nothing. A new, empty
+                    # file rather than a truncation, so a reader part-way through the old one notices.
+                    if os.path.exists(self.journal_path):
+                        write_atomic(self.journal_path, b"", mode=0o600)
                     self._journal_lines = 0
                 else:
                     _append(self.journal_path, data)
@@ -344,17 +385,6 @@ def _append(path: str, data: bytes) -> None:
         os.close(fd)
     if created:
         fsync_dir(os.path.dirname(path))
-
-
-def _truncate(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:

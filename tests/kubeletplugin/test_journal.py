@@ -81,3 +81,17 @@ def test_the_journal_is_compacted_when_it_outgrows_the_claims(cp):
     cp.set(uid(1), entry("last"))  # one line more than the bound
     assert os.path.getsize(cp.journal_path) == 0
     assert reread(cp) == {uid(1): entry("last")}
+
+
+def test_a_reader_follows_appends_and_compactions(cp):
+    reader = ckpt.Checkpoint(cp.path, "boot")  # the node agent's view, another object on the same files
+    cp.set(uid(1), entry("a"))
+    assert reader.on_disk() == {uid(1): entry("a")}
+    cp.set(uid(2), entry("b"))
+    with open(cp.journal_path, "ab") as f:
+        f.write(ckpt.journal_line(uid(3), entry("c"))[:20])  # a line being appended: not read yet
+    assert reader.on_disk() == {uid(1): entry("a"), uid(2): entry("b")}
+    cp.compact()  # rewrites the file and starts a new journal
+    cp.delete(uid(2))
+    cp.set(uid(4), entry("d"))
+    assert reader.on_disk() == {uid(1): entry("a"), uid(4): entry("d")}
