@@ -79,6 +79,9 @@ RESOURCE_TYPES = (
                  "ValidatingAdmissionPolicyBinding", namespaced=False),
     ResourceType("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
                  "ValidatingWebhookConfiguration", namespaced=False),
+    # deploy/components/network-policy (docs/operations.md's recommended overlay)
+    ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", namespaced=True,
+                 short_names=("netpol",)),
 )
 
 # (group, version, plural) -> ResourceType
