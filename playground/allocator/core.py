@@ -306,7 +306,12 @@ class _Allocator:
                 device, taint = choice.tainted[0]
                 return (f"{len(choice.tainted)} matching device(s) are tainted and not tolerated "
                         f"({device.name}: {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')})")
-            return (f"no device on the node matches device class {choice.spec['deviceClassName']!r} "
+            selects = " && ".join(str((sel.get("cel") or {}).get("expression", "")).strip()
+                                  for sel in (choice.device_class.get("spec") or {}).get("selectors") or [])
+            if len(selects) > 240:
+                selects = selects[:237] + "..."
+            what = f" ({selects})" if selects else ""
+            return (f"no device on the node matches device class {choice.spec['deviceClassName']!r}{what} "
                     f"and the request's selectors ({len(self.devices)} devices on the node)")
         probe = _Search([[choice]], self.usage, [], self.incomplete)
         unfit = []
@@ -314,8 +319,8 @@ class _Allocator:
             try:
                 probe.fit(choice, device)
             except Unfit as e:
-                unfit.append(f"{device.name}: {e}")
-        shown = "; ".join(unfit[:_SHOWN_REASONS]) + ("; ..." if len(unfit) > _SHOWN_REASONS else "")
+                unfit.append((device.name, str(e)))
+        shown = _by_reason(unfit)
         if choice.count is None:
             if any((d.driver, d.pool) in self.incomplete for d in choice.candidates):
                 return "allocationMode All needs every device, but a pool on the node is still being published"
@@ -330,6 +335,20 @@ class _Allocator:
         if scoped and not _Search([[choice]], self.usage, scoped, self.incomplete).run():
             return "no set of devices satisfies " + ", ".join(_describe(c) for c in scoped)
         return None
+
+
+def _by_reason(unfit: list[tuple[str, str]]) -> str:
+    """Per-device reasons grouped, the most common first, so the cause leads however many devices
+    there are: `allocated to another claim (8 devices: gpu-0-share-0, gpu-0-share-1, ...)`."""
+    devices: dict[str, list[str]] = {}
+    for name, reason in unfit:
+        devices.setdefault(reason, []).append(name)
+    groups = sorted(devices.items(), key=lambda item: -len(item[1]))
+    parts = []
+    for reason, names in groups[:_SHOWN_REASONS]:
+        listed = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        parts.append(f"{reason} ({listed})" if len(names) == 1 else f"{reason} ({len(names)} devices: {listed})")
+    return "; ".join(parts) + ("; ..." if len(groups) > _SHOWN_REASONS else "")
 
 
 def allocate(claim: dict, *, node_name: str, slices: list[dict], device_classes: list[dict],

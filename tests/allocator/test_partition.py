@@ -74,7 +74,8 @@ def test_exclusive_device_used_by_another_claim_is_refused():
     slices = [resource_slice(partition_devices(0, shares=2))]
     allocated = [_taken(["gpu-0-share-0", "gpu-0-share-1"], slices)]
     with pytest.raises(AllocationError, match=r"request 'gpu': needs 1 device\(s\), only 0 of 2 matching device\(s\) "
-                                              r"can take it: gpu-0-share-0: allocated to another claim"):
+                                              r"can take it: allocated to another claim \(2 devices: gpu-0-share-0, "
+                                              r"gpu-0-share-1\)"):
         allocate_on(claim(exactly()), slices, allocated=allocated)
 
 
@@ -84,6 +85,17 @@ def test_exclusive_device_not_picked_twice_within_a_claim():
     assert [r["device"] for r in results(allocate_on(c, slices))] == ["gpu-0-share-0", "gpu-0-share-1"]
     with pytest.raises(AllocationError, match="not all together"):
         allocate_on(claim(exactly("a"), exactly("b"), exactly("c")), slices)
+
+
+def test_the_cause_leads_however_many_devices_a_node_has():
+    """Per-device reasons are grouped, the most common first: with 16 shares taken the message
+    still says why (it listed the first 4 devices and was cut off before the cause)."""
+    slices = [partition_slice(gpus=2, shares=8)]
+    allocated = [_taken([f"gpu-{g}-share-{j}" for g in range(2) for j in range(8)], slices)]
+    with pytest.raises(AllocationError, match=r"only 0 of 16 matching device\(s\) can take it: allocated to another "
+                                              r"claim \(16 devices: gpu-0-share-0, gpu-0-share-1, gpu-0-share-2, "
+                                              r"\.\.\.\)$"):
+        allocate_on(claim(exactly()), slices, allocated=allocated)
 
 
 def test_capacity_request_filters_exclusive_devices():
@@ -103,8 +115,8 @@ def test_allocation_mode_all_takes_every_matching_device():
 def test_allocation_mode_all_fails_when_one_is_taken():
     slices = [partition_slice(shares=4)]
     allocated = [_taken(["gpu-0-share-2"], slices)]
-    with pytest.raises(AllocationError, match=r"allocationMode All needs every matching device, but gpu-0-share-2: "
-                                              r"allocated to another claim"):
+    with pytest.raises(AllocationError, match=r"allocationMode All needs every matching device, but allocated to "
+                                              r"another claim \(gpu-0-share-2\)"):
         allocate_on(claim(exactly(mode="All")), slices, allocated=allocated)
 
 

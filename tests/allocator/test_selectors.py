@@ -4,7 +4,16 @@ import pytest
 
 from playground.allocator import AllocationError
 from playground.claims import DRIVER
-from tests.support.shapes import allocate_on, capacity_device, claim, device_class, exactly, resource_slice, results
+from tests.support.shapes import (
+    allocate_on,
+    capacity_device,
+    capacity_slice,
+    claim,
+    device_class,
+    exactly,
+    resource_slice,
+    results,
+)
 
 MIXED = [resource_slice([capacity_device(0, memory="40Gi", product="NVIDIA A100-SXM4-40GB"),
                          capacity_device(1, memory="80Gi", product="NVIDIA H100 80GB HBM3")])]
@@ -38,6 +47,16 @@ def test_class_selector_on_driver():
     other = device_class(name="other", selectors=['device.driver == "other.example.com"'])
     with pytest.raises(AllocationError, match=r"request 'gpu': no device on the node matches device class 'other'"):
         allocate_on(claim(exactly(device_class_name="other")), MIXED, classes=[other])
+
+
+def test_the_message_says_what_the_class_selects():
+    """`gpushare.dev/share: 2` on a capacity-mode node: the class's selector says partition mode is needed."""
+    share = device_class(name="share.gpushare.dev", selectors=[
+        'device.driver == "gpushare.dev" && device.attributes["gpushare.dev"].sharing == "partition"'])
+    with pytest.raises(AllocationError, match=r"matches device class 'share.gpushare.dev' \(device.driver == "
+                                              r"\"gpushare.dev\" && device.attributes\[\"gpushare.dev\"\].sharing "
+                                              r"== \"partition\"\) and the request's selectors"):
+        allocate_on(claim(exactly(device_class_name="share.gpushare.dev")), [capacity_slice(2)], classes=[share])
     assert _picked(classes=[device_class()]) == ["gpu-0"]
 
 
