@@ -1,4 +1,6 @@
-"""The largest GPU's memory, for the admission policy gpushare.dev-requests: each node's
+"""What the admission policies know of the cluster, on the driver's DeviceClass.
+
+The largest GPU's memory, for the admission policy gpushare.dev-requests: each node's
 controller writes its largest published GPU into the annotation gpushare.dev/largest-gpu-memory
 of the driver's DeviceClass (named like the driver: gpushare.dev) when that is more than the
 annotation says, so the policy refuses at apply time a memory ask no GPU of the cluster holds
@@ -10,6 +12,11 @@ plugins write it again (each node looks every 10 minutes, and whenever its GPUs 
 Writes are optimistic (the class's resourceVersion): two nodes raising it at once both land,
 the larger last. A class that does not exist, or RBAC that does not let
 the plugin patch it, is logged (at most every 10 minutes): the policy then keeps its constant.
+
+Whether the API server keeps capacity requests (CAPACITY_ANNOTATION), for
+gpushare.dev-requests-warnings: on 1.34/1.35 without the DRAConsumableCapacity gate the server
+drops a claim's `capacity` before admission, so the policy cannot see it; it warns instead about
+a plain request (no count) to gpushare.dev on such a cluster, which gets one partition share.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from ..quantity import QuantityError, format_bytes, parse_bytes
 from .slices import publishable
 
 ANNOTATION = "gpushare.dev/largest-gpu-memory"
+# "false" where the API server drops capacity requests (no DRAConsumableCapacity: 1.34 and 1.35
+# without the gate), "true" where it keeps them: gpushare.dev-requests-warnings tells the author.
+CAPACITY_ANNOTATION = "gpushare.dev/consumable-capacity"
 REQUEST_TIMEOUT = (5, 30)
 MERGE_PATCH = "application/merge-patch+json"  # resourceVersion in it: the write is conditional
 ATTEMPTS = 5  # conflicts in a row before giving up until the next change
@@ -59,27 +69,38 @@ class MemoryCeiling:
                  clock: Callable[[], float] = time.monotonic):
         self._api = client.ResourceV1Api(api_client)
         self.class_name, self.node, self.clock = class_name, node, clock
-        self._size: int | None = None  # the size last looked at, and when to look again
+        self._size: tuple[int, bool | None] | None = None  # what was last looked at, and when to look again
         self._next = 0.0
 
-    def raise_to(self, gpus: list[GpuInfo]) -> None:
-        """Look now if this node's largest GPU changed or a look is due; raise the annotation when
-        it is below. A failure is raised (the caller logs it) and looked at again in a minute."""
+    def raise_to(self, gpus: list[GpuInfo], capacity_kept: bool | None = None) -> None:
+        """Look now if this node's largest GPU (or what the API server does with capacity
+        requests) changed or a look is due; raise the memory annotation when it is below, set
+        CAPACITY_ANNOTATION when it differs. A failure is raised (the caller logs it) and looked
+        at again in a minute."""
         size = largest(gpus)
-        if size is None or (size == self._size and self.clock() < self._next):
+        if size is None:
             return
-        self._size, self._next = size, self.clock() + RETRY_S
+        state = (size, capacity_kept)
+        if state == self._size and self.clock() < self._next:
+            return
+        self._size, self._next = state, self.clock() + RETRY_S
         for _ in range(ATTEMPTS):
             try:
                 current = json_body(self._api.read_device_class(self.class_name, _preload_content=False,
                                                                 _request_timeout=REQUEST_TIMEOUT))
+                annotations = (current.get("metadata") or {}).get("annotations") or {}
+                changes = {}
                 if (written(current) or 0) < size:
+                    changes[ANNOTATION] = format_bytes(size)
+                if capacity_kept is not None and annotations.get(CAPACITY_ANNOTATION) != str(capacity_kept).lower():
+                    changes[CAPACITY_ANNOTATION] = str(capacity_kept).lower()
+                if changes:
                     patch = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"],
-                                          "annotations": {ANNOTATION: format_bytes(size)}}}
+                                          "annotations": changes}}
                     self._api.patch_device_class(self.class_name, plain(patch), _content_type=MERGE_PATCH,
                                                  _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-                    log.info("largest GPU memory published for admission", device_class=self.class_name,
-                             memory=format_bytes(size), node=self.node)
+                    log.info("published for admission", device_class=self.class_name, annotations=changes,
+                             node=self.node)
                 self._next = self.clock() + RECHECK_S
                 return
             except client.ApiException as e:

@@ -244,7 +244,7 @@ class SliceController:
         """Publish this node's largest GPU for admission (once per change); a failure is logged
         and tried again after the next change or pass, never holding up the slices."""
         try:
-            self._ceiling.raise_to(self._gpus or [])
+            self._ceiling.raise_to(self._gpus or [], self._capacity_kept)
         except Exception as e:
             self.log.warning("publishing the largest GPU's memory for admission failed", error=_describe(e))
 

@@ -14,7 +14,7 @@ import yaml
 from kubernetes import client
 
 from dra_driver.controller import SliceController
-from dra_driver.controller.ceiling import ANNOTATION, MemoryCeiling, largest
+from dra_driver.controller.ceiling import ANNOTATION, CAPACITY_ANNOTATION, MemoryCeiling, largest
 from dra_driver.discovery import GpuInfo
 from playground.emulator import admission
 from tests.support import wait_for
@@ -150,3 +150,53 @@ def _patch(api, body: dict) -> None:
 def _annotation(api) -> str | None:
     c = client.ResourceV1Api(api).read_device_class("gpushare.dev", _preload_content=False)
     return (json.loads(c.data)["metadata"].get("annotations") or {}).get(ANNOTATION)
+
+
+def test_the_capacity_gate_is_published_too(emulator):
+    api = emulator.api_client()
+    _create_class(api)
+    now = [0.0]
+    ceiling = MemoryCeiling(api, "gpushare.dev", "node-a", clock=lambda: now[0])
+    ceiling.raise_to([gpu(0, 80 * GiB)], capacity_kept=False)
+    assert _annotations(api) == {ANNOTATION: "80Gi", CAPACITY_ANNOTATION: "false"}
+    ceiling.raise_to([gpu(0, 80 * GiB)], capacity_kept=True)  # the gate turned on (a new server)
+    assert _annotations(api)[CAPACITY_ANNOTATION] == "true"
+
+
+def test_the_controller_publishes_what_the_server_keeps(make_emulator, tmp_path):
+    emu = make_emulator(consumable_capacity=False)
+    api = emu.api_client()
+    _create_class(api)
+    controller = SliceController(api, "gpushare.dev", "node-a", Gpus(tmp_path / "gpus.yaml").backend(),
+                                 gpu_poll_interval=0.2).start()
+    try:
+        wait_for(lambda: _annotations(api).get(CAPACITY_ANNOTATION) == "false", timeout=20)
+    finally:
+        controller.stop()
+
+
+@needs_kubectl
+def test_without_the_gate_the_author_is_told_at_apply_time(make_emulator, tmp_path):
+    """1.34/1.35 without DRAConsumableCapacity: the server drops `capacity` before admission, so
+    the policy cannot see the ask; it warns about a plain request (no count) to gpushare.dev."""
+    emu = make_emulator(consumable_capacity=False)
+    k = Kubectl(tmp_path, kubeconfig=emu.write_kubeconfig(tmp_path / "kubeconfig"))
+    k("apply", "-f", POLICIES, "-f", DEPLOY / "base" / "deviceclass.yaml")
+    MemoryCeiling(emu.api_client(), "gpushare.dev", "node-a").raise_to([gpu(0, 80 * GiB)], capacity_kept=False)
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "asked"},
+            **claim("4Gi")}
+    out = k.run("apply", "-f", "-", input=yaml.safe_dump(body))
+    assert out.stdout.strip() == "resourceclaim.resource.k8s.io/asked created"
+    assert ("spec.devices.requests[0].exactly: this cluster's API server drops capacity requests (no "
+            "DRAConsumableCapacity: Kubernetes 1.34/1.35 without the feature gate), so the request gets one "
+            "partition-mode share") in out.stderr
+    shares = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "shares"},
+              "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                  "deviceClassName": "gpushare.dev", "allocationMode": "ExactCount", "count": 2}}]}}}
+    out = k.run("apply", "-f", "-", input=yaml.safe_dump(shares))
+    assert (out.stdout.strip(), out.stderr) == ("resourceclaim.resource.k8s.io/shares created", "")
+
+
+def _annotations(api) -> dict:
+    c = client.ResourceV1Api(api).read_device_class("gpushare.dev", _preload_content=False)
+    return json.loads(c.data)["metadata"].get("annotations") or {}
