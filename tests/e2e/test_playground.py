@@ -199,7 +199,8 @@ spec:
 @needs_kubectl
 def test_a_pod_with_only_a_gpu_limit_gets_a_whole_gpu(cluster):
     """gpushare.dev/gpu in resources.limits, no claim: the scheduler's claim takes a capacity-mode
-    GPU whole (nothing asked, each capacity's default: all of it); it goes with the pod."""
+    GPU whole (nothing asked: compute's default is all of it, so nobody shares the GPU, and the
+    plugin gives it all the memory though the scheduler books the memory default); it goes with the pod."""
     kubectl, node_dir = cluster
     example = ROOT / "deploy/examples/extended-resources/whole-gpu.yaml"
     kubectl("apply", "-f", example)
@@ -212,7 +213,8 @@ def test_a_pod_with_only_a_gpu_limit_gets_a_whole_gpu(cluster):
         claim = json.loads(kubectl("get", "resourceclaim", special["resourceClaimName"], "-o", "json"))
         assert claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.gpushare.dev"
         (result,) = claim["status"]["allocation"]["devices"]["results"]
-        assert result["device"] == "gpu-0" and result["consumedCapacity"]["memory"] == "80Gi", result
+        assert result["device"] == "gpu-0" and result["consumedCapacity"] == {"memory": "10Gi", "compute": "100"}, \
+            result
         info = wait_for("whole-gpu-pod's meminfo", lambda: meminfo(kubectl("logs", "whole-gpu-pod")))
         assert info["cu_total"] == str(80 << 30), info  # all of the 80Gi GPU
     finally:
