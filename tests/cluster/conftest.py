@@ -2,8 +2,10 @@
 kube-controller-manager, kube-scheduler, containerd, a kubelet), shared by every test here, with
 the product installed as users install it (`kubectl apply -k deploy/overlays/mock`).
 
-A cluster that already runs is reused and left running; one this session started is stopped
-with hack/cluster-down at the end (GPUSHARE_CLUSTER_KEEP=1 keeps it, for a faster next run).
+A cluster that already runs is reused and left running; one these tests started is stopped
+with hack/cluster-down after the last test of this folder (package scope: the rest of
+`make test` does not share the machine with a running cluster); GPUSHARE_CLUSTER_KEEP=1 keeps
+it running, for a faster next run.
 Every test skips, with the reason, where the cluster cannot be had: not root, a tool missing.
 """
 
@@ -82,6 +84,14 @@ class Kube:
             time.sleep(every)
         raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
+    def with_token(self, token: str, path: Path) -> Kube:
+        """The same kubectl and server, authenticated by token alone (a kubeconfig written at path)."""
+        config = yaml.safe_load(Path(self.kubeconfig).read_text())
+        config["users"] = [{"name": "token", "user": {"token": token}}]
+        config["contexts"][0]["context"]["user"] = "token"
+        path.write_text(yaml.safe_dump(config))
+        return Kube(self.kubectl, str(path), self.node)
+
     def logs(self, pod: str, container: str | None = None, namespace: str = "default") -> str:
         args = ["logs", "-n", namespace, pod] + (["-c", container] if container else [])
         return self(*args)
@@ -96,7 +106,7 @@ def _parse_up_output(stdout: str) -> tuple[str, str]:
     return kubeconfig, str(Path(kbin) / "kubectl")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[Kube]:
     """The running cluster (started here unless one runs already); stopped at the end if started here."""
     if why := why_not():
@@ -119,7 +129,7 @@ def cluster() -> Iterator[Kube]:
             subprocess.run([str(DOWN)], capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def installed(cluster: Kube) -> Kube:
     """The product as users install it: kubectl apply -k deploy/overlays/mock, the plugin Running."""
     cluster("apply", "-k", "deploy/overlays/mock")
@@ -143,6 +153,6 @@ def examples(path: str, image: str = "gpushare-dra:dev") -> str:
     return yaml.safe_dump_all([d for d in docs if d])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def example_text():
     return examples

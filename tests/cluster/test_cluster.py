@@ -7,6 +7,7 @@ tests run in file order and the last one uninstalls the product.
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -149,6 +150,112 @@ spec:
     assert ("spec.devices.config[0].opaque.parameters.memoryLimit: not a valid quantity "
             "(examples: 4Gi, 512Mi, 1500000000) (got '4Gx')") in out.stderr, out.stderr
     assert kube.run("get", "resourceclaim", "bad-config", check=False).returncode != 0
+
+
+def test_an_extended_resource_pod_gets_a_claim_from_the_real_scheduler(installed):
+    kube = installed
+    path = "deploy/examples/extended-resources/whole-gpu.yaml"  # gpushare.dev/gpu: capacity mode's class
+    try:
+        kube("apply", "-f", path)
+        kube("wait", "--for=condition=Ready", "pod/whole-gpu-pod", "--timeout=240s", timeout=260)
+        status = kube.get("pod", "whole-gpu-pod")["status"]
+        claim_name = status["extendedResourceClaimStatus"]["resourceClaimName"]
+        claim = kube.get("resourceclaim", claim_name)
+        assert [r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]] == [DRIVER]
+        out = kube.wait_until("the probe's meminfo", lambda: printed(kube, "whole-gpu-pod", "cu_total="))
+        assert f"cu_total={80 * GiB}" in out, out  # a whole simulated 80Gi GPU
+    finally:
+        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", timeout=180)
+
+
+ROLLING_PODS = 6
+
+
+def test_a_rollout_restart_of_the_plugin_fails_no_pod(installed):
+    """Pods with claims of their own start and stop while the real kubelet replaces the plugin."""
+    kube = installed
+    template = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: rolling, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpushare.dev
+          capacity: {requests: {memory: 1Gi, compute: "10"}}
+"""
+    pod = """
+apiVersion: v1
+kind: Pod
+metadata: {{name: rolling-{i}, namespace: default, labels: {{test: rolling}}}}
+spec:
+  restartPolicy: Never
+  resourceClaims: [{{name: gpu, resourceClaimTemplateName: rolling}}]
+  containers:
+  - name: app
+    image: gpushare-dra:dev
+    command: ["sh", "-c", '"$(gpushare-dra hook-path probe)" meminfo && sleep 5']
+    resources: {{claims: [{{name: gpu}}]}}
+"""
+    try:
+        kube.apply(template)
+        kube("-n", "gpushare-system", "rollout", "restart", "daemonset/gpushare-kubelet-plugin")
+        for i in range(ROLLING_PODS):
+            kube.apply(pod.format(i=i))
+            time.sleep(2)
+        kube("-n", "gpushare-system", "rollout", "status", "daemonset/gpushare-kubelet-plugin",
+             "--timeout=300s", timeout=320)
+
+        def finished():
+            phases = [p["status"].get("phase") for p in kube.items("pods", "-l", "test=rolling")]
+            return phases if all(ph in ("Succeeded", "Failed") for ph in phases) else None
+        phases = kube.wait_until("the rolling pods to finish", finished, timeout=300)
+        assert phases == ["Succeeded"] * ROLLING_PODS, phases
+        for i in range(ROLLING_PODS):
+            assert f"cu_total={1 * GiB}" in kube.logs(f"rolling-{i}")
+    finally:
+        kube("delete", "pods", "-l", "test=rolling", "--ignore-not-found", "--wait=true", timeout=180)
+        kube("delete", "resourceclaimtemplate", "rolling", "--ignore-not-found")
+
+
+def test_node_restriction_refuses_a_slice_for_another_node_with_a_real_bound_token(installed, tmp_path):
+    kube = installed
+    policy = "deploy/components/node-restriction/policy.yaml"
+    slice_for = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {{name: restriction-probe-{node}}}
+spec:
+  driver: gpushare.dev
+  nodeName: {node}
+  pool: {{name: {node}, generation: 1, resourceSliceCount: 1}}
+  devices: [{{name: probe}}]
+"""
+    try:
+        kube("apply", "-f", policy)
+        plugin = [p for p in kube.items("pods", "-n", "gpushare-system", "-l", "app.kubernetes.io/name=gpushare-dra")
+                  if p["spec"].get("nodeName") == kube.node and p["status"].get("phase") == "Running"][0]
+        # A token the API server binds to the plugin's pod: it carries the pod's node name.
+        token = kube("create", "token", "gpushare-dra", "-n", "gpushare-system", "--bound-object-kind", "Pod",
+                     "--bound-object-name", plugin["metadata"]["name"]).strip()
+        as_plugin = kube.with_token(token, tmp_path / "plugin.kubeconfig")
+        who = as_plugin("auth", "whoami", "-o", "json")
+        assert "system:serviceaccount:gpushare-system:gpushare-dra" in who, who
+
+        def refused_for_other_node():
+            out = as_plugin.run("create", "--dry-run=server", "-f", "-", input=slice_for.format(node="other-node"),
+                                check=False)
+            return out if out.returncode != 0 and "gpushare.dev-own-node-slices" in out.stderr else None
+        out = kube.wait_until("the policy to refuse the slice", refused_for_other_node, timeout=60)
+        assert (f"the gpushare plugin on node '{kube.node}' may only write ResourceSlices with "
+                f"spec.nodeName '{kube.node}' (got 'other-node')") in " ".join(out.stderr.split()), out.stderr
+        # Its own node's slice passes the policy (and RBAC).
+        as_plugin("create", "--dry-run=server", "-f", "-", input=slice_for.format(node=kube.node))
+    finally:
+        kube("delete", "-f", policy, "--ignore-not-found")
 
 
 def test_kubectl_delete_k_leaves_nothing_on_the_node(installed):
