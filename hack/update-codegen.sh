@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the Python gRPC stubs of the kubelet APIs (api/kubelet/*.proto) into the
 # package that serves them, kubeletplugin/grpcapi/. Output is byte-identical for the
-# grpcio-tools version pinned in pyproject.toml; tests/test_codegen.py fails when stale.
+# grpcio-tools version pinned in pyproject.toml; tests/kubeletplugin/test_codegen.py fails when stale.
 #
 #   hack/update-codegen.sh            regenerate in place
 #   hack/update-codegen.sh OUT_DIR    generate into OUT_DIR instead (used by the stale check)

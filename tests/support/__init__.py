@@ -2,7 +2,7 @@
 
 Test modules import helpers from here (and claim builders from playground.claims)
 and get fixtures from the conftest.py files; they never import another test module or a
-conftest (tests/test_layout.py checks it). No product code imports this package.
+conftest (tests/repo/test_layout.py checks it). No product code imports this package.
 """
 
 from __future__ import annotations
