@@ -298,12 +298,12 @@ class Driver:
 
     def library_of(self, claim: PreparedClaim) -> str:
         """The library build a claim's containers map: the one it was prepared with, as long as
-        that file exists, so containers started after an upgrade map what the others map.
-        (A claim prepared before this was recorded: the build its spec names.)"""
-        library = claim.library or self._spec_library(claim.uid)
-        return library if library and os.path.isfile(library) else self.host_library
+        that file exists, so containers started after an upgrade map what the others map."""
+        return claim.library if claim.library and os.path.isfile(claim.library) else self.host_library
 
     def _spec_library(self, uid: str) -> str | None:
+        """The library build a claim's CDI spec mounts: read once, at recovery, for a claim a
+        release that did not record the build prepared (the spec is never read back otherwise)."""
         try:
             with open(self.specs.path(uid)) as f:
                 mounts = json.load(f).get("containerEdits", {}).get("mounts") or []
@@ -421,6 +421,10 @@ class Driver:
                 self._remove(uid, f"recovery from {entry.state}")
                 continue
             prepared = entry.prepared
+            # Prepared by a release that did not record its library build: the spec names it.
+            if prepared.library is None and (library := self._spec_library(uid)):
+                prepared = replace(prepared, library=library)
+                self.checkpoint.set(uid, replace(entry, prepared=prepared))
             if self.files.repair(prepared):
                 log.warning("claim files missing; rewritten (regions kept)", claim=claim, uid=uid, step="recover")
             elif rebooted:

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 
 import pytest
 
 from dra_driver.install import install_versioned
+from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.main import Plugin
 from playground.claims import make_claim, result
 from playground.kubelet import Kubelet
@@ -95,4 +97,32 @@ def test_rolling_upgrade_keeps_prepared_claims(api, dirs, builds):
         assert new_build.exists()
     finally:
         kubelet.close()
+        plugin.stop(grace=1)
+
+
+def test_a_claim_recorded_without_its_library_keeps_the_build_its_spec_names(api, dirs, builds):
+    """An older release recorded no library build: recovery reads it from the claim's spec once
+    and records it, so the spec keeps naming that build after the upgrade."""
+    old_build = builds(1)
+    plugin = Plugin(plugin_config(dirs, str(builds.dir)), api=api).start()
+    kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
+    claim = make_claim(api, [result("gpu-0", consumed={"memory": "2Gi", "compute": "40"})])
+    assert kubelet.prepare(claim).claims[claim.uid].error == ""
+    kubelet.close()
+    plugin.stop(grace=1)
+    path = os.path.join(dirs.state, "checkpoint.json")
+    with open(path, "rb") as f:
+        claims, boot = ckpt.decode(f.read())
+    entry = claims[claim.uid]
+    claims[claim.uid] = replace(entry, prepared=replace(entry.prepared, library=None))  # as the older release wrote it
+    with open(path, "wb") as f:
+        f.write(ckpt.encode(claims, boot))
+
+    builds(2)
+    plugin = Plugin(plugin_config(dirs, str(builds.dir)), api=api).start()
+    try:
+        assert plugin.driver.checkpoint.get(claim.uid).prepared.library == str(old_build)
+        spec = snapshot(dirs, claim.uid)["spec"]
+        assert spec["containerEdits"]["mounts"][0]["hostPath"] == str(old_build)
+    finally:
         plugin.stop(grace=1)
