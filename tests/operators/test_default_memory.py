@@ -78,6 +78,14 @@ def test_memory_only_claim_keeps_its_memory_and_holds_the_gpu():
     assert limits(c) == (4 * GiB, 100)
 
 
+def test_all_of_the_compute_and_no_memory_is_the_whole_gpu():
+    """compute: "100" and no memory holds the GPU alone: all its memory, and no warning."""
+    c = allocated({"compute": "100"})
+    assert results(c["status"])[0]["consumedCapacity"] == {"memory": "10Gi", "compute": "100"}
+    assert limits(c) == (80 * GiB, 100)
+    assert warning({"compute": "100"}) is None
+
+
 def test_a_claim_booked_by_an_older_controller_keeps_its_whole_gpu():
     """Slices published before the default changed (memory default = all of it): same limits."""
     old = published()
