@@ -26,6 +26,9 @@ from tests.support import REPO
 
 UP = REPO / "hack" / "cluster-up"
 DOWN = REPO / "hack" / "cluster-down"
+IMAGE = REPO / "hack" / "cluster" / "image"
+CTR = REPO / ".cache" / "cluster" / "debs" / "usr" / "bin" / "ctr"  # hack/cluster/debs
+SOCK = "/run/gpushare-cluster/containerd.sock"  # hack/cluster/lib.sh
 STATE = Path(os.environ.get("CLUSTER_STATE", "/var/lib/gpushare-cluster"))
 # What cluster-up needs on the host beyond what it builds or downloads into .cache/cluster.
 HOST_TOOLS = ("go", "gcc", "openssl", "curl", "ip", "debootstrap", "apt-get", "dpkg")
@@ -91,6 +94,16 @@ class Kube:
         config["contexts"][0]["context"]["user"] = "token"
         path.write_text(yaml.safe_dump(config))
         return Kube(self.kubectl, str(path), self.node)
+
+    def load_root(self, root: Path, tag: str, workdir: Path) -> str:
+        """The folder root as image tag in the node's containerd (hack/cluster/image --pack, ctr import)."""
+        tarball = workdir / "image.tar"
+        for cmd in ([str(IMAGE), "--pack", str(root), tag, str(tarball)],
+                    [str(CTR), "--address", SOCK, "-n", "k8s.io", "images", "import", "--local", str(tarball)]):
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, f"{' '.join(cmd)} exited {out.returncode}:\n{out.stdout}{out.stderr}"
+        tarball.unlink()
+        return tag
 
     def logs(self, pod: str, container: str | None = None, namespace: str = "default") -> str:
         args = ["logs", "-n", namespace, pod] + (["-c", container] if container else [])

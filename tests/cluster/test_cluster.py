@@ -6,12 +6,13 @@ tests run in file order and the last one uninstalls the product.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
 import pytest
 
-from tests.support import GiB
+from tests.support import GiB, roots
 
 # The fixture's cold start (a Go build of five binaries on 2 cores) is part of the first test's time.
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(5400)]
@@ -256,6 +257,65 @@ spec:
         as_plugin("create", "--dry-run=server", "-f", "-", input=slice_for.format(node=kube.node))
     finally:
         kube("delete", "-f", policy, "--ignore-not-found")
+
+
+ROOT_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  restartPolicy: Never
+  resourceClaims: [{{name: gpu, resourceClaimTemplateName: root-1gi}}]
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Never
+    command: {command}
+    resources: {{claims: [{{name: gpu}}]}}
+"""
+ROOT_TEMPLATE = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: root-1gi, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpushare.dev
+          capacity: {requests: {memory: 1Gi, compute: "10"}}
+"""
+
+
+def run_root_pod(kube, name: str, image: str, command: list[str]) -> str:
+    """A pod of image with a 1Gi claim, run to its end; its log (stdout and stderr)."""
+    kube.apply(ROOT_POD.format(name=name, image=image, command=json.dumps(command)))
+    phase = kube.wait_until(f"pod {name} to finish",
+                            lambda: pod_phase(kube, name) if pod_phase(kube, name) in ("Succeeded", "Failed") else None,
+                            timeout=180)
+    log = kube.logs(name)
+    assert phase == "Succeeded", (phase, log)
+    return log
+
+
+@pytest.mark.skipif(roots.why_not() is not None, reason=f"distribution roots: {roots.why_not()}")
+def test_a_debian_11_image_and_a_musl_program_start_with_the_claim(installed, tmp_path):
+    """No host /lib in the container: the roots come from Debian's registry (tests/support/roots.py)."""
+    kube = installed
+    bullseye = kube.load_root(roots.glibc_root("bullseye"), "gpushare-test/bullseye:1", tmp_path)
+    musl = kube.load_root(roots.musl_root(), "gpushare-test/musl:1", tmp_path)
+    try:
+        kube.apply(ROOT_TEMPLATE)
+        script = f"{roots.PROBE} meminfo && ldd --version && {roots.PROBE} alloc --chunk 268435456 --max 2147483648"
+        log = run_root_pod(kube, "debian11", bullseye, ["sh", "-c", script])
+        assert f"cu_total={1 * GiB}" in log and ") 2.31" in log, log  # glibc 2.31, the claim's 1Gi
+        assert f"allocated={1 * GiB} chunks=4 result=oom" in log, log
+        log = run_root_pod(kube, "musl", musl, [roots.PROBE, "meminfo"])
+        assert "the claim's library is not active in this program" in log, log  # it starts, says so, exits 0
+    finally:
+        kube("delete", "pod", "debian11", "musl", "--ignore-not-found", "--wait=true", timeout=180)
+        kube("delete", "resourceclaimtemplate", "root-1gi", "--ignore-not-found")
 
 
 def test_kubectl_delete_k_leaves_nothing_on_the_node(installed):
