@@ -2,7 +2,7 @@
 // k8s.io/kubernetes cannot be `go install`ed: its go.mod points each
 // staging module (k8s.io/api, k8s.io/kubelet, ...) at ./staging, so the
 // replace lines below pin each of them to the matching v0.x tag.
-// To move to another release: hack/cluster/pin 1.3x.y (rewrites this file).
+// To move to another release: change the require and replace versions, then go mod tidy.
 module gpushare.dev/hack/cluster
 
 go 1.26.0
