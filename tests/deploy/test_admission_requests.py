@@ -15,7 +15,7 @@ from playground.claims import DRIVER
 from playground.emulator import admission
 from tests.support.kubectl import Kubectl, needs_kubectl
 
-POLICY_FILE = Path(__file__).parents[1] / "deploy" / "base" / "admission-requests.yaml"
+POLICY_FILE = Path(__file__).parents[2] / "deploy" / "base" / "admission-requests.yaml"
 DOCS = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
 POLICIES = {d["metadata"]["name"]: d for d in DOCS if d["kind"] == "ValidatingAdmissionPolicy"}
 DENY, WARN = POLICIES["gpushare.dev-requests"], POLICIES["gpushare.dev-requests-warnings"]

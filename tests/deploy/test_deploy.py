@@ -10,10 +10,10 @@ import yaml
 from tests.support.deploy import DEPLOY, VERSIONS, by_name, plugin_container
 from tests.support.kubectl import Kubectl, needs_kubectl
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 # Every folder with a kustomization: each must render on its own.
 # Every folder that renders on its own: a kustomize Component (deploy/components/) only
-# renders from an overlay that includes it (tests/test_deploy_metrics.py does).
+# renders from an overlay that includes it (tests/deploy/test_deploy_metrics.py does).
 KUSTOMIZATIONS = sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml")
                         if yaml.safe_load(p.read_text()).get("kind") != "Component")
 MOCK = DEPLOY / "overlays" / "mock"

@@ -14,7 +14,7 @@ import yaml
 
 from dra_driver.cli import build_parser, env_name
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
 DCGM_EXPORTER_PORT = 9400
 
