@@ -100,6 +100,7 @@ def node_files(tmp_path):
     prepared = PreparedClaim("default", "c", uid, (PreparedGpu(0, "GPU-0", 0, 1 << 30, 50),),
                              (PreparedDevice(("gpu",), "node-a", "gpu-0"),))
     cp.set(uid, Entry(PREPARE_COMPLETED, "default", "c", prepared))
+    cp.compact()  # as a plugin leaves it at shutdown: the file, and an empty journal beside it
     cdi_root.mkdir()
     (cdi_root / f"k8s.gpushare.dev-claim_{uid}.json").write_text("{}")
     (cdi_root / "nvidia.yaml").write_text("kind: nvidia.com/gpu\n")
