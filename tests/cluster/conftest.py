@@ -32,6 +32,7 @@ SOCK = "/run/gpushare-cluster/containerd.sock"  # hack/cluster/lib.sh
 STATE = Path(os.environ.get("CLUSTER_STATE", "/var/lib/gpushare-cluster"))
 # What cluster-up needs on the host beyond what it builds or downloads into .cache/cluster.
 HOST_TOOLS = ("go", "gcc", "openssl", "curl", "ip", "debootstrap", "apt-get", "dpkg")
+_failed: list[str] = []  # cluster-up's output once it failed: the other tests fail at once with it
 COLD_UP_TIMEOUT = 4800  # a cold Go build of the five binaries on 2 cores, the image and the debs
 
 
@@ -124,11 +125,14 @@ def cluster() -> Iterator[Kube]:
     """The running cluster (started here unless one runs already); stopped at the end if started here."""
     if why := why_not():
         pytest.skip(why)
+    if _failed:
+        pytest.fail(f"hack/cluster-up failed for an earlier test:\n{_failed[0]}", pytrace=False)
     already = (STATE / "pids" / "kubelet.pid").exists()
     start = time.monotonic()
     proc = subprocess.run([str(UP)], capture_output=True, text=True, timeout=COLD_UP_TIMEOUT)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+        _failed.append(tail)
         pytest.fail(f"hack/cluster-up exited {proc.returncode}:\n{tail}", pytrace=False)
     print(f"\ncluster-up: {time.monotonic() - start:.0f}s")
     kubeconfig, kubectl = _parse_up_output(proc.stdout)

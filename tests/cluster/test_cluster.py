@@ -65,7 +65,7 @@ def test_the_node_is_ready_the_plugin_runs_and_publishes_slices(installed):
 def test_two_pods_of_one_claim_share_its_budget_allocated_by_the_real_scheduler(installed):
     kube = installed
     files = [f"deploy/examples/{E2E}/0{i}" for i in range(1, 5)]
-    kube("delete", "-f", f"deploy/examples/{E2E}", "--ignore-not-found", "--wait=true", timeout=180)
+    kube("delete", "-f", f"deploy/examples/{E2E}", "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
     try:
         kube("apply", "-f", f"{files[0]}-claims.yaml", "-f", f"{files[1]}-trainer-a.yaml",
              "-f", f"{files[2]}-trainer-b.yaml", "-f", f"{files[3]}-other-team.yaml")
@@ -94,7 +94,8 @@ def test_two_pods_of_one_claim_share_its_budget_allocated_by_the_real_scheduler(
         assert f"nvml_total={4 * GiB}" in meminfo, meminfo
         assert [pod_phase(kube, p) for p in ("trainer-a", "trainer-b")] == ["Running", "Running"]
     finally:
-        kube("delete", "-f", f"deploy/examples/{E2E}", "--ignore-not-found", "--wait=true", timeout=180)
+        kube("delete", "-f", f"deploy/examples/{E2E}", "--ignore-not-found", "--wait=true", "--grace-period=1",
+             timeout=180)
 
 
 def test_the_shared_claim_example_runs_both_pods_on_one_allocation(installed, example_text):
@@ -107,7 +108,7 @@ def test_the_shared_claim_example_runs_both_pods_on_one_allocation(installed, ex
         assert len(claim["status"]["allocation"]["devices"]["results"]) == 1
         assert sorted(r["name"] for r in claim["status"]["reservedFor"]) == ["team-gpu-a", "team-gpu-b"]
     finally:
-        kube.run("delete", "-f", "-", "--ignore-not-found", "--wait=true", input=text, timeout=180)
+        kube.run("delete", "-f", "-", "--ignore-not-found", "--wait=true", "--grace-period=1", input=text, timeout=180)
 
 
 def test_first_available_takes_the_first_subrequest_that_fits(installed):
@@ -123,7 +124,7 @@ def test_first_available_takes_the_first_subrequest_that_fits(installed):
         out = kube.wait_until("the probe's meminfo", lambda: printed(kube, "flexible", "cu_total="))
         assert f"cu_total={20 * GiB}" in out, out
     finally:
-        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", timeout=180)
+        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
 
 
 def test_the_admission_policy_refuses_a_bad_claim_at_apply(installed):
@@ -166,7 +167,7 @@ def test_an_extended_resource_pod_gets_a_claim_from_the_real_scheduler(installed
         out = kube.wait_until("the probe's meminfo", lambda: printed(kube, "whole-gpu-pod", "cu_total="))
         assert f"cu_total={80 * GiB}" in out, out  # a whole simulated 80Gi GPU
     finally:
-        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", timeout=180)
+        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
 
 
 ROLLING_PODS = 6
@@ -218,7 +219,8 @@ spec:
         for i in range(ROLLING_PODS):
             assert f"cu_total={1 * GiB}" in kube.logs(f"rolling-{i}")
     finally:
-        kube("delete", "pods", "-l", "test=rolling", "--ignore-not-found", "--wait=true", timeout=180)
+        kube("delete", "pods", "-l", "test=rolling", "--ignore-not-found", "--wait=true", "--grace-period=1",
+             timeout=180)
         kube("delete", "resourceclaimtemplate", "rolling", "--ignore-not-found")
 
 
@@ -314,7 +316,7 @@ def test_a_debian_11_image_and_a_musl_program_start_with_the_claim(installed, tm
         log = run_root_pod(kube, "musl", musl, [roots.PROBE, "meminfo"])
         assert "the claim's library is not active in this program" in log, log  # it starts, says so, exits 0
     finally:
-        kube("delete", "pod", "debian11", "musl", "--ignore-not-found", "--wait=true", timeout=180)
+        kube("delete", "pod", "debian11", "musl", "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
         kube("delete", "resourceclaimtemplate", "root-1gi", "--ignore-not-found")
 
 
