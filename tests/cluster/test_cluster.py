@@ -342,6 +342,35 @@ def test_a_debian_11_image_and_a_musl_program_start_with_the_claim(installed, tm
         kube("delete", "resourceclaimtemplate", "root-1gi", "--ignore-not-found")
 
 
+def test_partition_mode_serves_the_share_extended_resource(installed):
+    """The plugin switched to partition mode (--sharing-mode=partition, as an operator's overlay
+    would): a pod asking for gpushare.dev/share gets one share, 1/8 of an 80Gi GPU."""
+    kube = installed
+    path = "deploy/examples/extended-resources/share.yaml"
+    ds = ["-n", "gpushare-system", "daemonset/gpushare-kubelet-plugin"]
+    try:
+        kube("patch", *ds, "--type=json", "-p",
+             '[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--sharing-mode=partition"}]')
+        kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
+
+        def partition_devices():
+            return [d for s in kube.items("resourceslices") if s["spec"]["driver"] == DRIVER
+                    for d in s["spec"]["devices"]
+                    if d.get("attributes", {}).get("sharing", {}).get("string") == "partition"]
+        kube.wait_until("partition-mode devices in the slices", partition_devices, timeout=120)
+        kube("apply", "-f", path)
+        kube("wait", "--for=condition=Ready", "pod/share-pod", "--timeout=240s", timeout=260)
+        claim_name = kube.get("pod", "share-pod")["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        results = kube.get("resourceclaim", claim_name)["status"]["allocation"]["devices"]["results"]
+        assert [r["driver"] for r in results] == [DRIVER]
+        out = kube.wait_until("the probe's meminfo", lambda: printed(kube, "share-pod", "cu_total="))
+        assert f"cu_total={10 * GiB}" in out, out
+    finally:
+        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
+        kube("apply", "-k", "deploy/overlays/mock")  # the manifests' args again: capacity mode
+        kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
+
+
 def test_kubectl_delete_k_leaves_nothing_on_the_node(installed):
     kube = installed
     kube("delete", "-k", "deploy/overlays/mock", "--wait=true", timeout=300)
