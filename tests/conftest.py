@@ -80,7 +80,7 @@ def start_plugin(api: client.ApiClient, dirs: Dirs, hook_dir: str) -> Iterator[C
     running: list[Plugin] = []
 
     def start_one(cdi_root: str | None = None, **changes: Any) -> Plugin:
-        plugin = launch_plugin(api, dirs, hook_dir, cdi_root, **changes)
+        plugin = launch_plugin(api, dirs, changes.pop("hook_dir", hook_dir), cdi_root, **changes)
         running.append(plugin)
         return plugin
 
