@@ -50,6 +50,7 @@ class Kube:
 
     def __init__(self, kubectl: str, kubeconfig: str, node: str):
         self.kubectl, self.kubeconfig, self.node = kubectl, kubeconfig, node
+        self.install: subprocess.CompletedProcess[str] | None = None  # `kubectl apply -k` of the overlay
 
     def run(self, *args: str, input: str | None = None, check: bool = True,
             timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -148,8 +149,10 @@ def cluster() -> Iterator[Kube]:
 
 @pytest.fixture(scope="package")
 def installed(cluster: Kube) -> Kube:
-    """The product as users install it: kubectl apply -k deploy/overlays/mock, the plugin Running."""
-    cluster("apply", "-k", "deploy/overlays/mock")
+    """The product as users install it: kubectl apply -k deploy/overlays/mock, the plugin Running.
+    What the API server refused is kept (cluster.install) for the first test to report: an object
+    refused (an admission policy, say) fails that test, not every test."""
+    cluster.install = cluster.run("apply", "-k", "deploy/overlays/mock", check=False)
     cluster("-n", "gpushare-system", "rollout", "status", "daemonset/gpushare-kubelet-plugin",
             "--timeout=300s", timeout=320)
     cluster.wait_until("ResourceSlices of gpushare.dev for the node", lambda: [

@@ -46,6 +46,8 @@ def node_shell(*args: str) -> str:
 
 def test_the_node_is_ready_the_plugin_runs_and_publishes_slices(installed):
     kube = installed
+    assert kube.install is not None
+    assert kube.install.returncode == 0, f"kubectl apply -k deploy/overlays/mock:\n{kube.install.stderr}"
     node = kube.get("node", kube.node)
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]
     assert ready == "True"
