@@ -29,7 +29,9 @@ from .metrics import Metrics
 
 log = get_logger("kubeletplugin.server")
 
-SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+# The DRA services this plugin serves, as registration names them. The kubelet opens the device
+# health stream (KEP-4680) only to a plugin that lists its health service here.
+SUPPORTED_VERSIONS = ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
 
 # The same messages in both DRA API versions (DraServicer serves either).
 PrepareRequest = dra_v1_pb2.NodePrepareResourcesRequest | dra_v1beta1_pb2.NodePrepareResourcesRequest

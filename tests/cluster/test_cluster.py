@@ -100,10 +100,6 @@ def test_two_pods_of_one_claim_share_its_budget_allocated_by_the_real_scheduler(
              timeout=180)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the plugin's registration advertises no health service (supported_versions lacks "
-    "'v1alpha1.DRAResourceHealth', kubeletplugin/server.py SUPPORTED_VERSIONS), so kubelet 1.37 never "
-    "opens NodeWatchResources and reports the claim's device health as Unknown"))
 def test_the_real_kubelet_shows_the_device_health_in_the_pod_status(installed):
     """KEP-4680: containerStatuses[].allocatedResourcesStatus, from the plugin's health stream."""
     kube = installed

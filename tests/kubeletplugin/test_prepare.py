@@ -35,7 +35,7 @@ def test_registration(kubelet, dirs, plugin):
     assert info.type == "DRAPlugin"
     assert info.name == DRIVER
     assert info.endpoint == dirs.dra_socket and os.path.isabs(info.endpoint)
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
     kubelet.notify(False, "version mismatch")
     assert plugin.registration.registered is False
     kubelet.notify(True)
