@@ -30,7 +30,7 @@ import grpc
 from dra_driver.kube import JSON
 from dra_driver.log import get_logger
 from kubeletplugin.grpcapi import dra_health_v1alpha1_pb2 as pb
-from kubeletplugin.grpcapi import dra_health_v1alpha1_pb2_grpc
+from kubeletplugin.grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 30.0  # the kubelet's DefaultHealthTimeout
 HEALTH = {pb.HEALTHY: "Healthy", pb.UNHEALTHY: "Unhealthy"}  # anything else: Unknown
@@ -91,6 +91,19 @@ class HealthInfoCache:
         with self._lock:
             for key in [k for k in self._devices if k[0] == driver]:
                 del self._devices[key]
+
+
+# The health services a kubelet 1.37 opens a stream for, when a plugin's registration lists one
+# (pickHealthService, pkg/kubelet/cm/dra/plugin): without one, every device's health is Unknown.
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+
+
+def advertises_health(reg_socket: str) -> bool:
+    """Whether the plugin's registration (GetInfo) names a health service the kubelet reads."""
+    with grpc.insecure_channel(f"unix://{reg_socket}") as channel:
+        info = pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+            pluginregistration_pb2.InfoRequest(), timeout=5)
+    return any(service in HEALTH_SERVICES for service in info.supported_versions)
 
 
 class HealthWatch:

@@ -42,7 +42,7 @@ from playground import extended
 
 from .claims import DRIVER
 from .containers import Workload
-from .devicehealth import HealthInfoCache, HealthWatch, PreparedDevice, allocated_resources_status
+from .devicehealth import HealthInfoCache, HealthWatch, PreparedDevice, advertises_health, allocated_resources_status
 from .node import SimulatedNode
 from .objects import list_all, pod_claim_names, pod_event
 
@@ -110,7 +110,9 @@ class PodSync:
         self._health_lock = threading.Lock()
         self._health_changed: set[str] = set()  # uids of pods to report again
         assert node.plugin is not None, "the plugin is not started"
-        self._health_watch = HealthWatch(node.plugin.dra_socket, DRIVER, self.health, self._on_health_change)
+        # As the real kubelet: a stream only to a plugin whose registration names a health service.
+        self._health_watch = (HealthWatch(node.plugin.dra_socket, DRIVER, self.health, self._on_health_change)
+                              if advertises_health(node.plugin.reg_socket) else None)
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -128,7 +130,8 @@ class PodSync:
                 self._watch(pod, run)
 
     def close(self) -> None:
-        self._health_watch.close()
+        if self._health_watch is not None:
+            self._health_watch.close()
         for run in list(self.pods.values()):
             self._stop(run)
         self.pods.clear()
