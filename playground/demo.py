@@ -36,6 +36,7 @@ from kubeletplugin.claimref import ClaimRef
 
 from .claims import DRIVER
 from .containers import Workload, parse_kv
+from .devicehealth import HEALTH_SERVICES
 from .node import SimulatedNode
 
 if TYPE_CHECKING:  # imported where used: `demo --help` stays quick
@@ -197,9 +198,10 @@ class Demo:
                "ResourceSlices: in capacity mode each GPU is one device whose memory and compute claims consume.")
         self.node.start_plugin(self.emu.api_client())
         info = self.kubelet.get_info()
-        s.check(info.type == "DRAPlugin" and info.name == DRIVER and list(info.supported_versions) ==
-                ["v1.DRAPlugin", "v1beta1.DRAPlugin"], "registration answers as the kubelet expects",
-                f"{info.name} at {info.endpoint}")
+        versions = set(info.supported_versions)
+        s.check(info.type == "DRAPlugin" and info.name == DRIVER and "v1.DRAPlugin" in versions
+                and bool(versions & set(HEALTH_SERVICES)), "registration answers as the kubelet expects "
+                "(the DRA service v1, a device health service)", f"{info.name} at {info.endpoint}")
         synced = self.plugin.slices is not None and self.plugin.slices.wait_synced(20)
         s.check(synced, "ResourceSlices published")
         slices = client.ResourceV1Api(self.emu.api_client()).list_resource_slice(
