@@ -196,13 +196,7 @@ class Checkpoint:
     def _read(self) -> tuple[dict[str, Entry], str | None, tuple[int, ...], int, bool] | None:
         """(claims, boot id, identity, journal lines, torn) of the files as they are now; None when
         there are none."""
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-                identity = _identity(os.fstat(f.fileno()))
-            claims, boot_id = decode(data)
-        except FileNotFoundError:
-            claims, boot_id, identity = {}, self.boot_id, ()
+        claims, boot_id, identity = self._read_file()
         try:
             with open(self.journal_path, "rb") as f:
                 journal = f.read()
@@ -261,8 +255,8 @@ class Checkpoint:
             journal_file = None
         try:
             if file_identity != view.file_identity:
-                view = _View(file_identity, self._read_file(), journal_file, 0, {})
-                view.entries = view.file_entries
+                file_entries = self._read_file()[0]
+                view = _View(file_identity, file_entries, journal_file, 0, file_entries)
             elif journal_file != view.journal_file:
                 view = _View(file_identity, view.file_entries, journal_file, 0, view.file_entries)
             if journal_file is not None:
@@ -280,12 +274,15 @@ class Checkpoint:
         self._view = view
         return view.entries
 
-    def _read_file(self) -> dict[str, Entry]:
+    def _read_file(self) -> tuple[dict[str, Entry], str | None, tuple[int, ...]]:
+        """(claims, boot id, identity) of the file without its journal; a missing file is empty."""
         try:
             with open(self.path, "rb") as f:
-                return decode(f.read())[0]
+                data = f.read()
+                identity = _identity(os.fstat(f.fileno()))
         except FileNotFoundError:
-            return {}
+            return {}, self.boot_id, ()
+        return (*decode(data), identity)
 
     def move_aside(self) -> str:
         """Keep a corrupt checkpoint (and its journal) for inspection; return the file's new path."""

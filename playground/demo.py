@@ -36,7 +36,7 @@ from kubeletplugin.claimref import ClaimRef
 
 from .claims import DRIVER
 from .containers import Workload, parse_kv
-from .devicehealth import HEALTH_SERVICES
+from .devicehealth import advertises_health
 from .node import SimulatedNode
 
 if TYPE_CHECKING:  # imported where used: `demo --help` stays quick
@@ -198,9 +198,8 @@ class Demo:
                "ResourceSlices: in capacity mode each GPU is one device whose memory and compute claims consume.")
         self.node.start_plugin(self.emu.api_client())
         info = self.kubelet.get_info()
-        versions = set(info.supported_versions)
-        s.check(info.type == "DRAPlugin" and info.name == DRIVER and "v1.DRAPlugin" in versions
-                and bool(versions & set(HEALTH_SERVICES)), "registration answers as the kubelet expects "
+        s.check(info.type == "DRAPlugin" and info.name == DRIVER and "v1.DRAPlugin" in info.supported_versions
+                and advertises_health(info.supported_versions), "registration answers as the kubelet expects "
                 "(the DRA service v1, a device health service)", f"{info.name} at {info.endpoint}")
         synced = self.plugin.slices is not None and self.plugin.slices.wait_synced(20)
         s.check(synced, "ResourceSlices published")

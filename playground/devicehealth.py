@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -30,7 +30,7 @@ import grpc
 from dra_driver.kube import JSON
 from dra_driver.log import get_logger
 from kubeletplugin.grpcapi import dra_health_v1alpha1_pb2 as pb
-from kubeletplugin.grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from kubeletplugin.grpcapi import dra_health_v1alpha1_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 30.0  # the kubelet's DefaultHealthTimeout
 HEALTH = {pb.HEALTHY: "Healthy", pb.UNHEALTHY: "Unhealthy"}  # anything else: Unknown
@@ -98,12 +98,10 @@ class HealthInfoCache:
 HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
-def advertises_health(reg_socket: str) -> bool:
-    """Whether the plugin's registration (GetInfo) names a health service the kubelet reads."""
-    with grpc.insecure_channel(f"unix://{reg_socket}") as channel:
-        info = pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
-            pluginregistration_pb2.InfoRequest(), timeout=5)
-    return any(service in HEALTH_SERVICES for service in info.supported_versions)
+def advertises_health(supported_versions: Iterable[str]) -> bool:
+    """Whether a plugin's registration (GetInfo's supported_versions) names a health service the
+    kubelet reads."""
+    return any(service in HEALTH_SERVICES for service in supported_versions)
 
 
 class HealthWatch:

@@ -109,10 +109,10 @@ class PodSync:
         self.health = HealthInfoCache()
         self._health_lock = threading.Lock()
         self._health_changed: set[str] = set()  # uids of pods to report again
-        assert node.plugin is not None, "the plugin is not started"
+        assert node.plugin is not None and node.kubelet is not None, "the plugin is not started"
         # As the real kubelet: a stream only to a plugin whose registration names a health service.
         self._health_watch = (HealthWatch(node.plugin.dra_socket, DRIVER, self.health, self._on_health_change)
-                              if advertises_health(node.plugin.reg_socket) else None)
+                              if advertises_health(node.kubelet.get_info().supported_versions) else None)
 
     # ---- the loop ----------------------------------------------------------------------------
 
