@@ -120,8 +120,13 @@ def mps_edits(claim: PreparedClaim, state_dir: str) -> tuple[list[str], list[Mou
     server are the ceiling (kubeletplugin/mps.py sets them), and the library holds the claim's
     processes together to the share in SM-time (hook/src/hook.c, mps_scale). One GPU per MPS claim: a pipe
     folder names one control daemon, and Prepare refuses MPS claims of several GPUs.
+
+    The pipe folder is read-only (docs/security.md, "MPS: the control daemon"): a client
+    connects to the daemon's and its server's sockets, which a read-only mount allows, while a
+    tenant can create, replace or link nothing there (no impostor socket, no planted link). The
+    plugin's own channel to the daemon (the control folder) and its log are never mounted.
     """
     gpu = claim.gpus[0]
     env = [f"{mpslayout.PIPE_ENV}={mpslayout.CONTAINER_PIPE_DIR}", f"{mpslayout.THREAD_ENV}={gpu.compute_limit}",
            f"{mpslayout.PINNED_ENV}=0={mpslayout.mebibytes(gpu.memory_limit)}"]
-    return env, [Mount(mpslayout.pipe_dir(state_dir, gpu.uuid), mpslayout.CONTAINER_PIPE_DIR, _RW)]
+    return env, [Mount(mpslayout.pipe_dir(state_dir, gpu.uuid), mpslayout.CONTAINER_PIPE_DIR, _RO)]

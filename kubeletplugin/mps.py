@@ -7,6 +7,17 @@ with the first MPS claim of its GPU (`-d`: it outlives a plugin restart or upgra
 through its pipe folder), tells it the limits after every Prepare and Unprepare of an MPS claim,
 and stops it (`quit`) with the last. After a node reboot, recovery starts it again.
 
+Talking to it (docs/security.md, "MPS: the control daemon"): the daemon's folders are the
+plugin's (mpslayout): containers get the pipe folder read-only, never the control and log
+folders. Before each command the plugin checks who answers on the socket it is about to use:
+the folder is a real folder (never a link) that only root can write, the socket a socket, and
+the process that accepts the connection (SO_PEERCRED) is the daemon whose pid the pid file
+names, running as root or as the plugin's user; anything else is an MpsError naming what
+answered. Commands go through the control folder where the daemon listens there (the stand-in),
+else through the pipe folder (NVIDIA's daemon). Every wait is bounded (CONNECT_TIMEOUT_S,
+COMMAND_TIMEOUT_S), and whether a daemon runs is its pid's, never an answer's: a daemon slow to
+answer is an error, never a reason to start a second one.
+
 Limits go through the daemon's stdin protocol (the real command names, mpslayout): MPS sets
 limits per server, not per client, so the trusted ceiling is the largest compute share and
 memory budget among the GPU's MPS claims; each client's own share reaches it as
@@ -20,7 +31,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
+import stat
+import struct
 import subprocess
+import time
 from collections.abc import Iterable, Sequence
 
 from dra_driver.log import get_logger
@@ -30,7 +46,9 @@ from .prepared import PreparedGpu
 
 log = get_logger("kubeletplugin.mps")
 
-COMMAND_TIMEOUT_S = 10.0
+COMMAND_TIMEOUT_S = 3.0   # one command program's run (the daemon answers in milliseconds)
+CONNECT_TIMEOUT_S = 1.0   # the plugin's own check of who answers
+START_TIMEOUT_S = 5.0
 MPS_CONTROL = "nvidia-cuda-mps-control"  # --mps-control: found on PATH (the driver root's bin)
 
 
@@ -38,21 +56,72 @@ class MpsError(RuntimeError):
     """The control daemon could not be reached or refused a command."""
 
 
+def _check_folder(path: str) -> None:
+    """A folder the plugin talks through: a real folder (not a link), writable by root only."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise MpsError(f"{path}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: the plugin "
+                       "talks to the MPS control daemon only through a folder only it can write")
+
+
 class MpsControl:
-    def __init__(self, state_dir: str, control: Sequence[str]) -> None:
+    def __init__(self, state_dir: str, control: Sequence[str], env: dict[str, str] | None = None) -> None:
         self.state_dir = state_dir
         self.control = list(control)  # argv of nvidia-cuda-mps-control (or a stand-in)
+        self.extra_env = dict(env or {})  # e.g. the driver root's PATH and LD_LIBRARY_PATH
 
-    def _env(self, gpu_uuid: str) -> dict[str, str]:
-        return {**os.environ, "CUDA_VISIBLE_DEVICES": gpu_uuid,
-                mpslayout.PIPE_ENV: mpslayout.pipe_dir(self.state_dir, gpu_uuid),
-                mpslayout.LOG_ENV: mpslayout.log_dir(self.state_dir, gpu_uuid)}
+    def _env(self, gpu_uuid: str, pipe: str | None = None) -> dict[str, str]:
+        return {**os.environ, **self.extra_env, "CUDA_VISIBLE_DEVICES": gpu_uuid,
+                mpslayout.PIPE_ENV: pipe or mpslayout.pipe_dir(self.state_dir, gpu_uuid),
+                mpslayout.LOG_ENV: mpslayout.log_dir(self.state_dir, gpu_uuid),
+                mpslayout.CONTROL_DIR_ENV: mpslayout.control_dir(self.state_dir, gpu_uuid)}
+
+    def _endpoint(self, gpu_uuid: str) -> str:
+        """The folder whose socket takes the plugin's commands: the control folder where the
+        daemon listens there, else the pipe folder."""
+        control = mpslayout.control_dir(self.state_dir, gpu_uuid)
+        try:
+            if stat.S_ISSOCK(os.lstat(os.path.join(control, mpslayout.SOCKET)).st_mode):
+                return control
+        except OSError:
+            pass
+        return mpslayout.pipe_dir(self.state_dir, gpu_uuid)
+
+    def check_peer(self, gpu_uuid: str, folder: str) -> None:
+        """The process that accepts on `folder`'s socket is the GPU's control daemon."""
+        daemon = mpslayout.read_pid(self.state_dir, gpu_uuid)
+        try:
+            _check_folder(folder)
+            if not stat.S_ISSOCK(os.lstat(os.path.join(folder, mpslayout.SOCKET)).st_mode):
+                raise MpsError(f"{os.path.join(folder, mpslayout.SOCKET)} is not a socket")
+            dirfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.settimeout(CONNECT_TIMEOUT_S)
+                try:  # by the folder's descriptor: no name on the way can be swapped for a link
+                    conn.connect(f"/proc/self/fd/{dirfd}/{mpslayout.SOCKET}")
+                finally:
+                    os.close(dirfd)
+                pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                  struct.calcsize("3i")))
+        except OSError as e:
+            raise MpsError(f"MPS control of GPU {gpu_uuid}: {e}") from None
+        if pid != daemon or uid not in (0, os.geteuid()) or not mpslayout.daemon_alive(pid):
+            raise MpsError(f"MPS control of GPU {gpu_uuid}: {folder}/{mpslayout.SOCKET} is answered by pid {pid} "
+                           f"(user {uid}), not the control daemon (pid {daemon}, its pid file); nothing sent")
 
     def command(self, gpu_uuid: str, *lines: str) -> list[str]:
-        """Send commands as `echo <command> | nvidia-cuda-mps-control` does; the daemon's replies."""
+        """Send commands as `echo <command> | nvidia-cuda-mps-control` does, once the daemon is
+        checked to be the one answering; the daemon's replies."""
+        folder = self._endpoint(gpu_uuid)
+        self.check_peer(gpu_uuid, folder)
         try:
-            out = subprocess.run(self.control, input="".join(f"{line}\n" for line in lines), env=self._env(gpu_uuid),
-                                 capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+            out = subprocess.run(self.control, input="".join(f"{line}\n" for line in lines),
+                                 env=self._env(gpu_uuid, folder), capture_output=True, text=True,
+                                 timeout=COMMAND_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsError(f"MPS control of GPU {gpu_uuid}: {e}") from None
         if out.returncode != 0:
@@ -60,32 +129,47 @@ class MpsControl:
                            f"{(out.stderr or out.stdout).strip()[:300]}")
         return out.stdout.splitlines()
 
+    def daemon_pid(self, gpu_uuid: str) -> int | None:
+        """The GPU's live control daemon, by its pid file; None: none runs."""
+        pid = mpslayout.read_pid(self.state_dir, gpu_uuid)
+        return pid if mpslayout.daemon_alive(pid) else None
+
     def running(self, gpu_uuid: str) -> bool:
-        try:
-            self.command(gpu_uuid, mpslayout.GET_SERVERS)
-            return True
-        except MpsError:
-            return False
+        return self.daemon_pid(gpu_uuid) is not None
 
     def ensure(self, gpu_uuid: str) -> None:
         """The GPU's control daemon is up: found (a plugin restart, the other instance of an
-        upgrade) or started (the first MPS claim, or after a reboot)."""
+        upgrade) or started (the first MPS claim, after a reboot, or after it ended)."""
         if self.running(gpu_uuid):
             return
-        for folder in (mpslayout.pipe_dir(self.state_dir, gpu_uuid), mpslayout.log_dir(self.state_dir, gpu_uuid)):
-            os.makedirs(folder, mode=0o755, exist_ok=True)
+        gpu = mpslayout.gpu_dir(self.state_dir, gpu_uuid)
+        for folder, mode in ((gpu, 0o755), (mpslayout.pipe_dir(self.state_dir, gpu_uuid), 0o755),
+                             (mpslayout.log_dir(self.state_dir, gpu_uuid), 0o700),
+                             (mpslayout.control_dir(self.state_dir, gpu_uuid), 0o700)):
+            os.makedirs(folder, mode=mode, exist_ok=True)
+            os.chmod(folder, mode, follow_symlinks=False)
+            _check_folder(folder)
+        try:
+            os.unlink(mpslayout.stopping(self.state_dir, gpu_uuid))
+        except FileNotFoundError:
+            pass
         try:  # -d: the daemon detaches, so it outlives this process
             out = subprocess.run([*self.control, "-d"], env=self._env(gpu_uuid), capture_output=True, text=True,
-                                 timeout=COMMAND_TIMEOUT_S)
+                                 timeout=START_TIMEOUT_S)
         except FileNotFoundError:
             raise MpsError(f"starting the MPS control daemon of GPU {gpu_uuid}: --mps-control {self.control[0]!r} "
-                           "not found in the plugin's container; the deployed plugin does not run NVIDIA's daemon "
-                           "yet (docs/strategies.md, \"On GPU nodes\")") from None
+                           "not found in the plugin's container; set --driver-root to the driver's root, whose "
+                           "bin has NVIDIA's daemon (docs/strategies.md, \"On GPU nodes\")") from None
         except (OSError, subprocess.TimeoutExpired) as e:
             raise MpsError(f"starting the MPS control daemon of GPU {gpu_uuid}: {e}") from None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while out.returncode == 0 and not self.running(gpu_uuid) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the real -d returns before the daemon has written its pid file
         if out.returncode != 0 or not self.running(gpu_uuid):
-            raise MpsError(f"starting the MPS control daemon of GPU {gpu_uuid}: {(out.stderr or out.stdout).strip()}")
-        log.info("MPS control daemon started", gpu=gpu_uuid, pipe=mpslayout.pipe_dir(self.state_dir, gpu_uuid))
+            raise MpsError(f"starting the MPS control daemon of GPU {gpu_uuid}: "
+                           f"{(out.stderr or out.stdout).strip() or 'it wrote no pid file'}")
+        log.info("MPS control daemon started", gpu=gpu_uuid, pid=self.daemon_pid(gpu_uuid),
+                 pipe=mpslayout.pipe_dir(self.state_dir, gpu_uuid))
 
     def apply(self, gpu_uuid: str, gpus: Iterable[PreparedGpu]) -> None:
         """Set the server limits for the GPU's MPS claims (`gpus`: each claim's limits on it),
@@ -97,17 +181,35 @@ class MpsControl:
         self.ensure(gpu_uuid)
         threads = max(g.compute_limit for g in gpus)
         pinned = mpslayout.mebibytes(max(g.memory_limit for g in gpus))
-        self.command(gpu_uuid, f"{mpslayout.SET_DEFAULT_THREADS} {threads}",
-                     f"{mpslayout.SET_DEFAULT_PINNED} 0 {pinned}")
+        lines = [f"{mpslayout.SET_DEFAULT_THREADS} {threads}", f"{mpslayout.SET_DEFAULT_PINNED} 0 {pinned}"]
         for pid in self.command(gpu_uuid, mpslayout.GET_SERVERS):
             if pid.strip().isdigit():
-                self.command(gpu_uuid, f"{mpslayout.SET_THREADS} {pid.strip()} {threads}",
-                             f"{mpslayout.SET_PINNED} {pid.strip()} 0 {pinned}")
+                lines += [f"{mpslayout.SET_THREADS} {pid.strip()} {threads}",
+                          f"{mpslayout.SET_PINNED} {pid.strip()} 0 {pinned}"]
+        for reply in self.command(gpu_uuid, *lines):
+            if reply.startswith("Error"):
+                raise MpsError(f"MPS control of GPU {gpu_uuid}: {reply}")
         log.info("MPS limits set", gpu=gpu_uuid, claims=len(gpus), active_thread_percentage=threads,
                  pinned_memory=pinned)
 
     def stop(self, gpu_uuid: str) -> None:
-        if self.running(gpu_uuid):
-            self.command(gpu_uuid, mpslayout.QUIT)
-            log.info("MPS control daemon stopped", gpu=gpu_uuid)
-        shutil.rmtree(mpslayout.gpu_dir(self.state_dir, gpu_uuid), ignore_errors=True)
+        """Quit the daemon (the GPU's last MPS claim went) and remove its folders. The agent is
+        told it is the plugin's doing first (mpslayout.STOPPING). A daemon that does not take the
+        quit is ended by its pid."""
+        gpu = mpslayout.gpu_dir(self.state_dir, gpu_uuid)
+        pid = self.daemon_pid(gpu_uuid)
+        if pid is not None:
+            with open(os.open(mpslayout.stopping(self.state_dir, gpu_uuid),
+                              os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "w") as f:
+                f.write(f"{pid}\n")
+            try:
+                self.command(gpu_uuid, mpslayout.QUIT)
+                log.info("MPS control daemon stopped", gpu=gpu_uuid, pid=pid)
+            except MpsError as e:
+                log.warning("MPS control daemon did not take quit; ending it", gpu=gpu_uuid, pid=pid, error=str(e))
+            deadline = time.monotonic() + COMMAND_TIMEOUT_S
+            while mpslayout.daemon_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if mpslayout.daemon_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(gpu, ignore_errors=True)

@@ -10,7 +10,8 @@ Per claim and GPU (labels claim_namespace, claim, gpu, UUID): limits, memory use
 accounting), NVML memory of its processes, measured utilization, pacing rate, paced time,
 out-of-memory refusals, backstop violations and kills, and its processes by enforcement (the
 library, or the backstop alone: docs/images.md). Per GPU: NVML memory, utilization,
-temperature and power where NVML has them; MPS server restarts (abnormal exits, mpswatch.py).
+temperature and power where NVML has them; MPS server restarts (abnormal exits, mpswatch.py)
+and control daemon ends the plugin did not ask for.
 Per node: prepared claims, the agent period, the backstop's violations and kills (totals that
 outlive the claims) and its last poll's time.
 Shares of the GPU are ratios 0..1 (`*_ratio`), by Prometheus convention.
@@ -128,3 +129,9 @@ class AgentCollector:
         for uuid, count in sorted(a.mps_watch.restarts().items()):
             restarts.add_metric([indexes.get(uuid, ""), uuid], count)
         yield restarts
+        exits = CounterMetricFamily("gpushare_mps_daemon_exits", "MPS control daemons of the GPU that ended without "
+                                    "the plugin stopping them (a quit it did not send, a kill, a crash): the GPU's "
+                                    "MPS claims lost their servers until the next Prepare starts one", labels=GPU)
+        for uuid, count in sorted(a.mps_watch.daemon_exits().items()):
+            exits.add_metric([indexes.get(uuid, ""), uuid], count)
+        yield exits

@@ -32,6 +32,14 @@ log's end when there is no record for that file). A log that appears later (a da
 since) is read from its start; a file recreated (another inode) or truncated (shorter than what
 was read) again from its start. Only whole lines are parsed.
 
+The daemon itself: every period the agent also reads each GPU's daemon pid (the pid file in its
+pipe folder, which no container can write) and checks that it lives. A daemon that ended while
+its folders are there and the plugin did not mark them as stopping (mpslayout.STOPPING, written
+before the plugin's own `quit`) ended abnormally: a `quit` the plugin did not send, a kill, a
+crash. That is one Warning Event `MpsControlDaemonExited` on each MPS claim prepared on the GPU
+(and its reserving pods), `gpushare_mps_daemon_exits_total{gpu,UUID}`, and a log line, within
+one agent period. The next Prepare or Unprepare of an MPS claim on the GPU starts a new daemon.
+
 Events go out on their own thread, as the backstop's do: a slow API server never holds up the
 agent's period. The control log is written by the daemon on the host; containers get only the
 pipe folder, never the log folder (docs/security.md).
@@ -59,6 +67,7 @@ from .claimview import ClaimView
 log = get_logger("agent.mpswatch")
 
 REASON = "MpsServerRestarted"
+DAEMON_REASON = "MpsControlDaemonExited"
 READ_MAX = 1 << 20   # bytes of one log read in one period; the rest waits for the next
 LINE_MAX = 64 << 10  # a longer unfinished line is dropped (it is none of the daemon's server lines)
 
@@ -204,13 +213,20 @@ class MpsWatch:
         self._tails: dict[str, tuple[LogTail, ControlLog]] = {}  # GPU uuid ->
         self._lock = threading.Lock()
         self._restarts: dict[str, int] = {}  # GPU uuid -> abnormal server exits seen; outlives the daemon
-        self._events: queue.Queue[tuple[ClaimView, str] | None] = queue.Queue()
+        self._daemon_exits: dict[str, int] = {}  # GPU uuid -> daemon ends the plugin did not ask for
+        self._daemons: dict[str, int] = {}  # GPU uuid -> the daemon pid last seen alive (or reported dead)
+        self._events: queue.Queue[tuple[ClaimView, str, str] | None] = queue.Queue()  # (claim, reason, message)
         self._thread: threading.Thread | None = None
 
     def restarts(self) -> dict[str, int]:
         """GPU uuid -> abnormal server exits seen, for every GPU whose log was followed."""
         with self._lock:
             return dict(self._restarts)
+
+    def daemon_exits(self) -> dict[str, int]:
+        """GPU uuid -> control daemon ends the plugin did not ask for, for every GPU followed."""
+        with self._lock:
+            return dict(self._daemon_exits)
 
     # ---- life -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -241,6 +257,7 @@ class MpsWatch:
                                     mpslayout.read_position(self.state_dir, gpu)), ControlLog())
         with self._lock:
             self._restarts.setdefault(gpu, 0)
+            self._daemon_exits.setdefault(gpu, 0)
 
     # ---- one period -----------------------------------------------------------------------------
     def poll(self, claims: Iterable[ClaimView]) -> list[tuple[str, ServerExit]]:
@@ -249,6 +266,7 @@ class MpsWatch:
         gpus = self._gpus()
         for gone in set(self._tails) - set(gpus):  # the daemon stopped and its folders went
             del self._tails[gone]
+            self._daemons.pop(gone, None)
         for gpu in gpus:
             if gpu not in self._tails:
                 self._follow(gpu, from_end=False)  # a daemon started since: all its lines are new
@@ -265,7 +283,34 @@ class MpsWatch:
                 else:
                     log.info("MPS server exited", gpu=gpu, server_pid=ended.pid, status=ended.status)
             tail.save()
+        for gpu in gpus:
+            self._check_daemon(gpu, claims)
         return seen
+
+    def _check_daemon(self, gpu: str, claims: list[ClaimView]) -> None:
+        """Report the GPU's daemon once when it ended without the plugin stopping it."""
+        assert self.state_dir is not None
+        if os.path.lexists(mpslayout.stopping(self.state_dir, gpu)):
+            self._daemons.pop(gpu, None)
+            return
+        pid = mpslayout.read_pid(self.state_dir, gpu)
+        if pid is not None and mpslayout.daemon_alive(pid):
+            self._daemons[gpu] = pid
+            return
+        ended = pid if pid is not None else self._daemons.get(gpu)  # its pid file gone with it (`quit`)
+        if ended is None or ended < 0 or not os.path.isdir(mpslayout.gpu_dir(self.state_dir, gpu)):
+            return  # never seen (not started yet), already reported, or the folder went
+        self._daemons[gpu] = -ended  # reported: once
+        with self._lock:
+            self._daemon_exits[gpu] = self._daemon_exits.get(gpu, 0) + 1
+        hit = [c for c in claims if c.sharing_strategy == MPS and any(g.uuid == gpu for g in c.gpus)]
+        log.warning("MPS control daemon ended without the plugin stopping it", gpu=gpu, pid=ended,
+                    claims=[f"{c.namespace}/{c.name}" for c in hit])
+        message = (f"the MPS control daemon (pid {ended}) of GPU {gpu} ended without the plugin stopping it (a "
+                   f"quit it did not send, a kill or a crash): this claim's processes lost their MPS server; the "
+                   f"next Prepare or Unprepare of an MPS claim on this GPU starts a new daemon")
+        for c in hit:
+            self._events.put((c, DAEMON_REASON, message))
 
     def _report(self, gpu: str, ended: ServerExit, claims: list[ClaimView]) -> None:
         with self._lock:
@@ -278,20 +323,20 @@ class MpsWatch:
                    f"processes on the GPU lost their GPU context and must restart; the control daemon starts a "
                    f"new server for the next client")
         for c in hit:
-            self._events.put((c, message))
+            self._events.put((c, REASON, message))
 
     # ---- Events ---------------------------------------------------------------------------------
     def _send_events(self) -> None:
         """Each Event on the claim and on each pod its status.reservedFor names (as the backstop's):
         `kubectl describe pod` shows why its containers lost the GPU."""
         while (item := self._events.get()) is not None:
-            claim, message = item
+            claim, reason, message = item
             involved = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": claim.name,
                          "namespace": claim.namespace, "uid": claim.uid}]
             involved += [{"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": claim.namespace, "uid": uid}
                          for uid, name in sorted(dict(claim.pods).items())]
             for obj in involved:
-                body = warning_event(obj, REASON, message, namespace=claim.namespace,
+                body = warning_event(obj, reason, message, namespace=claim.namespace,
                                      component="gpushare-dra-agent", reporting_component="gpushare.dev/agent",
                                      host=self.node, name=f"{obj['name']}.{uuid.uuid4().hex[:16]}")
                 try:

@@ -35,7 +35,8 @@ def agent() -> SimpleNamespace:
                              temperature=50, power_watts=300.0)
     backstop = SimpleNamespace(violations={}, kills={}, total_violations=0, total_kills=0, last_poll_s=0.001)
     return SimpleNamespace(lock=threading.Lock(), claims={"u1": claim}, gpus=[sample], backstop=backstop,
-                           last_tick_s=0.01, mps_watch=SimpleNamespace(restarts=lambda: {UUID: 2}))
+                           last_tick_s=0.01,
+                           mps_watch=SimpleNamespace(restarts=lambda: {UUID: 2}, daemon_exits=lambda: {UUID: 1}))
 
 
 def scrape() -> str:
