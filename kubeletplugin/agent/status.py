@@ -104,8 +104,10 @@ class StatusWriter:
     def _write(self, ns: str, name: str, uid: str, patch: Patch) -> bool:
         body = {"metadata": {"uid": uid}, "status": {"devices": patch}}  # uid: never patch a recreated claim
         try:
-            self.resource_api.patch_namespaced_resource_claim_status(name, ns, body, _content_type=STRATEGIC_MERGE,
-                                                                    _request_timeout=BACKGROUND_API_TIMEOUT_S)
+            resp: Any = self.resource_api.patch_namespaced_resource_claim_status(
+                name, ns, body, _content_type=STRATEGIC_MERGE, _request_timeout=BACKGROUND_API_TIMEOUT_S,
+                _preload_content=False)
+            resp.drain_conn()  # read to its end, never parsed: parsing cost more than the call
             log.debug("claim status written", claim=f"{ns}/{name}", uid=uid)
             return True
         except client.ApiException as e:
