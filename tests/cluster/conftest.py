@@ -176,3 +176,62 @@ def examples(path: str, image: str = "gpushare-dra:dev") -> str:
 @pytest.fixture(scope="package")
 def example_text():
     return examples
+
+
+def claim_template(name: str, memory: str = "1Gi", compute: str = "10") -> str:
+    """A ResourceClaimTemplate in default asking one gpushare.dev device of that memory and compute."""
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {name}, namespace: default}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpushare.dev
+          capacity: {{requests: {{memory: {memory}, compute: "{compute}"}}}}
+"""
+
+
+ROLLING_PODS = 6
+ROLLING_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {{name: rolling-{i}, namespace: default, labels: {{test: rolling}}}}
+spec:
+  restartPolicy: Never
+  resourceClaims: [{{name: gpu, resourceClaimTemplateName: rolling}}]
+  containers:
+  - name: app
+    image: gpushare-dra:dev
+    command: ["sh", "-c", '"$(gpushare-dra hook-path probe)" meminfo && sleep 5']
+    resources: {{claims: [{{name: gpu}}]}}
+"""
+
+
+def pods_start_while(kube: Kube, replace_plugin, namespace: str = "gpushare-system") -> None:
+    """Pods with 1Gi claims of their own start (one every 2 s) and stop while replace_plugin()
+    makes the real kubelet replace the plugin (a rollout): every pod must run with its 1Gi."""
+    try:
+        kube.apply(claim_template("rolling"))
+        replace_plugin()
+        for i in range(ROLLING_PODS):
+            kube.apply(ROLLING_POD.format(i=i))
+            time.sleep(2)
+        kube("-n", namespace, "rollout", "status", "daemonset/gpushare-kubelet-plugin", "--timeout=300s", timeout=320)
+
+        def finished():
+            phases = [p["status"].get("phase") for p in kube.items("pods", "-l", "test=rolling")]
+            return phases if all(ph in ("Succeeded", "Failed") for ph in phases) else None
+        phases = kube.wait_until("the rolling pods to finish", finished, timeout=300)
+        logs = {f"rolling-{i}": kube.logs(f"rolling-{i}") for i in range(ROLLING_PODS)}
+        assert phases == ["Succeeded"] * ROLLING_PODS, (phases, logs)
+        for name, log in logs.items():
+            assert f"cu_total={1024 ** 3}" in log, (name, log)
+    finally:
+        kube("delete", "pods", "-l", "test=rolling", "--ignore-not-found", "--wait=true", "--grace-period=1",
+             timeout=180)
+        kube("delete", "resourceclaimtemplate", "rolling", "--ignore-not-found")
+

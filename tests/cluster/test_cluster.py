@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
+from tests.cluster.conftest import claim_template, pods_start_while
 from tests.support import GiB, roots
 
 # The fixture's cold start (a Go build of five binaries on 2 cores) is part of the first test's time.
@@ -190,58 +190,10 @@ def test_an_extended_resource_pod_gets_a_claim_from_the_real_scheduler(installed
         kube("delete", "-f", path, "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
 
 
-ROLLING_PODS = 6
-
-
 def test_a_rollout_restart_of_the_plugin_fails_no_pod(installed):
     """Pods with claims of their own start and stop while the real kubelet replaces the plugin."""
-    kube = installed
-    template = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: rolling, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpushare.dev
-          capacity: {requests: {memory: 1Gi, compute: "10"}}
-"""
-    pod = """
-apiVersion: v1
-kind: Pod
-metadata: {{name: rolling-{i}, namespace: default, labels: {{test: rolling}}}}
-spec:
-  restartPolicy: Never
-  resourceClaims: [{{name: gpu, resourceClaimTemplateName: rolling}}]
-  containers:
-  - name: app
-    image: gpushare-dra:dev
-    command: ["sh", "-c", '"$(gpushare-dra hook-path probe)" meminfo && sleep 5']
-    resources: {{claims: [{{name: gpu}}]}}
-"""
-    try:
-        kube.apply(template)
-        kube("-n", "gpushare-system", "rollout", "restart", "daemonset/gpushare-kubelet-plugin")
-        for i in range(ROLLING_PODS):
-            kube.apply(pod.format(i=i))
-            time.sleep(2)
-        kube("-n", "gpushare-system", "rollout", "status", "daemonset/gpushare-kubelet-plugin",
-             "--timeout=300s", timeout=320)
-
-        def finished():
-            phases = [p["status"].get("phase") for p in kube.items("pods", "-l", "test=rolling")]
-            return phases if all(ph in ("Succeeded", "Failed") for ph in phases) else None
-        phases = kube.wait_until("the rolling pods to finish", finished, timeout=300)
-        assert phases == ["Succeeded"] * ROLLING_PODS, phases
-        for i in range(ROLLING_PODS):
-            assert f"cu_total={1 * GiB}" in kube.logs(f"rolling-{i}")
-    finally:
-        kube("delete", "pods", "-l", "test=rolling", "--ignore-not-found", "--wait=true", "--grace-period=1",
-             timeout=180)
-        kube("delete", "resourceclaimtemplate", "rolling", "--ignore-not-found")
+    pods_start_while(installed, lambda: installed("-n", "gpushare-system", "rollout", "restart",
+                                                  "daemonset/gpushare-kubelet-plugin"))
 
 
 def test_node_restriction_refuses_a_slice_for_another_node_with_a_real_bound_token(installed, tmp_path):
@@ -295,21 +247,6 @@ spec:
     command: {command}
     resources: {{claims: [{{name: gpu}}]}}
 """
-ROOT_TEMPLATE = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: root-1gi, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpushare.dev
-          capacity: {requests: {memory: 1Gi, compute: "10"}}
-"""
-
-
 def run_root_pod(kube, name: str, image: str, command: list[str]) -> str:
     """A pod of image with a 1Gi claim, run to its end; its log (stdout and stderr)."""
     kube.apply(ROOT_POD.format(name=name, image=image, command=json.dumps(command)))
@@ -328,7 +265,7 @@ def test_a_debian_11_image_and_a_musl_program_start_with_the_claim(installed, tm
     bullseye = kube.load_root(roots.glibc_root("bullseye"), "gpushare-test/bullseye:1", tmp_path)
     musl = kube.load_root(roots.musl_root(), "gpushare-test/musl:1", tmp_path)
     try:
-        kube.apply(ROOT_TEMPLATE)
+        kube.apply(claim_template("root-1gi"))
         script = f"{roots.PROBE} meminfo && ldd --version && {roots.PROBE} alloc --chunk 268435456 --max 2147483648"
         log = run_root_pod(kube, "debian11", bullseye, ["sh", "-c", script])
         assert f"cu_total={1 * GiB}" in log and ") 2.31" in log, log  # glibc 2.31, the claim's 1Gi
