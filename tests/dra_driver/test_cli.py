@@ -6,7 +6,9 @@ exit status 2, with nothing started or left behind; the subprocess tests assert 
 """
 
 import argparse
+import contextlib
 import http.server
+import io
 import re
 import socket
 import subprocess
@@ -17,7 +19,7 @@ import grpc
 import pytest
 import yaml
 
-from dra_driver.cli import build_parser
+from dra_driver.cli import build_parser, main
 
 CLI = [sys.executable, "-m", "dra_driver.cli"]
 MOCK_ACCEPTED = "accepted: COUNTxMEMORY groups such as 2x80Gi or 1x80Gi,2x40Gi, or a YAML file"
@@ -81,12 +83,24 @@ def test_discover_mock_prints_gpus():
 
 
 def refused(argv, env=None):
-    """Run the CLI; assert exit status 2 and exactly one line on stderr, and return that line."""
-    res = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60, env=env)
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    assert res.stderr.endswith("\n") and res.stderr.count("\n") == 1, res.stderr
-    assert res.stdout == ""
-    return res.stderr.rstrip("\n")
+    """Run the CLI; assert exit status 2 and exactly one line on stderr, and return that line.
+    With env: as a program of its own (the entry point, the environment it reads at start-up);
+    without: main() in this process, which is what the program runs (a second apiece saved)."""
+    if env is not None:
+        res = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60, env=env)
+        code, out, err = res.returncode, res.stdout, res.stderr
+    else:
+        out_buf, err_buf = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out_buf), contextlib.redirect_stderr(err_buf):
+            try:
+                code = main(list(argv))
+            except SystemExit as e:  # argparse's own refusals
+                code = e.code
+        out, err = out_buf.getvalue(), err_buf.getvalue()
+    assert code == 2, (code, out, err)
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert out == ""
+    return err.rstrip("\n")
 
 
 def test_unknown_arguments_are_named_with_their_subcommand():
