@@ -369,7 +369,7 @@ lowered=$(pct "$(mps_run "$d" 10 matmul 5)" "${SOLO[matmul]}")
 mps_stop "$d"
 check "MPS server at 30: a client's variable at 100 does not raise it" "$(within "$raised" 30 3)" "${raised}% of solo"
 check "MPS server at 30: a client's variable at 10 lowers it" "$(within "$lowered" 10 3)" "${lowered}% of solo"
-# The library under an MPS claim's limits file (docs/strategies.md, hook/src/hook.c mps_scale):
+# The library under an MPS claim's limits file (docs/strategies.md, hook/src/pacing.c mps_scale):
 # it books launches in SM-time (GPU time x the SMs cuCtxGetExecAffinity gives the context), so a
 # client at the 30 % share runs at it without a word; two processes of the claim share the 30 %
 # (MPS alone gives each 30 %); without the pipe folder a plain context costs the whole GPU and is

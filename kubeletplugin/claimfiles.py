@@ -38,7 +38,7 @@ def limits_text(claim: PreparedClaim) -> str:
     lines = ["# gpushare limits: written by the kubelet plugin, read by libgpushare.so",
              f"GPUSHARE_LIMITS_VERSION={LIMITS_VERSION}", f"GPUSHARE_CLAIM_UID={claim.uid}",
              f"GPUSHARE_GPU_COUNT={len(claim.gpus)}"]
-    if claim.sharing_strategy == MPS:  # the library paces the claim in SM-time (hook.c, mps_scale)
+    if claim.sharing_strategy == MPS:  # the library paces the claim in SM-time (hook/src/pacing.c, mps_scale)
         lines.append(f"GPUSHARE_SHARING_STRATEGY={MPS}")
     for i, gpu in enumerate(claim.gpus):
         lines += [f"GPUSHARE_DEVICE_UUID_{i}={gpu.uuid}", f"GPUSHARE_MEMORY_LIMIT_{i}={gpu.memory_limit}",

@@ -1,3 +1,5 @@
+/* What does the claim allow? Its limits file (or environment), and the node agent's control
+ * file beside it: where they are (docs/interfaces.md), how they are read and parsed. */
 #define _GNU_SOURCE
 #include "limits.h"
 
@@ -6,9 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "control.h"
 #include "log.h"
+#include "rawstat.h"
 
 extern char **environ;
 
@@ -193,4 +199,37 @@ void gs_limits_load(struct gs_limits *l)
         gs_log("%s; failing closed (every allocation is refused)", err);
         l->failed = 1;
     }
+}
+
+/* The agent's control file of GPU i, mapped read-only. NULL = none: missing (a claim prepared
+ * by an older plugin) or unusable. It is root-owned, so a bad one is a bug, not an attack:
+ * one log line, and pacing falls back to the region's rate and the limit. All zeros is fine
+ * (the agent has not written it yet); the header is checked again with every rate read. */
+const struct gs_control *gs_control_open(const char *dir, int i)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/control/%d", dir, i);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) gs_log("cannot open control file %s: %s; ignored", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (gs_fstat(fd, &st) != 0 || st.st_size != GS_CONTROL_SIZE)
+        gs_log("control file %s has size %lld, expected %u; ignored", path, (long long)st.st_size,
+               GS_CONTROL_SIZE);
+    else if ((p = mmap(NULL, GS_CONTROL_SIZE, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        gs_log("cannot map control file %s: %s; ignored", path, strerror(errno));
+    close(fd); /* the mapping keeps the file */
+    if (p == MAP_FAILED) return NULL;
+    const struct gs_control *c = p;
+    uint64_t magic = __atomic_load_n(&c->magic, __ATOMIC_ACQUIRE);
+    if (magic != 0 && (magic != GS_CONTROL_MAGIC || c->version != GS_CONTROL_VERSION)) {
+        gs_log("control file %s has magic %#llx version %u, expected %#llx version %u; ignored", path,
+               (unsigned long long)magic, c->version, (unsigned long long)GS_CONTROL_MAGIC, GS_CONTROL_VERSION);
+        munmap(p, GS_CONTROL_SIZE);
+        return NULL;
+    }
+    return c;
 }

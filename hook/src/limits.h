@@ -1,5 +1,6 @@
-/* The claim's limits: where they come from (docs/interfaces.md, "Where the library looks")
- * and how they are parsed. Read once, at the first CUDA or NVML call. */
+/* What does the claim allow? The claim's limits: where they come from (docs/interfaces.md,
+ * "Where the library looks") and how they are parsed, read once, at the first CUDA or NVML call;
+ * and the node agent's control file of each GPU (control.h), opened with the GPU's state. */
 #ifndef GPUSHARE_LIMITS_H
 #define GPUSHARE_LIMITS_H
 
@@ -22,7 +23,7 @@ struct gs_gpu_limit {
     int compute;        /* percent 1..100 */
     int burst;          /* policy Burst: a node agent may raise the rate above the limit */
     uint32_t sm_count;  /* the GPU's SMs, from the plugin (0: unknown): MPS clients are
-                           measured against it (hook.c, "MPS") */
+                           measured against it (pacing.c, "MPS") */
 };
 
 struct gs_limits {
@@ -39,5 +40,9 @@ int gs_limits_parse(struct gs_limits *l, const char *text, int require_version,
                     const char *source, char *err, size_t errlen);
 /* Lookup order of docs/interfaces.md; logs one line on failure. */
 void gs_limits_load(struct gs_limits *l);
+/* The agent's control file of GPU i in dir (dir/control/i), mapped read-only; NULL = none or
+ * unusable (one log line unless it is simply missing). */
+struct gs_control;
+const struct gs_control *gs_control_open(const char *dir, int i);
 
 #endif

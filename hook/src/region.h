@@ -78,7 +78,9 @@ struct gs_region {
     struct gs_slot *slots;
     int lock_fd;            /* O_CLOEXEC fd whose OFD lock on our slot's byte says "alive" */
     int slot;               /* our slot, -1 = not registered yet */
-    int fault_stop;         /* test only: SIGSTOP while holding the lock */
+#ifdef GS_TEST_FAULTS
+    int fault_stop;         /* test builds only (hook/Makefile): SIGSTOP while holding the lock */
+#endif
     struct gs_lock_view stuck; /* a live holder seen keeping the lock unmoved, since: */
     uint64_t stuck_since;
     uint64_t mine;          /* bytes this process holds: the truth for our slot (under pub) */

@@ -69,7 +69,7 @@ class Control:
     def procs(self) -> int:
         """The claim's processes on the GPU as the agent sees them (NVML, mapped from kernel facts);
         0 = unknown. A library that finds the claim's shared timeline in the region forged paces
-        itself at the claim's rate / procs (hook/src/hook.c, book_shared)."""
+        itself at the claim's rate / procs (hook/src/pacing.c, book_shared)."""
         return self._words[_PROCS // 4]
 
     @procs.setter

@@ -1,5 +1,5 @@
-"""Time slots: how the claims on one GPU take turns (the library's side: hook/src/hook.c,
-"compute pacing"; the design and its figures: docs/compute.md).
+"""Time slots: how the claims on one GPU take turns (the library's side: hook/src/pacing.c;
+the design and its figures: docs/compute.md).
 
 Contexts of different processes are time-sliced by the GPU, so a claim's event-timed launch
 cost counts the other claims' slices, and NVML's per-process utilization is sampled (a busy

@@ -11,6 +11,8 @@ from tests.support import MiB
 from tests.support.hook import kv
 
 LIMIT = 64 * MiB
+# the library built with its test-only fault hooks (hook/Makefile, TEST_FAULTS); never shipped
+FAULTS_LIBRARY = "tests/libgpushare-faults.so"
 
 
 @pytest.mark.parametrize("procs,rounds", [(2, 200), (16, 40)])
@@ -54,7 +56,7 @@ def test_stopped_then_killed_lock_holder(make_claim):
     try:
         assert "allocated=16777216" in steady.stdout.readline() + steady.stdout.readline()
         holder = c.popen("gpushare-probe", "alloc", "--chunk", "16Mi", "--max", "16Mi",
-                         env={"GPUSHARE_TEST_FAULT": "stop_in_lock"})
+                         env={"GPUSHARE_TEST_FAULT": "stop_in_lock", "LD_PRELOAD": str(c.build / FAULTS_LIBRARY)})
         _wait_stopped(holder.pid)  # stopped inside the robust mutex, mid-update
         t0 = time.monotonic()
         refused = c.run("gpushare-probe", "alloc", "--chunk", "8Mi", timeout=30)
@@ -81,11 +83,17 @@ def test_stopped_then_killed_lock_holder(make_claim):
     assert "recomputed" not in after_run.stderr, after_run.stderr
 
 
-def test_fault_hook_ignored_outside_test_mode(make_claim):
+def test_fault_hook_only_in_the_test_build(make_claim):
+    """The shipped library has no fault hook at all; the test build honours it only with a run
+    dir (GPUSHARE_RUN_DIR), never with limits from the environment or /var/run/gpushare."""
     c = make_claim(memory=LIMIT)
-    env = {"GPUSHARE_RUN_DIR": "", "GPUSHARE_MEMORY_LIMIT_0": str(LIMIT), "GPUSHARE_TEST_FAULT": "stop_in_lock"}
-    p = c.run("gpushare-probe", "alloc", "--chunk", "16Mi", env=env, timeout=10)
-    assert int(kv(p.stdout)["allocated"]) == LIMIT
+    assert b"TEST_FAULT" not in (c.build / "libgpushare.so").read_bytes()
+    fault = {"GPUSHARE_TEST_FAULT": "stop_in_lock"}
+    env_limits = {"GPUSHARE_RUN_DIR": "", "GPUSHARE_MEMORY_LIMIT_0": str(LIMIT)}
+    for library, env in (("libgpushare.so", {}), ("libgpushare.so", env_limits), (FAULTS_LIBRARY, env_limits)):
+        p = c.run("gpushare-probe", "alloc", "--chunk", "16Mi",
+                  env=dict(env, **fault, LD_PRELOAD=str(c.build / library)), timeout=10)
+        assert int(kv(p.stdout)["allocated"]) == LIMIT, (library, env)
 
 
 def test_dead_process_memory_reclaimed(make_claim):

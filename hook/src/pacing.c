@@ -1,0 +1,383 @@
+/* How long does a launch wait? Compute pacing of every kernel and graph launch
+ * (cuLaunchKernel(Ex), cuLaunchCooperativeKernel, cuGraphLaunch, each with _ptsz), and the MPS
+ * share of a context (cuCtxGetExecAffinity). Capture tracking: capture.c; the per-GPU state
+ * (struct gpu_state's pacing fields): state.h. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "capture.h"
+#include "devices.h"
+#include "init.h"
+#include "log.h"
+#include "symbols.h"
+
+/* ------------------------------------------------------------------ compute pacing
+ * Design, alternatives and figures: docs/compute.md. Contexts of different processes are
+ * time-sliced, so an event pair around a kernel also counts the slices of the other claims'
+ * contexts: a cost measured that way says little while others are busy. So:
+ *  - each launch books cost/rate of the claim's timeline in a GCRA token bucket: pace_tat_ns
+ *    in the region, shared by the claim's processes, and a private one per process, so that
+ *    a forged region can never let a process run past the rate on its own;
+ *  - the node agent gives each claim on a GPU its own time slot in a common period (control
+ *    file, trusted). Inside its slot a claim may run up to a period ahead of its timeline, so
+ *    a busy claim launches its period's worth there and the claims take turns: each runs
+ *    alone and measures its own cost. Outside its slot it may run OUT_BURST_NS ahead, so a
+ *    claim that uses less than its rate is never held back;
+ *  - cost = per kernel (function and grid) or graph: the low envelope of event-pair samples,
+ *    which drops to a clean sample at once and rises by 1/32 of an inflated one (at most
+ *    1/32 of itself);
+ *  - nothing is recorded, queried, synchronised or slept on a capturing stream, and no event
+ *    is queried or synchronised while a capture is active in the process (global-mode
+ *    capture forbids it on every stream).
+ * Without a slot (no agent, older plugin) the bucket may run BURST_NS ahead anywhere. */
+
+#define BURST_NS 10000000ull      /* no slot: 10 ms */
+#define OUT_BURST_NS 2000000ull   /* outside the claim's slot: 2 ms */
+#define SAMPLE_NS 10000000ull     /* one measured launch per 10 ms */
+#define TAT_SANE_NS 10000000000ull /* a timeline further ahead is forged: ignored */
+enum { KIND_KERNEL = 0, KIND_GRAPH = 1 };
+
+struct launch {
+    struct gpu_state *g;  /* NULL: not paced */
+    int kind, ptsz, sampling;
+    uintptr_t key;
+    CUstream stream;
+};
+
+static uint64_t rate_ppm(struct gpu_state *g)
+{
+    /* Trusted (root-owned, read-only in the container), so it may exceed the limit: the agent
+     * raises a Burst claim's rate into idle time. */
+    uint64_t trusted = g->control ? gs_control_rate(g->control) : 0;
+    if (trusted) return trusted > 1000000 ? 1000000 : trusted;
+    uint64_t limit = (uint64_t)g->compute * 10000;
+    uint64_t agent = __atomic_load_n(&g->region.hdr->pace_rate_ppm, __ATOMIC_RELAXED);
+    if (agent == 0 || (!g->burst && agent > limit)) return limit;
+    return agent > 1000000 ? 1000000 : agent;
+}
+
+static void sleep_until(uint64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+}
+
+static CUresult record(CUevent e, CUstream s, int ptsz)
+{
+    return ptsz ? real_cuEventRecord_ptsz(e, s) : real_cuEventRecord(e, s);
+}
+
+
+static struct cost_entry *cost_entry(struct gpu_state *g, uintptr_t key)
+{
+    return &g->costs[((key >> 4) ^ (key >> 14)) % COST_ENTRIES];
+}
+
+/* the launch's cost: its own entry, else the mean of the kind; 0 = never measured. (Key and
+ * ns are two loads: a racing update may charge one launch another's cost.) */
+static uint64_t cost_of(struct gpu_state *g, int kind, uintptr_t key)
+{
+    struct cost_entry *e = cost_entry(g, key);
+    uint64_t ns = __atomic_load_n(&e->key, __ATOMIC_RELAXED) == key ? __atomic_load_n(&e->ns, __ATOMIC_RELAXED) : 0;
+    return ns ? ns : __atomic_load_n(&g->cost_ns[kind], __ATOMIC_RELAXED);
+}
+
+/* under sample_lock: read a finished sample into the cost estimates */
+static void finish_sample(struct gpu_state *g)
+{
+    CUresult q = real_cuEventQuery(g->ev1);
+    if (q == CUDA_ERROR_NOT_READY) return;
+    float ms = 0;
+    g->pending = 0;
+    if (q != CUDA_SUCCESS || real_cuEventElapsedTime_v2(&ms, g->ev0, g->ev1) != CUDA_SUCCESS) return;
+    /* +1: a measured cost is never 0, so 0 keeps meaning "not measured yet" */
+    uint64_t sample = (ms > 0 ? (uint64_t)((double)ms * 1e6) : 0) + 1;
+    uint64_t *c = &g->cost_ns[g->pending_kind];
+    uint64_t old = __atomic_load_n(c, __ATOMIC_RELAXED);
+    __atomic_store_n(c, old ? (3 * old + sample) / 4 : sample, __ATOMIC_RELAXED);
+    struct cost_entry *e = cost_entry(g, g->pending_key);
+    old = e->key == g->pending_key ? e->ns : 0;
+    uint64_t rise = (sample - old) / 32 < old / 32 ? (sample - old) / 32 : old / 32; /* one slice is no trend */
+    if (g->pending_upper) rise = 0;
+    __atomic_store_n(&e->ns, !old || sample < old ? sample : old + rise, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->key, g->pending_key, __ATOMIC_RELAXED);
+}
+
+/* GCRA: book interval on timeline *tat, not starting before floor (<= now); returns the time
+ * the booking starts at */
+static uint64_t book(uint64_t *tat, uint64_t now, uint64_t floor, uint64_t interval)
+{
+    uint64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED), base;
+    do { /* ignore an absurd timeline (the region is tenant-writable) */
+        base = old > floor && old < now + TAT_SANE_NS ? old : floor;
+    } while (!__atomic_compare_exchange_n(tat, &old, base + interval, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return base;
+}
+
+/* The claim's shared timeline (the region's pace_tat_ns) only ever moves forward: every booking
+ * writes max(old, floor) + interval. So a value below the one this process last wrote there, or
+ * an absurd one, means someone wrote the region: a tenant that keeps it at 0 lets each of its
+ * processes run at the claim's whole rate on its private bucket, N processes N times the share
+ * (issue 26). From then on this process paces its private bucket at rate / procs, procs being
+ * the agent's count of the claim's processes on the GPU (trusted control file): together they
+ * hold the claim's rate whatever the region says. Sticky for the process's life. */
+static uint64_t book_shared(struct gpu_state *g, uint64_t now, uint64_t floor, uint64_t interval)
+{
+    uint64_t *tat = &g->region.hdr->pace_tat_ns;
+    /* last before old (acquire/release): another thread's write is in the timeline before its
+     * my_shared_ns, so an honest timeline is never seen below it */
+    uint64_t last = __atomic_load_n(&g->my_shared_ns, __ATOMIC_ACQUIRE);
+    uint64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED), base;
+    do {
+        if ((old < last || old >= now + TAT_SANE_NS) && !__atomic_exchange_n(&g->forged, 1, __ATOMIC_RELAXED))
+            gs_log("GPU %d: the claim's pacing timeline in the usage region went back (%llu ns, this process wrote "
+                   "%llu): a process of the claim writes the region; this process now paces itself at the claim's "
+                   "rate / %u (the processes the node agent sees)", g->index, (unsigned long long)old,
+                   (unsigned long long)last, g->control ? gs_control_procs(g->control) : 1u);
+        base = old > floor && old < now + TAT_SANE_NS ? old : floor;
+    } while (!__atomic_compare_exchange_n(tat, &old, base + interval, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    __atomic_store_n(&g->my_shared_ns, base + interval, __ATOMIC_RELEASE);
+    return base;
+}
+
+/* MPS (docs/strategies.md): kernels of the MPS server's clients run side by side, each on the
+ * SMs the server gives its context, so a launch costs its GPU time times that part of the SMs:
+ * an MPS claim's timeline counts SM-time. A lone client the server holds to the share then books
+ * exactly its rate and never waits; several processes of one claim, or a client at a larger
+ * claim's ceiling (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE unset or raised), are held to the share
+ * together. What a context may use is asked of the driver, never read from the environment the
+ * tenant writes: only an MPS context has an SM limit (cuCtxGetExecAffinity). A plain context (the
+ * pipe folder dropped or pointed elsewhere), an unknown SM count (limits file) or a driver before
+ * CUDA 11.4 costs the whole GPU, as under TimeSlicing. One answer per context, kept until another
+ * context launches or it is destroyed. */
+#define MPS_SM_SLACK 2u /* SMs of a TPC: the driver rounds an SM limit up to whole TPCs (cuda.h) */
+
+static uint64_t mps_scale(struct gpu_state *g)
+{
+    CUcontext ctx = NULL;
+    if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return 1000000;
+    if (__atomic_load_n(&g->mps_ctx, __ATOMIC_ACQUIRE) == ctx) return __atomic_load_n(&g->mps_ppm, __ATOMIC_RELAXED);
+    CUexecAffinityParam a = {0};
+    CUresult rc = g->sm_count ? real_cuCtxGetExecAffinity(&a, CU_EXEC_AFFINITY_TYPE_SM_COUNT) : CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t sms = a.param.smCount.val, ppm = 1000000; /* no answer: the whole GPU */
+    if (rc == CUDA_SUCCESS && sms * 100 <= (uint64_t)g->sm_count * (uint64_t)g->compute + MPS_SM_SLACK * 100)
+        ppm = (uint64_t)g->compute * 10000; /* the driver's rounding up to a whole TPC is not the tenant's */
+    else if (rc == CUDA_SUCCESS && sms < g->sm_count)
+        ppm = sms * 1000000 / g->sm_count;
+    __atomic_store_n(&g->mps_ppm, ppm, __ATOMIC_RELAXED); /* a racing reader may take one launch at another's */
+    __atomic_store_n(&g->mps_ctx, ctx, __ATOMIC_RELEASE);
+    static int said;
+    if (rc != CUDA_SUCCESS && !__atomic_exchange_n(&said, 1, __ATOMIC_ACQ_REL)) {
+        if (!g->sm_count)
+            gs_log("MPS claim: the limits file does not give the GPU's SM count; a launch costs its time on the whole "
+                   "GPU (paced as under TimeSlicing)");
+        else
+            gs_log("MPS claim: this process is no MPS client of the claim's server (cuCtxGetExecAffinity: %d); "
+                   "paced to the %d %% share as under TimeSlicing", rc, g->compute);
+    }
+    return ppm;
+}
+
+static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr_t key)
+{
+    L->g = NULL;
+    L->sampling = 0;
+    ensure_cuda();
+    if (g_launch_mode != LAUNCH_PACE) return;
+    struct gpu_state *g = current_gpu();
+    if (!g || g->failed || g->compute >= 100) return;
+    int captures = __atomic_load_n(&g_captures, __ATOMIC_RELAXED) > 0;
+    if (captures && capturing(s, ptsz)) return; /* it goes into a graph: nothing runs now */
+    L->g = g;
+    L->kind = kind;
+    L->ptsz = ptsz;
+    L->stream = s;
+    L->key = key;
+
+    uint64_t now = gs_now_ns();
+    uint64_t cost = cost_of(g, kind, key);
+    if (g->mps && cost) cost = cost * mps_scale(g) / 1000000 + 1; /* SM-time; never 0 (= not measured) */
+    int first_in_slot = 0;
+    if (cost) {
+        uint64_t start = 0, len = 0, period = 0, ahead = BURST_NS, next_slot = 0;
+        int slotted = g->control && gs_control_slot(g->control, &start, &len, &period);
+        int in_slot = 0;
+        uint64_t floor = now;
+        if (slotted) { /* in the slot: up to the next slot's start, a period's worth */
+            uint64_t phase = (now % period + period - start) % period; /* since the slot began */
+            in_slot = phase < len;
+            next_slot = now + period - phase;
+            ahead = in_slot ? period - phase : OUT_BURST_NS;
+            if (in_slot) floor = now - phase; /* a late wake-up does not cost the claim its time */
+        }
+        uint64_t interval = cost * 1000000 / rate_ppm(g);
+        uint64_t base = book_shared(g, now, floor, interval);
+        int forged = __atomic_load_n(&g->forged, __ATOMIC_RELAXED);
+        uint64_t alone = forged && g->control ? gs_control_procs(g->control) : 1;
+        /* forged: a GCRA of its own that may catch up a period it lost waiting for its slot */
+        uint64_t tolerance = slotted ? period : BURST_NS;
+        uint64_t mine = book(&g->my_tat_ns, now, forged && now > tolerance ? now - tolerance : floor, interval * alone);
+        if (mine > base) base = mine;
+        /* the first launch of a slot can queue behind the last one of the previous slot's
+         * claim: not a clean sample */
+        first_in_slot = in_slot && base <= now;
+        __atomic_add_fetch(&g->region.hdr->pace_gpu_ns, cost, __ATOMIC_RELAXED);
+        if (base > now + ahead) {
+            /* slotted: at the latest when a slot opens in which the booking fits (a period's worth
+             * from its start). Waking at the next slot whatever was booked let each waiting process
+             * launch once a period: a claim's processes together, or one whose launch costs more
+             * than a period of its rate, took more than the share (4 MPS clients of a 25 % claim:
+             * 46 % of the work beside a neighbour) */
+            uint64_t wake = base - ahead;
+            if (slotted) {
+                uint64_t opens = next_slot;
+                if (base > opens + period) opens += (base - opens - period + period - 1) / period * period;
+                if (in_slot || opens < wake) wake = opens;
+            }
+            __atomic_add_fetch(&g->region.hdr->paced_ns, wake - now, __ATOMIC_RELAXED);
+            sleep_until(wake);
+            now = wake;
+        }
+        if (forged) { /* the private bucket alone holds the claim: a plain GCRA, no slot shortcut */
+            if (mine > now + tolerance) {
+                uint64_t wake = mine - tolerance;
+                if (slotted) { /* in the claim's slot, as its other launches (clean cost samples) */
+                    uint64_t phase = (wake % period + period - start) % period;
+                    if (phase >= len) wake += period - phase;
+                }
+                __atomic_add_fetch(&g->region.hdr->paced_ns, wake - now, __ATOMIC_RELAXED);
+                sleep_until(wake);
+                now = wake;
+            }
+        }
+    }
+    if (captures || first_in_slot || (cost && now < __atomic_load_n(&g->next_sample_ns, __ATOMIC_RELAXED)) ||
+        pthread_mutex_trylock(&g->sample_lock) != 0)
+        return;
+    if (g->pending) finish_sample(g);
+    if (!g->pending && (!g->ev0 || !g->ev1)) {
+        if (real_cuEventCreate(&g->ev0, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->ev0 = NULL;
+        if (real_cuEventCreate(&g->ev1, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->ev1 = NULL;
+    }
+    /* capturing() again: a capture begun where we cannot see it (cuStreamBeginCaptureToGraph) */
+    if (!g->pending && g->ev0 && g->ev1 && !capturing(s, ptsz) && record(g->ev0, s, ptsz) == CUDA_SUCCESS) {
+        L->sampling = 1; /* keep sample_lock until pace_end */
+        return;
+    }
+    __atomic_store_n(&g->next_sample_ns, now + SAMPLE_NS, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g->sample_lock);
+}
+
+/* after the real launch, which returned rc: finish a sample begun by pace_begin; returns rc */
+static CUresult pace_end(struct launch *L, CUresult rc)
+{
+    if (!L->sampling) return rc;
+    struct gpu_state *g = L->g;
+    if (rc == CUDA_SUCCESS && record(g->ev1, L->stream, L->ptsz) == CUDA_SUCCESS) {
+        g->pending = 1;
+        g->pending_kind = L->kind;
+        g->pending_key = L->key;
+        g->pending_upper = !__atomic_load_n(&g_captures, __ATOMIC_RELAXED) && real_cuEventQuery(g->ev0) == CUDA_SUCCESS;
+        if (!__atomic_load_n(&g->cost_ns[L->kind], __ATOMIC_RELAXED) &&
+            !__atomic_load_n(&g_captures, __ATOMIC_RELAXED)) { /* first: wait for it */
+            real_cuEventSynchronize(g->ev1);
+            finish_sample(g);
+        }
+    } else if (rc == CUDA_SUCCESS) { /* events of another context: make new ones next time */
+        real_cuEventDestroy_v2(g->ev0);
+        real_cuEventDestroy_v2(g->ev1);
+        g->ev0 = g->ev1 = NULL;
+    }
+    __atomic_store_n(&g->next_sample_ns, gs_now_ns() + SAMPLE_NS, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g->sample_lock);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ the launch hooks
+ * Each: when no GPU of the claim is paced (compute 100, or no claim), straight to the driver
+ * (a tail call); else pace_begin, the real launch, pace_end. */
+
+static inline int launch_unpaced(void)
+{
+    return __atomic_load_n(&g_launch_mode, __ATOMIC_ACQUIRE) == LAUNCH_PASS;
+}
+
+/* a kernel's cost key: the function and its grid size */
+static inline uintptr_t kernel_key(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz)
+{
+    return (uintptr_t)f ^ ((uintptr_t)gx * gy * gz << 20);
+}
+
+static inline uintptr_t kernel_key_ex(const CUlaunchConfig *cfg, CUfunction f)
+{
+    return cfg ? kernel_key(f, cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ) : (uintptr_t)f;
+}
+
+HOOK CUresult cuLaunchKernel(GS_LAUNCH_ARGS, void **extra)
+{
+    if (LIKELY(launch_unpaced())) return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    struct launch L;
+    pace_begin(&L, s, 0, KIND_KERNEL, kernel_key(f, gx, gy, gz));
+    return pace_end(&L, real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
+}
+
+HOOK CUresult cuLaunchKernel_ptsz(GS_LAUNCH_ARGS, void **extra)
+{
+    if (LIKELY(launch_unpaced())) return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    struct launch L;
+    pace_begin(&L, s, 1, KIND_KERNEL, kernel_key(f, gx, gy, gz));
+    return pace_end(&L, real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
+}
+
+HOOK CUresult cuLaunchCooperativeKernel(GS_LAUNCH_ARGS)
+{
+    if (LIKELY(launch_unpaced())) return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+    struct launch L;
+    pace_begin(&L, s, 0, KIND_KERNEL, kernel_key(f, gx, gy, gz));
+    return pace_end(&L, real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params));
+}
+
+HOOK CUresult cuLaunchCooperativeKernel_ptsz(GS_LAUNCH_ARGS)
+{
+    if (LIKELY(launch_unpaced()))
+        return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+    struct launch L;
+    pace_begin(&L, s, 1, KIND_KERNEL, kernel_key(f, gx, gy, gz));
+    return pace_end(&L, real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params));
+}
+
+HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+    if (LIKELY(launch_unpaced())) return real_cuLaunchKernelEx(cfg, f, params, extra);
+    struct launch L;
+    pace_begin(&L, cfg ? cfg->hStream : NULL, 0, KIND_KERNEL, kernel_key_ex(cfg, f));
+    return pace_end(&L, real_cuLaunchKernelEx(cfg, f, params, extra));
+}
+
+HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+    if (LIKELY(launch_unpaced())) return real_cuLaunchKernelEx_ptsz(cfg, f, params, extra);
+    struct launch L;
+    pace_begin(&L, cfg ? cfg->hStream : NULL, 1, KIND_KERNEL, kernel_key_ex(cfg, f));
+    return pace_end(&L, real_cuLaunchKernelEx_ptsz(cfg, f, params, extra));
+}
+
+/* a graph launch is charged at the graph's own measured replay cost */
+HOOK CUresult cuGraphLaunch(CUgraphExec ge, CUstream s)
+{
+    if (LIKELY(launch_unpaced())) return real_cuGraphLaunch(ge, s);
+    struct launch L;
+    pace_begin(&L, s, 0, KIND_GRAPH, (uintptr_t)ge);
+    return pace_end(&L, real_cuGraphLaunch(ge, s));
+}
+
+HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec ge, CUstream s)
+{
+    if (LIKELY(launch_unpaced())) return real_cuGraphLaunch_ptsz(ge, s);
+    struct launch L;
+    pace_begin(&L, s, 1, KIND_GRAPH, (uintptr_t)ge);
+    return pace_end(&L, real_cuGraphLaunch_ptsz(ge, s));
+}

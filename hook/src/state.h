@@ -1,0 +1,54 @@
+/* What does this process hold? Its state for each GPU of the claim (memory limit, usage region,
+ * pacing), its pointer table, and what a fork child keeps of them (state.c). */
+#ifndef GPUSHARE_STATE_H
+#define GPUSHARE_STATE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "compiler.h"
+#include "control.h"
+#include "cuda_abi.h"
+#include "limits.h"
+#include "ptrmap.h"
+#include "region.h"
+
+#define COST_ENTRIES 256 /* launch costs remembered per GPU: direct-mapped by kernel/graph */
+
+struct gpu_state {
+    int index;                 /* limit slot i */
+    int failed;                /* fail closed: every allocation refused, 0 reported */
+    uint64_t limit;
+    int compute, burst;
+    int mps;                   /* sharingStrategy MPS: launches cost their context's SMs (mps_scale) */
+    uint32_t sm_count;         /* the GPU's SMs, from the limits file; 0 = unknown */
+    CUcontext mps_ctx;         /* the context whose part of the SMs mps_ppm is; NULL = none yet */
+    uint64_t mps_ppm;
+    struct gs_region region;
+    const struct gs_control *control; /* the agent's trusted rate and slot; NULL = none */
+    /* pacing (pacing.c): cost of a launch (GPU ns) measured with an event pair every SAMPLE_NS */
+    uint64_t cost_ns[2];       /* [kernel, graph]: mean of all samples, 0 = unknown */
+    struct cost_entry { uintptr_t key; uint64_t ns; } costs[COST_ENTRIES]; /* per kernel/graph */
+    uint64_t my_tat_ns;        /* this process's own bucket (the region's can be forged) */
+    uint64_t my_shared_ns;     /* what this process last wrote into the region's timeline */
+    int forged;                /* the region's timeline went back: paced alone at rate / procs */
+    uint64_t next_sample_ns;
+    pthread_mutex_t sample_lock; /* only trylocked on the launch path */
+    int pending, pending_kind;
+    int pending_upper;         /* the GPU was idle at the launch: the sample also counts our
+                                  own launch gap, so it may only lower the estimate */
+    uintptr_t pending_key;
+    CUevent ev0, ev1;
+};
+
+extern struct gpu_state g_gpu[GS_MAX_GPUS] GS_HIDDEN; /* by limit slot; valid where g_gpu_open */
+extern int g_gpu_open[GS_MAX_GPUS] GS_HIDDEN;
+extern pthread_mutex_t g_map_lock GS_HIDDEN;          /* device -> slot maps (devices.c) */
+extern struct gs_ptrmap g_ptrs GS_HIDDEN;             /* pointer/handle -> size, GPU (memory.c) */
+
+/* pthread_atfork handlers (registered by init.c at the first driver call) */
+void gs_fork_prepare(void) GS_HIDDEN;
+void gs_fork_parent(void) GS_HIDDEN;
+void gs_fork_child(void) GS_HIDDEN;
+
+#endif
