@@ -12,8 +12,18 @@ from typing import Any
 
 from dra_driver import flags
 from dra_driver.cli import Formatter, add_cluster, add_devices, add_logging, lazy
+from dra_driver.config.strategies import GpuStrategies
 
 from .config import DEFAULTS
+
+
+def _mps_gpus(text: str) -> str:
+    """--mps-gpus, checked here so a bad value is a usage error."""
+    try:
+        GpuStrategies.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def add_commands(sub: Any) -> None:
@@ -45,6 +55,15 @@ def add_commands(sub: Any) -> None:
     g.add_argument("--mps-control", default=" ".join(DEFAULTS.mps_control), type=shlex.split,
                    help="command line of NVIDIA's MPS control program, run for claims with sharingStrategy MPS: "
                         "one control daemon per GPU (docs/strategies.md)")
+    g.add_argument("--mps-gpus", default=DEFAULTS.mps_gpus, type=_mps_gpus,
+                   help="GPUs that serve sharingStrategy MPS claims only: none, all, or GPU indexes (0,2); "
+                        "the others serve TimeSlicing and None claims. Published as the devices' attribute "
+                        "sharingStrategy (MPS or TimeSlicing), which the DeviceClasses mps.gpushare.dev and "
+                        "gpushare.dev select on (docs/strategies.md, Keeping strategies apart)")
+    g.add_argument("--mixed-strategies", default=DEFAULTS.mixed_strategies, action=argparse.BooleanOptionalAction,
+                   help="every GPU serves every strategy (sharingStrategy Mixed): MPS claims may share a GPU "
+                        "with TimeSlicing and None claims, where the MPS server is one context in the GPU's "
+                        "time slicing and its claims get less than their share (docs/strategies.md)")
     g.add_argument("--metrics-addr", default=DEFAULTS.metrics_addr, type=flags.host_port,
                    help="HOST:PORT serving Prometheus metrics at /metrics; empty disables")
     g.add_argument("--healthcheck-port", type=flags.port, default=DEFAULTS.healthcheck_port,

@@ -30,6 +30,8 @@ class PluginConfig:
     state_dir: str = "/var/lib/gpushare"
     hook_dir: str | None = None  # None: the library shipped in this package
     mps_control: tuple[str, ...] = ("nvidia-cuda-mps-control",)
+    mps_gpus: str = "none"  # GPUs that serve MPS claims only (none, all, 0,2): dra_driver/config/strategies.py
+    mixed_strategies: bool = False  # every GPU serves every strategy (MPS beside TimeSlicing and None)
     metrics_addr: str = ":9400"  # "": no metrics endpoint
     healthcheck_port: int = 51515  # 0: no liveness endpoint
     publish_slices: bool = True

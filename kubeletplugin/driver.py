@@ -29,6 +29,7 @@ from kubernetes import client
 
 from cdi import SpecDir, find_devices_of_kind, remove_temp_files
 from dra_driver.config import MPS
+from dra_driver.config.strategies import GPU_MPS, STRATEGY_ATTRIBUTE, GpuStrategies, gpu_serves
 from dra_driver.devicemodel import parse_device_name
 from dra_driver.discovery import DeviceBackend, GpuInfo
 from dra_driver.install import LIBRARY_NAME, prune_versions
@@ -106,7 +107,7 @@ class Driver:
     def __init__(self, api: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  partitions: int, state_dir: str, cdi_root: str, host_library: str,
                  system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None,
-                 mps_control: Sequence[str] = (MPS_CONTROL,)) -> None:
+                 mps_control: Sequence[str] = (MPS_CONTROL,), strategies: GpuStrategies | None = None) -> None:
         no_request_retries(api)  # one read of a claim within API_TIMEOUT_S, not four
         self.resource_api = client.ResourceV1Api(api)
         self.core_api = client.CoreV1Api(api)
@@ -119,6 +120,7 @@ class Driver:
         self.state_dir = state_dir
         self.files = ClaimFiles(state_dir)
         self.mps = MpsControl(state_dir, mps_control)
+        self.strategies = strategies or GpuStrategies()  # what each GPU serves (its sharingStrategy attribute)
         self.specs = SpecDir(cdi_root, KIND)
         self.cdi_dirs = [*system_cdi_dirs, cdi_root]
         self.checkpoint = ckpt.Checkpoint(os.path.join(state_dir, "checkpoint.json"), boot_id())
@@ -215,6 +217,14 @@ class Driver:
         """The claim prepared, and what to tell its author about capacity it asked for and did not get."""
         claim = self._read_claim(ref)
         plan = plan_claim(claim, self.driver_name, self.node_name, self._gpus_for(claim), self.partitions)
+        for gpu in plan.gpus:  # the scheduler keeps strategies apart by the devices' attribute; a claim that
+            served = self.strategies.of(gpu.index)  # chose MPS through another class is refused here
+            if not gpu_serves(served, plan.sharing_strategy):
+                raise ClaimError(f"sharingStrategy {plan.sharing_strategy}: GPU {gpu.index} serves "
+                                 f"{'MPS claims only' if served == GPU_MPS else 'TimeSlicing and None claims'} "
+                                 f"(its devices' attribute {STRATEGY_ATTRIBUTE}={served}, the plugin's --mps-gpus); "
+                                 f"ask for MPS with DeviceClass mps.gpushare.dev, for the others with gpushare.dev "
+                                 f"(docs/strategies.md, Keeping strategies apart)", reason="strategy")
         toolkit = find_devices_of_kind(self.cdi_dirs, NVIDIA_KIND, skip_prefix=self.specs.prefix)
         by_index = {g.index: g for g in plan.gpus}
         devices = []

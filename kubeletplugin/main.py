@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes import client
 
+from dra_driver.config.strategies import GpuStrategies
 from dra_driver.controller.slices import desired_devices
 from dra_driver.devicemodel import CAPACITY, PARTITION
 from dra_driver.discovery import DeviceBackend, make_backend
@@ -127,10 +128,14 @@ class Plugin:
                 os.makedirs(path, mode=mode, exist_ok=True)
             except OSError as e:
                 raise PluginConfigError(flag, f"cannot create {path!r}: {e.strerror}") from None
+        try:
+            self.strategies = GpuStrategies.parse(config.mps_gpus, config.mixed_strategies)
+        except ValueError as e:
+            raise PluginConfigError("--mps-gpus", str(e)) from None
         self.driver = Driver(self.api, config.driver_name, config.node_name, self.backend, config.partitions,
                              os.path.abspath(config.state_dir), os.path.abspath(config.cdi_root), library,
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None,
-                             mps_control=config.mps_control)
+                             mps_control=config.mps_control, strategies=self.strategies)
         self.metrics = Metrics()
         self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error
@@ -242,7 +247,7 @@ class Plugin:
         self.slices = SliceController(self.api, self.config.driver_name, self.config.node_name, self.backend,
                                       sharing_mode=self.config.sharing_mode, partitions=self.config.partitions,
                                       taint_effect=self.config.unhealthy_taint_effect,
-                                      device_order=self.config.device_order).start()
+                                      device_order=self.config.device_order, strategies=self.strategies).start()
 
     def _rediscover(self) -> None:
         if self.slices is not None:

@@ -85,6 +85,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--sharing-mode", default="auto", choices=SHARING_MODES,
                    help="how the node's kubelet plugin publishes its GPUs (see kubelet-plugin --help): partition "
                         "gives share devices, for pods that ask for gpushare.dev/share; auto: capacity here")
+    p.add_argument("--mps-gpus", default="none",
+                   help="the node's kubelet-plugin --mps-gpus: GPUs that serve MPS claims only (none, all, 0,2), "
+                        "which pods reach through DeviceClass mps.gpushare.dev")
+    p.add_argument("--mixed-strategies", default=False, action=argparse.BooleanOptionalAction,
+                   help="the node's kubelet-plugin --mixed-strategies: every GPU serves every strategy")
     p.add_argument("--workdir", default=None,
                    help="folder for the node's files: plugin state, CDI specs, container logs (default: a "
                         "temporary one, removed on exit)")

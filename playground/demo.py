@@ -96,6 +96,7 @@ def _pod_body(name: str, claim: str, containers: list[str]) -> Any:  # a body: s
 
 
 class Demo:
+    mixed_strategies = False  # the plugin's --mixed-strategies (the strategies demo puts all three on one GPU)
     # Each set by its step; None until then (mypy: strict_optional is off for this module).
     emu: ApiEmulator
     node: SimulatedNode
@@ -174,7 +175,8 @@ class Demo:
         s.step("A Kubernetes API server", "The in-process emulator speaks the real REST and watch protocol; "
                "DRAConsumableCapacity is on, as on a cluster with that feature gate.")
         self.emu = ApiEmulator(consumable_capacity=True).start()
-        self.node = SimulatedNode(NODE, self.mock_gpus, self.workdir, self.runtime)
+        self.node = SimulatedNode(NODE, self.mock_gpus, self.workdir, self.runtime,
+                                  mixed_strategies=self.mixed_strategies)
         self.node.register(self.emu.api_client())
         s.show(f"API server {self.emu.url}; node {NODE}; DeviceClass {DRIVER} (device.driver == \"{DRIVER}\")")
 

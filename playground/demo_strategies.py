@@ -64,6 +64,9 @@ def throughput(out: dict[str, str]) -> float:
 
 
 class StrategiesDemo(Demo):
+    # one claim of each strategy on one GPU: the operator's choice to mix them (docs/strategies.md)
+    mixed_strategies = True
+
     def __init__(self, mock_gpus: str, workdir: str, runtime: str):
         super().__init__(mock_gpus, workdir, runtime)
         self.story = Story(8)

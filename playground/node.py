@@ -29,19 +29,38 @@ if TYPE_CHECKING:  # imported where used: `--help` stays quick
 
 # The DeviceClass deploy/base/deviceclass.yaml installs (tests/e2e checks they are the same).
 # Bodies are the API's JSON; the client sends a dict as it is (its methods are typed for its models).
+# Devices whose GPU serves TimeSlicing and None claims (its sharingStrategy is not MPS: the
+# plugin's --mps-gpus; docs/strategies.md, Keeping strategies apart); a slice published before the
+# attribute existed has none and serves them too.
+NOT_MPS_ONLY = (f'!("sharingStrategy" in device.attributes["{DRIVER}"]) || '
+                f'device.attributes["{DRIVER}"].sharingStrategy != "MPS"')
 DEVICE_CLASS: Any = {
     "apiVersion": "resource.k8s.io/v1",
     "kind": "DeviceClass",
     "metadata": {"name": DRIVER},
-    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}},
+                           {"cel": {"expression": NOT_MPS_ONLY}}]},
 }
-
+# deploy/base/deviceclass-mps.yaml: the GPUs that serve MPS claims (sharingStrategy MPS or Mixed),
+# and the config that makes a claim MPS.
+MPS_SERVED = (f'"sharingStrategy" in device.attributes["{DRIVER}"] && '
+              f'device.attributes["{DRIVER}"].sharingStrategy in ["MPS", "Mixed"]')
+MPS_DEVICE_CLASS: Any = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": f"mps.{DRIVER}"},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}},
+                           {"cel": {"expression": MPS_SERVED}}],
+             "config": [{"opaque": {"driver": DRIVER, "parameters": {
+                 "apiVersion": "gpushare.dev/v1alpha1", "kind": "GpuShareConfig", "sharingStrategy": "MPS"}}}]},
+}
 
 
 def _extended_class(name: str, resource: str, sharing: str) -> Any:
     expression = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].sharing == "{sharing}"'
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-            "spec": {"extendedResourceName": resource, "selectors": [{"cel": {"expression": expression}}]}}
+            "spec": {"extendedResourceName": resource, "selectors": [{"cel": {"expression": expression}},
+                                                                      {"cel": {"expression": NOT_MPS_ONLY}}]}}
 
 
 # The classes deploy/base/deviceclass-extended.yaml installs: pods that write
@@ -71,12 +90,14 @@ class SimulatedNode:
     plugin: Plugin | None
     kubelet: Kubelet | None
 
-    def __init__(self, name: str, mock_gpus: str, workdir: str, runtime: str, sharing_mode: SharingMode = "auto"):
+    def __init__(self, name: str, mock_gpus: str, workdir: str, runtime: str, sharing_mode: SharingMode = "auto",
+                 mps_gpus: str = "none", mixed_strategies: bool = False):
         from dra_driver.hookpath import native_paths
 
         self.name = name
         self.mock_gpus = mock_gpus
         self.sharing_mode = sharing_mode
+        self.mps_gpus, self.mixed_strategies = mps_gpus, mixed_strategies  # the plugin's --mps-gpus, --mixed-strategies
         self.workdir = workdir
         self.runtime = choose_runtime(runtime)
         self.native = native_paths()
@@ -118,7 +139,7 @@ class SimulatedNode:
         """The Node object and the driver's DeviceClass, as joining the cluster and installing do."""
         core = client.CoreV1Api(api)
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name}})  # type: ignore[arg-type]
-        for device_class in (DEVICE_CLASS, *EXTENDED_DEVICE_CLASSES):
+        for device_class in (DEVICE_CLASS, MPS_DEVICE_CLASS, *EXTENDED_DEVICE_CLASSES):
             client.ResourceV1Api(api).create_device_class(device_class)
 
     def start_plugin(self, api: client.ApiClient, health_recovery_seconds: float = 300.0) -> Plugin:
@@ -131,7 +152,8 @@ class SimulatedNode:
             node_name=self.name, plugin_dir=os.path.join(w, "plugin"), registry_dir=os.path.join(w, "registry"),
             state_dir=self.state_dir, cdi_root=self.cdi_root, hook_dir=self.hook_dir, device_backend="mock",
             mock_gpus=self.mock_gpus, sharing_mode=self.sharing_mode, metrics_addr="127.0.0.1:0",
-            healthcheck_port=0, health_recovery_seconds=health_recovery_seconds, mps_control=MPS_CONTROL)
+            healthcheck_port=0, health_recovery_seconds=health_recovery_seconds, mps_control=MPS_CONTROL,
+            mps_gpus=self.mps_gpus, mixed_strategies=self.mixed_strategies)
         self.plugin = Plugin(config, api=api).start()
         self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)
         return self.plugin

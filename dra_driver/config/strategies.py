@@ -29,3 +29,56 @@ def strategy_conflict(strategy: str, compute_policy: str, compute_limit_set: boo
         return "computeLimit", (f"sharingStrategy {NONE} enforces no compute share (the application limits "
                                 f"itself); leave computeLimit out or choose {TIME_SLICING} or {MPS}")
     return None
+
+
+# ---- which claims a GPU takes (issue 27; docs/strategies.md, "Keeping strategies apart") --------
+# Every published device carries the attribute `sharingStrategy`: what its GPU serves, as the
+# operator set it on the kubelet plugin (--mps-gpus, --mixed-strategies). DeviceClass selectors
+# read it (deploy/base: gpushare.dev and the extended-resource classes take GPU_TIME_SLICED and
+# GPU_MIXED devices, mps.gpushare.dev GPU_MPS and GPU_MIXED ones), so the scheduler, the real one
+# or the playground's, never puts an MPS claim beside a time-sliced or None claim; Prepare refuses
+# a claim whose strategy its GPU does not serve (a claim that named MPS through another class).
+STRATEGY_ATTRIBUTE = "sharingStrategy"
+GPU_TIME_SLICED = "TimeSlicing"  # TimeSlicing and None claims (the GPU time-slices their contexts)
+GPU_MPS = "MPS"                  # MPS claims only: the GPU's MPS server is its only context
+GPU_MIXED = "Mixed"              # every strategy: the operator allowed MPS beside the others
+GPU_STRATEGIES = (GPU_TIME_SLICED, GPU_MPS, GPU_MIXED)
+
+
+class GpuStrategies:
+    """What each GPU of a node serves: `mps` GPU indexes ("all": every GPU) serve MPS claims only,
+    the others TimeSlicing and None; `mixed`: every GPU serves every strategy."""
+
+    def __init__(self, mps: frozenset[int] | str = frozenset(), mixed: bool = False) -> None:
+        self.mps = mps
+        self.mixed = mixed
+
+    @classmethod
+    def parse(cls, text: str, mixed: bool = False) -> GpuStrategies:
+        """--mps-gpus: `none`, `all`, or GPU indexes separated by commas (`0,2`)."""
+        text = text.strip()
+        if text in ("", "none"):
+            return cls(frozenset(), mixed)
+        if text == "all":
+            return cls("all", mixed)
+        try:
+            indexes = frozenset(int(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(f"--mps-gpus: {text!r}: expected none, all or GPU indexes like 0,2") from None
+        if any(i < 0 for i in indexes):
+            raise ValueError(f"--mps-gpus: {text!r}: GPU indexes are 0 or more")
+        return cls(indexes, mixed)
+
+    def of(self, index: int) -> str:
+        """The `sharingStrategy` attribute of GPU `index`'s devices."""
+        if self.mixed:
+            return GPU_MIXED
+        return GPU_MPS if self.mps == "all" or (isinstance(self.mps, frozenset) and index in self.mps) \
+            else GPU_TIME_SLICED
+
+
+def gpu_serves(gpu_strategy: str, claim_strategy: str) -> bool:
+    """Whether a GPU published with `gpu_strategy` takes a claim of `claim_strategy`."""
+    if gpu_strategy == GPU_MIXED:
+        return True
+    return (claim_strategy == MPS) == (gpu_strategy == GPU_MPS)

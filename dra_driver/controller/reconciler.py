@@ -23,6 +23,7 @@ from collections.abc import Callable
 from kubernetes import client, watch
 
 from .. import devicemodel
+from ..config.strategies import GpuStrategies
 from ..discovery import DeviceBackend, DiscoveryError, GpuInfo
 from ..kube import JSON, api_error, json_body, plain, warning_event
 from ..log import get_logger
@@ -134,7 +135,8 @@ class SliceController:
 
     def __init__(self, api_client: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  sharing_mode: str = "auto", partitions: int = 8, gpu_poll_interval: float = 5.0,
-                 *, taint_effect: str = slices.TAINT_EFFECT, device_order: str = devicemodel.BINPACK):
+                 *, taint_effect: str = slices.TAINT_EFFECT, device_order: str = devicemodel.BINPACK,
+                 strategies: GpuStrategies | None = None):
         if sharing_mode not in MODES:
             raise ValueError(f"sharing_mode: {sharing_mode!r} is not one of {', '.join(MODES)}")
         if device_order not in devicemodel.DEVICE_ORDERS:
@@ -145,6 +147,7 @@ class SliceController:
         self.sharing_mode, self.partitions, self.gpu_poll_interval = sharing_mode, partitions, gpu_poll_interval
         self.taint_effect = taint_effect  # of an unhealthy GPU's devices: NoSchedule or NoExecute
         self.device_order = device_order  # binpack or spread: the order the scheduler tries devices in
+        self.strategies = strategies or GpuStrategies()  # what each GPU serves (its sharingStrategy attribute)
         self._api = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._wake = threading.Event()
@@ -266,7 +269,7 @@ class SliceController:
         """The slices this node should have now (generation 0; the pass sets the real one)."""
         mode = self.mode
         devices = slices.desired_devices(self._gpus or [], mode, self.partitions, bool(self._taints_kept),
-                                         self.taint_effect, self.device_order)
+                                         self.taint_effect, self.device_order, self.strategies)
         if mode == devicemodel.CAPACITY and not self._capacity_kept:
             # Capacity mode forced on a server without the gate: publish what it will store,
             # or every comparison would differ and we would rewrite forever.

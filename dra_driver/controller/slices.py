@@ -12,6 +12,7 @@ import re
 from decimal import Decimal
 
 from .. import devicemodel
+from ..config.strategies import STRATEGY_ATTRIBUTE, GpuStrategies
 from ..devicemodel import BINPACK, CAPACITY, DEVICE_ORDERS, FULL_COMPUTE, MEMORY_STEP, PARTITION, SPREAD
 from ..discovery import GpuInfo
 from ..kube import JSON
@@ -65,10 +66,11 @@ PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 
 
-def _attributes(gpu: GpuInfo, mode: str) -> JSON:
+def _attributes(gpu: GpuInfo, mode: str, strategy: str) -> JSON:
     """NVIDIA's DRA driver's names and types (cmd/gpu-kubelet-plugin/deviceinfo.go), so its
-    selectors carry over, plus gpushare's `index` and `sharing`: at most 13 of the 32 attributes and capacities a
-    device may have."""
+    selectors carry over, plus gpushare's `index`, `sharing` and `sharingStrategy` (what the GPU
+    serves: TimeSlicing, MPS or Mixed, dra_driver/config/strategies.py): at most 14 of the 32
+    attributes and capacities a device may have."""
     attributes: JSON = {
         "type": {"string": "gpu"},
         "uuid": {"string": gpu.uuid[:64]},
@@ -79,6 +81,7 @@ def _attributes(gpu: GpuInfo, mode: str) -> JSON:
         "driverVersion": {"version": semver(gpu.driver_version)},
         "cudaDriverVersion": {"version": semver(gpu.cuda_driver_version)},
         "sharing": {"string": mode},
+        STRATEGY_ATTRIBUTE: {"string": strategy},
     }
     if gpu.brand:
         attributes["brand"] = {"string": gpu.brand[:64]}
@@ -90,12 +93,12 @@ def _attributes(gpu: GpuInfo, mode: str) -> JSON:
     return attributes
 
 
-def _capacity_device(gpu: GpuInfo) -> JSON:
+def _capacity_device(gpu: GpuInfo, strategy: str) -> JSON:
     max_memory = gpu.memory_bytes // MEMORY_STEP * MEMORY_STEP  # max must be a multiple of step
     return {
         "name": devicemodel.whole_gpu_device(gpu.index),
         "allowMultipleAllocations": True,
-        "attributes": _attributes(gpu, CAPACITY),
+        "attributes": _attributes(gpu, CAPACITY, strategy),
         "capacity": {
             "memory": {
                 "value": format_bytes(gpu.memory_bytes),
@@ -116,10 +119,10 @@ def _capacity_device(gpu: GpuInfo) -> JSON:
     }
 
 
-def _share_devices(gpu: GpuInfo, partitions: int) -> list[JSON]:
+def _share_devices(gpu: GpuInfo, partitions: int, strategy: str) -> list[JSON]:
     memory = format_bytes(devicemodel.share_memory(gpu, partitions))
     compute = quantity(Decimal(FULL_COMPUTE) / partitions)
-    return [{"name": devicemodel.share_device(gpu.index, j), "attributes": _attributes(gpu, PARTITION),
+    return [{"name": devicemodel.share_device(gpu.index, j), "attributes": _attributes(gpu, PARTITION, strategy),
              "capacity": {"memory": {"value": memory}, "compute": {"value": compute}}}
             for j in range(partitions)]
 
@@ -130,7 +133,8 @@ def publishable(gpu: GpuInfo) -> bool:
 
 
 def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: bool,
-                    effect: str = TAINT_EFFECT, order: str = BINPACK) -> list[JSON]:
+                    effect: str = TAINT_EFFECT, order: str = BINPACK,
+                    strategies: GpuStrategies | None = None) -> list[JSON]:
     """The devices of a node in the order the scheduler should try them: by GPU index then
     share (binpack), or by share then GPU index (spread; the same as binpack in capacity mode,
     one device per GPU). The scheduler tries a node's devices by slice name, then in slice
@@ -146,7 +150,9 @@ def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: boo
     for gpu in sorted(gpus, key=lambda g: g.index):
         if not publishable(gpu) or (not gpu.healthy and not taints):
             continue
-        gpu_devices = [_capacity_device(gpu)] if mode == CAPACITY else _share_devices(gpu, partitions)
+        strategy = (strategies or GpuStrategies()).of(gpu.index)
+        gpu_devices = ([_capacity_device(gpu, strategy)] if mode == CAPACITY
+                       else _share_devices(gpu, partitions, strategy))
         if not gpu.healthy:
             taint = {"key": TAINT_KEY, "value": taint_value(gpu.health_reason), "effect": effect}
             gpu_devices = [{**d, "taints": [taint]} for d in gpu_devices]

@@ -9,6 +9,7 @@ solution found is deterministic and constraints (matchAttribute) can undo earlie
 from __future__ import annotations
 
 import copy
+import re
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from .devices import (
 
 MAX_STEPS = 200_000  # devices tried before giving up; the real scheduler has a time limit instead
 _SHOWN_REASONS = 4  # per-device reasons quoted in an error message
+_ATTRIBUTE = re.compile(r'device\.attributes\["([^"]+)"\]\.([A-Za-z0-9_]+)')  # domain, name in a selector
 
 
 class AllocationError(Exception):
@@ -299,6 +301,27 @@ class _Allocator:
                     + ", ".join(_describe(c) for c in self.constraints))
         return f"requests {names}: each fits alone but not all together (not enough devices or capacity left)"
 
+    def _attribute_values(self, choice: _Choice) -> str:
+        """What the node's devices have of the attributes the class selects on, so the author sees
+        why none matched: `; their gpushare.dev/sharingStrategy: TimeSlicing (all 2)`. The real
+        scheduler says only that the claims cannot be allocated."""
+        names = []
+        for sel in (choice.device_class.get("spec") or {}).get("selectors") or []:
+            for domain, name in _ATTRIBUTE.findall(str((sel.get("cel") or {}).get("expression", ""))):
+                if (qualified := f"{domain}/{name}") not in names:
+                    names.append(qualified)
+        parts = []
+        for qualified in names:
+            values: dict[str, int] = {}
+            for device in self.devices:
+                typed = device.attributes.get(qualified)
+                value = "(none)" if typed is None else str(typed[1])
+                values[value] = values.get(value, 0) + 1
+            if values:
+                shown = ", ".join(f"{v} ({n})" if len(values) > 1 else f"{v} (all {n})" for v, n in values.items())
+                parts.append(f"{qualified}: {shown}")
+        return "; their " + "; ".join(parts) if parts else ""
+
     def _alone(self, choice: _Choice) -> str | None:
         """Why this choice cannot be satisfied even as the claim's only request; None if it can."""
         if not choice.candidates:
@@ -306,13 +329,14 @@ class _Allocator:
                 device, taint = choice.tainted[0]
                 return (f"{len(choice.tainted)} matching device(s) are tainted and not tolerated "
                         f"({device.name}: {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')})")
-            selects = " && ".join(str((sel.get("cel") or {}).get("expression", "")).strip()
+            selects = " && ".join(_grouped(str((sel.get("cel") or {}).get("expression", "")).strip())
                                   for sel in (choice.device_class.get("spec") or {}).get("selectors") or [])
             if len(selects) > 240:
                 selects = selects[:237] + "..."
             what = f" ({selects})" if selects else ""
             return (f"no device on the node matches device class {choice.spec['deviceClassName']!r}{what} "
-                    f"and the request's selectors ({len(self.devices)} devices on the node)")
+                    f"and the request's selectors ({len(self.devices)} devices on the node"
+                    f"{self._attribute_values(choice)})")
         probe = _Search([[choice]], self.usage, [], self.incomplete)
         unfit = []
         for device in choice.candidates:
@@ -335,6 +359,11 @@ class _Allocator:
         if scoped and not _Search([[choice]], self.usage, scoped, self.incomplete).run():
             return "no set of devices satisfies " + ", ".join(_describe(c) for c in scoped)
         return None
+
+
+def _grouped(expression: str) -> str:
+    """A selector as one term of an `&&` of them: parenthesized when it has an `||`."""
+    return f"({expression})" if "||" in expression else expression
 
 
 def _by_reason(unfit: list[tuple[str, str]]) -> str:

@@ -42,7 +42,8 @@ def test_examples_cover_the_documented_cases():
 def test_deviceclass_selects_the_driver():
     [dc] = documents(ROOT / "deploy/base/deviceclass.yaml")
     assert dc["metadata"]["name"] == "gpushare.dev"
-    assert dc["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "gpushare.dev"'}}]
+    assert dc["spec"]["selectors"][0] == {"cel": {"expression": 'device.driver == "gpushare.dev"'}}
+    assert 'sharingStrategy != "MPS"' in dc["spec"]["selectors"][1]["cel"]["expression"]  # MPS-only GPUs are not its
 
 
 def test_rbac_is_least_privilege():

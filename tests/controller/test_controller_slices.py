@@ -71,6 +71,7 @@ def test_attributes_per_contract():
             "driverVersion": {"version": "580.65.6"}, "cudaDriverVersion": {"version": "13.0.0"},
             "pcieBusID": {"string": "0000:3b:00.0"}, "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
             "resource.kubernetes.io/pcieRoot": {"string": "pci0000:3a"}, "sharing": {"string": mode},
+            "sharingStrategy": {"string": "TimeSlicing"},  # what the GPU serves (--mps-gpus)
         }
         assert len(d["attributes"]) + len(d["capacity"]) <= 32  # the API's limit per device
 

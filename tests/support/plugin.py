@@ -25,6 +25,8 @@ from . import BUILD
 
 REAL_LIBRARY = str(BUILD / "libgpushare.so")
 MPS_CONTROL = f"{sys.executable} -m playground.mpscontrol"  # the stand-in control daemon
+# The suites put claims of any strategy on any GPU (MPS beside TimeSlicing: the operator's
+# --mixed-strategies); tests/agent/test_strategies_apart.py runs without it.
 
 
 class Dirs:
@@ -50,7 +52,7 @@ class Dirs:
                 "--state-dir", self.state, "--cdi-root", cdi_root or self.cdi, "--hook-dir", hook_dir,
                 "--device-backend", "mock", "--mock-gpus", "4x16Gi", "--partitions", "4",
                 "--no-publish-slices", "--metrics-addr", "", "--healthcheck-port", "0",
-                "--mps-control", MPS_CONTROL]
+                "--mps-control", MPS_CONTROL, "--mixed-strategies"]
 
 
 def plugin_config(dirs: Dirs, hook_dir: str, cdi_root: str | None = None, **changes: Any) -> PluginConfig:
@@ -58,7 +60,8 @@ def plugin_config(dirs: Dirs, hook_dir: str, cdi_root: str | None = None, **chan
     config = PluginConfig(
         node_name=NODE, plugin_dir=dirs.plugin, registry_dir=dirs.registry, state_dir=dirs.state,
         cdi_root=cdi_root or dirs.cdi, hook_dir=hook_dir, device_backend="mock", mock_gpus="4x16Gi", partitions=4,
-        publish_slices=False, metrics_addr="", healthcheck_port=0, mps_control=tuple(MPS_CONTROL.split()))
+        publish_slices=False, metrics_addr="", healthcheck_port=0, mps_control=tuple(MPS_CONTROL.split()),
+        mixed_strategies=True)
     return replace(config, **changes)
 
 
