@@ -76,8 +76,9 @@ class SimDriver:
 
 
 def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: SimDriver | None = None,
-               mps_state_dir: str | None = None) -> Spec:
-    """`mps_state_dir`: where the GPUs' MPS folders are (mpslayout), for MPS claims."""
+               mps_state_dir: str | None = None, mps_shm: bool = False) -> Spec:
+    """`mps_state_dir`: where the GPUs' MPS folders are (mpslayout), for MPS claims; `mps_shm`:
+    their daemon's /dev/shm is mounted at /dev/shm too (NVIDIA's daemon from the driver root)."""
     uid = claim.uid
     env = [f"GPUSHARE_CLAIM_UID={uid}", f"{STRATEGY_ENV}={claim.sharing_strategy}"]
     mounts = []
@@ -95,7 +96,7 @@ def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: 
     if claim.sharing_strategy == MPS:
         if mps_state_dir is None:
             raise ValueError("an MPS claim's spec needs the MPS state dir")
-        env_mps, mount_mps = mps_edits(claim, mps_state_dir)
+        env_mps, mount_mps = mps_edits(claim, mps_state_dir, mps_shm)
         env += env_mps
         mounts += mount_mps
     if sim is not None:
@@ -113,7 +114,7 @@ def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: 
     return Spec(KIND, devices, ContainerEdits(env=env, mounts=mounts, device_nodes=nodes))
 
 
-def mps_edits(claim: PreparedClaim, state_dir: str) -> tuple[list[str], list[Mount]]:
+def mps_edits(claim: PreparedClaim, state_dir: str, shm: bool = False) -> tuple[list[str], list[Mount]]:
     """The GPU's MPS pipe folder at MPS's default path, and the client's own share.
 
     The share env vars only let a tenant lower its share: the control daemon's limits for the
@@ -125,8 +126,13 @@ def mps_edits(claim: PreparedClaim, state_dir: str) -> tuple[list[str], list[Mou
     connects to the daemon's and its server's sockets, which a read-only mount allows, while a
     tenant can create, replace or link nothing there (no impostor socket, no planted link). The
     plugin's own channel to the daemon (the control folder) and its log are never mounted.
+    With `shm`, the daemon's /dev/shm (read-write: an MPS server and its clients share memory
+    there) is the containers' /dev/shm, shared by every MPS claim of the GPU (docs/security.md).
     """
     gpu = claim.gpus[0]
     env = [f"{mpslayout.PIPE_ENV}={mpslayout.CONTAINER_PIPE_DIR}", f"{mpslayout.THREAD_ENV}={gpu.compute_limit}",
            f"{mpslayout.PINNED_ENV}=0={mpslayout.mebibytes(gpu.memory_limit)}"]
-    return env, [Mount(mpslayout.pipe_dir(state_dir, gpu.uuid), mpslayout.CONTAINER_PIPE_DIR, _RO)]
+    mounts = [Mount(mpslayout.pipe_dir(state_dir, gpu.uuid), mpslayout.CONTAINER_PIPE_DIR, _RO)]
+    if shm:
+        mounts.append(Mount(mpslayout.shm_dir(state_dir, gpu.uuid), "/dev/shm", _RW))
+    return env, mounts

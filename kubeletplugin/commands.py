@@ -54,7 +54,8 @@ def add_commands(sub: Any) -> None:
                         "library shipped in this package, see `gpushare-dra hook-path`)")
     g.add_argument("--mps-control", default=" ".join(DEFAULTS.mps_control), type=shlex.split,
                    help="command line of NVIDIA's MPS control program, run for claims with sharingStrategy MPS: "
-                        "one control daemon per GPU (docs/strategies.md)")
+                        "one control daemon per GPU (docs/strategies.md); left at its default with --driver-root "
+                        "set, the driver root's own program, run chrooted there")
     g.add_argument("--mps-gpus", default=DEFAULTS.mps_gpus, type=_mps_gpus,
                    help="GPUs that serve sharingStrategy MPS claims only: none, all, or GPU indexes (0,2); "
                         "the others serve TimeSlicing and None claims. Published as the devices' attribute "

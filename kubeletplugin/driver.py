@@ -107,7 +107,8 @@ class Driver:
     def __init__(self, api: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  partitions: int, state_dir: str, cdi_root: str, host_library: str,
                  system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None,
-                 mps_control: Sequence[str] = (MPS_CONTROL,), strategies: GpuStrategies | None = None) -> None:
+                 mps_control: Sequence[str] = (MPS_CONTROL,), strategies: GpuStrategies | None = None,
+                 mps_root: str | None = None) -> None:
         no_request_retries(api)  # one read of a claim within API_TIMEOUT_S, not four
         self.resource_api = client.ResourceV1Api(api)
         self.core_api = client.CoreV1Api(api)
@@ -119,7 +120,7 @@ class Driver:
         self.sim = sim
         self.state_dir = state_dir
         self.files = ClaimFiles(state_dir)
-        self.mps = MpsControl(state_dir, mps_control)
+        self.mps = MpsControl(state_dir, mps_control, root=mps_root)  # mps_root: run it chrooted there
         self.strategies = strategies or GpuStrategies()  # what each GPU serves (its sharingStrategy attribute)
         self.specs = SpecDir(cdi_root, KIND)
         self.cdi_dirs = [*system_cdi_dirs, cdi_root]
@@ -304,7 +305,8 @@ class Driver:
             return self._gpus
 
     def _write_spec(self, claim: PreparedClaim) -> None:
-        self.specs.write(claim.uid, build_spec(claim, self.files, self.library_of(claim), self.sim, self.state_dir))
+        self.specs.write(claim.uid, build_spec(claim, self.files, self.library_of(claim), self.sim, self.state_dir,
+                                               mps_shm=self.mps.root is not None))
 
     def library_of(self, claim: PreparedClaim) -> str:
         """The library build a claim's containers map: the one it was prepared with, as long as

@@ -37,6 +37,7 @@ from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
 from .healthservice import DeviceHealthServicer
 from .instances import NodeLeader
 from .metrics import Metrics
+from .mps import control_program
 from .server import RegistrationServicer, add_dra_services
 
 if TYPE_CHECKING:
@@ -128,6 +129,8 @@ class Plugin:
                 os.makedirs(path, mode=mode, exist_ok=True)
             except OSError as e:
                 raise PluginConfigError(flag, f"cannot create {path!r}: {e.strerror}") from None
+        # NVIDIA's daemon from the driver root when it has one and --mps-control was left alone
+        mps_control, mps_root = control_program(config.mps_control, config.driver_root)
         try:
             self.strategies = GpuStrategies.parse(config.mps_gpus, config.mixed_strategies)
         except ValueError as e:
@@ -135,7 +138,7 @@ class Plugin:
         self.driver = Driver(self.api, config.driver_name, config.node_name, self.backend, config.partitions,
                              os.path.abspath(config.state_dir), os.path.abspath(config.cdi_root), library,
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None,
-                             mps_control=config.mps_control, strategies=self.strategies)
+                             mps_control=mps_control, strategies=self.strategies, mps_root=mps_root)
         self.metrics = Metrics()
         self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error

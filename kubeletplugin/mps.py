@@ -7,6 +7,10 @@ with the first MPS claim of its GPU (`-d`: it outlives a plugin restart or upgra
 through its pipe folder), tells it the limits after every Prepare and Unprepare of an MPS claim,
 and stops it (`quit`) with the last. After a node reboot, recovery starts it again.
 
+Where it runs: with --driver-root set and --mps-control at its default, the driver root's own
+nvidia-cuda-mps-control, chrooted there in a mount namespace of its own (mpsroot.py,
+control_program); otherwise --mps-control as given, in the plugin's container (the stand-in).
+
 Talking to it (docs/security.md, "MPS: the control daemon"): the daemon's folders are the
 plugin's (mpslayout): containers get the pipe folder read-only, never the control and log
 folders. Before each command the plugin checks who answers on the socket it is about to use:
@@ -36,11 +40,12 @@ import socket
 import stat
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Sequence
 
 from dra_driver.log import get_logger
-from kubeletplugin import mpslayout
+from kubeletplugin import mpslayout, mpsroot
 
 from .prepared import PreparedGpu
 
@@ -68,17 +73,43 @@ def _check_folder(path: str) -> None:
                        "talks to the MPS control daemon only through a folder only it can write")
 
 
+DRIVER_ROOT_BIN = ("usr/bin", "bin", "usr/sbin", "usr/local/bin")  # where a driver root keeps the program
+ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def control_program(configured: Sequence[str], driver_root: str | None) -> tuple[list[str], str | None]:
+    """(argv, driver root to run it in): NVIDIA's program from `driver_root` when --mps-control was
+    left at its default and the root has it (no flag needed on a GPU node); else `configured`, as
+    it is, in the plugin's own container (the stand-in, a test, an image that has the program)."""
+    if list(configured) == [MPS_CONTROL] and driver_root:
+        for folder in DRIVER_ROOT_BIN:
+            if os.path.lexists(os.path.join(driver_root, folder, MPS_CONTROL)):
+                return [f"/{folder}/{MPS_CONTROL}"], os.path.abspath(driver_root)
+    return list(configured), None
+
+
 class MpsControl:
-    def __init__(self, state_dir: str, control: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: str, control: Sequence[str], root: str | None = None) -> None:
         self.state_dir = state_dir
         self.control = list(control)  # argv of nvidia-cuda-mps-control (or a stand-in)
-        self.extra_env = dict(env or {})  # e.g. the driver root's PATH and LD_LIBRARY_PATH
+        self.root = root  # the driver root it runs chrooted in (kubeletplugin/mpsroot.py); None: here
 
     def _env(self, gpu_uuid: str, pipe: str | None = None) -> dict[str, str]:
-        return {**os.environ, **self.extra_env, "CUDA_VISIBLE_DEVICES": gpu_uuid,
-                mpslayout.PIPE_ENV: pipe or mpslayout.pipe_dir(self.state_dir, gpu_uuid),
-                mpslayout.LOG_ENV: mpslayout.log_dir(self.state_dir, gpu_uuid),
-                mpslayout.CONTROL_DIR_ENV: mpslayout.control_dir(self.state_dir, gpu_uuid)}
+        folders = {mpslayout.PIPE_ENV: pipe or mpslayout.pipe_dir(self.state_dir, gpu_uuid),
+                   mpslayout.LOG_ENV: mpslayout.log_dir(self.state_dir, gpu_uuid),
+                   mpslayout.CONTROL_DIR_ENV: mpslayout.control_dir(self.state_dir, gpu_uuid)}
+        if self.root is None:
+            return {**os.environ, "CUDA_VISIBLE_DEVICES": gpu_uuid, **folders}
+        # in the driver root: its own PATH, the folders where mpsroot binds them, nothing of ours
+        gpu = mpslayout.gpu_dir(self.state_dir, gpu_uuid)
+        return {"PATH": ROOT_PATH, "CUDA_VISIBLE_DEVICES": gpu_uuid,
+                **{k: mpsroot.IN_ROOT + v.removeprefix(gpu) for k, v in folders.items()}}
+
+    def _argv(self, gpu_uuid: str, *args: str) -> list[str]:
+        if self.root is None:
+            return [*self.control, *args]
+        return [sys.executable, mpsroot.__file__, "--root", self.root,
+                "--gpu-dir", mpslayout.gpu_dir(self.state_dir, gpu_uuid), "--", *self.control, *args]
 
     def _endpoint(self, gpu_uuid: str) -> str:
         """The folder whose socket takes the plugin's commands: the control folder where the
@@ -119,7 +150,7 @@ class MpsControl:
         folder = self._endpoint(gpu_uuid)
         self.check_peer(gpu_uuid, folder)
         try:
-            out = subprocess.run(self.control, input="".join(f"{line}\n" for line in lines),
+            out = subprocess.run(self._argv(gpu_uuid), input="".join(f"{line}\n" for line in lines),
                                  env=self._env(gpu_uuid, folder), capture_output=True, text=True,
                                  timeout=COMMAND_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -149,13 +180,17 @@ class MpsControl:
             os.makedirs(folder, mode=mode, exist_ok=True)
             os.chmod(folder, mode, follow_symlinks=False)
             _check_folder(folder)
+        if self.root is not None:  # the daemon's /dev/shm, its clients' too: any user's server writes there
+            shm = mpslayout.shm_dir(self.state_dir, gpu_uuid)
+            os.makedirs(shm, exist_ok=True)
+            os.chmod(shm, 0o1777, follow_symlinks=False)
         try:
             os.unlink(mpslayout.stopping(self.state_dir, gpu_uuid))
         except FileNotFoundError:
             pass
         try:  # -d: the daemon detaches, so it outlives this process
-            out = subprocess.run([*self.control, "-d"], env=self._env(gpu_uuid), capture_output=True, text=True,
-                                 timeout=START_TIMEOUT_S)
+            out = subprocess.run(self._argv(gpu_uuid, "-d"), env=self._env(gpu_uuid), capture_output=True,
+                                 text=True, timeout=START_TIMEOUT_S)
         except FileNotFoundError:
             raise MpsError(f"starting the MPS control daemon of GPU {gpu_uuid}: --mps-control {self.control[0]!r} "
                            "not found in the plugin's container; set --driver-root to the driver's root, whose "

@@ -37,11 +37,11 @@ def sim_hook_dir():
 class Node:
     """A running plugin with its agent, a kubelet stand-in and a container runner."""
 
-    def __init__(self, api, dirs: Dirs, hook_dir: str, changes: dict, cdi_root: str | None = None):
+    def __init__(self, api, dirs: Dirs, hook_dir: str, changes: dict, cdi_root: str | None = None, backend=None):
         self.api = api
         self.dirs = dirs
         changes = {"metrics_addr": "127.0.0.1:0", "agent_interval": 0.5, **changes}
-        self._launch = lambda: launch_plugin(api, dirs, hook_dir, cdi_root, **changes)
+        self._launch = lambda: launch_plugin(api, dirs, hook_dir, cdi_root, backend, **changes)
         self.plugin = self._launch()
         self.kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
         self.runner = ProcessRunner(dirs.cdi, str(BUILD / "gpushare-probe"), dirs.root)
@@ -113,8 +113,8 @@ def node_factory(api, sim_hook_dir, node_root):
     Everything else is removed between nodes."""
     nodes: list[Node] = []
 
-    def make(cdi_root: str | None = None, **changes) -> Node:
-        """`changes`: PluginConfig's fields."""
+    def make(cdi_root: str | None = None, backend=None, **changes) -> Node:
+        """`changes`: PluginConfig's fields; `backend`: instead of the one they name."""
         assert not nodes, "one node per test"
         for entry in os.listdir(node_root):
             if entry != "state":
@@ -124,7 +124,7 @@ def node_factory(api, sim_hook_dir, node_root):
             if entry != "sim.state":
                 path = os.path.join(state, entry)
                 shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
-        n = Node(api, Dirs(node_root), sim_hook_dir, changes, cdi_root)
+        n = Node(api, Dirs(node_root), sim_hook_dir, changes, cdi_root, backend)
         nodes.append(n)
         return n
 

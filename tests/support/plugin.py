@@ -66,9 +66,10 @@ def plugin_config(dirs: Dirs, hook_dir: str, cdi_root: str | None = None, **chan
 
 
 def launch_plugin(api: client.ApiClient, dirs: Dirs, hook_dir: str, cdi_root: str | None = None,
-                  **changes: Any) -> Plugin:
-    """A started plugin in this process; the caller stops it."""
-    return Plugin(plugin_config(dirs, hook_dir, cdi_root, **changes), api=api).start()
+                  backend: Any = None, **changes: Any) -> Plugin:
+    """A started plugin in this process; the caller stops it. `backend`: instead of the one the
+    config names (mock GPUs with a --driver-root, which the flags refuse)."""
+    return Plugin(plugin_config(dirs, hook_dir, cdi_root, **changes), api=api, backend=backend).start()
 
 
 GPUSHARE_DRA = os.path.join(os.path.dirname(sys.executable), "gpushare-dra")

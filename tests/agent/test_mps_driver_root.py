@@ -1,0 +1,106 @@
+"""MPS on a GPU node laid out as a driver root (issue 27; docs/strategies.md, "On GPU nodes"):
+no --mps-control flag; the plugin finds nvidia-cuda-mps-control in --driver-root's bin and runs
+it chrooted there (kubeletplugin/mpsroot.py), in a mount namespace of its own with the GPU's
+folders and its own /dev/shm bound in. The driver root here is an overlay of this machine's
+root (its userland, as a real driver root has the host's) with the simulated driver's files
+under usr/lib/x86_64-linux-gnu and, at usr/bin/nvidia-cuda-mps-control, the stand-in daemon
+(playground/mpscontrol.py): what NVIDIA's daemon would be. An MPS claim's pod then runs as a
+client of that daemon's server and is held to its share."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dra_driver.discovery import MockBackend
+from dra_driver.hookpath import native_paths
+from kubeletplugin import mpslayout
+from playground.claims import gpushare_config, opaque_config
+from tests.support import BUILD, CPU_TIMED, REPO
+
+MPS = [opaque_config(gpushare_config(sharingStrategy="MPS"))]
+KERNEL_US = 200
+LAUNCH = ["launch", "--seconds", "2", "--kernel-us", str(KERNEL_US), "--grid", "132"]
+
+
+def _overlay_why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (an overlay mount, the daemon's mount namespace)"
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        return "no overlay filesystem in this kernel"
+    return None
+
+
+@pytest.fixture
+def driver_root(tmp_path):
+    """An overlay of / with the simulated driver's files and the stand-in as NVIDIA's program."""
+    why = _overlay_why_not()
+    if why:
+        pytest.skip(why)
+    upper, work, root = tmp_path / "upper", tmp_path / "work", tmp_path / "driver-root"
+    lib = upper / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    for name, key in (("libcuda.so.1", "sim_cuda"), ("libnvidia-ml.so.1", "sim_nvml")):
+        shutil.copy(native_paths()[key], lib / name)
+    program = upper / "usr/bin/nvidia-cuda-mps-control"
+    program.parent.mkdir(parents=True, exist_ok=True)
+    program.write_text(f"#!/bin/sh\ncd {REPO} && exec {sys.executable} -m playground.mpscontrol \"$@\"\n")
+    program.chmod(0o755)
+    work.mkdir()
+    root.mkdir()
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir=/,upperdir={upper},workdir={work}",
+                    str(root)], check=True)
+    yield root
+    subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def throughput(out: dict) -> float:
+    return int(out["done_in_window"]) * KERNEL_US / 1e6 / float(out["window_s"])
+
+
+@CPU_TIMED
+def test_an_mps_claims_pod_runs_on_the_driver_roots_daemon_and_is_held_to_its_share(node_factory, driver_root):
+    node = node_factory(backend=MockBackend("1x16Gi"), driver_root=str(driver_root), mps_control=(
+        "nvidia-cuda-mps-control",), mps_gpus="all", mixed_strategies=False)  # --mps-control left at its default
+    assert node.plugin.driver.mps.root == str(driver_root)
+    ref, ids = node.claim(memory="1Gi", compute=25, config=MPS)
+    try:
+        uuid = node.plugin.driver.prepared_claims()[ref.uid].gpus[0].uuid
+        pid = node.plugin.driver.mps.daemon_pid(uuid)
+        assert pid is not None
+        assert os.readlink(f"/proc/{pid}/root") == str(driver_root)  # chrooted into the driver root
+        assert os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino  # its own mounts
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        assert env[b"CUDA_MPS_PIPE_DIRECTORY"] == b"/tmp/gpushare-mps/pipe"
+        log = Path(mpslayout.control_log(node.dirs.state, uuid)).read_text()  # its log, where the agent reads
+        assert "Starting control daemon using socket /tmp/gpushare-mps/pipe/control" in log
+        assert "set_default_active_thread_percentage 25" in log  # the plugin's commands reached it
+        spec_mounts = {m["containerPath"]: m for m in _spec(node, ref.uid)["containerEdits"]["mounts"]}
+        assert spec_mounts["/dev/shm"]["hostPath"] == mpslayout.shm_dir(node.dirs.state, uuid)
+        assert "ro" in spec_mounts[mpslayout.CONTAINER_PIPE_DIR]["options"]
+        w = node.runner.start_command("tenant", ids, [str(BUILD / "gpushare-probe"), *LAUNCH])
+        node.workloads.append(w)
+        out = w.read_until("launches=", timeout=60)
+        got = throughput(out)
+        print(f"an MPS claim of 25 % on the driver root's daemon: {got:.3f} of the GPU, "
+              f"a {KERNEL_US} us whole-GPU kernel took {float(out['kernel_us']):.0f} us")
+        assert float(out["kernel_us"]) >= 3 * KERNEL_US  # an MPS client on the server's 25 % of the SMs
+        assert got <= 0.29
+    finally:
+        for w in node.workloads:
+            w.stop()
+        assert node.kubelet.unprepare(ref).claims[ref.uid].error == ""
+    assert node.plugin.driver.mps.daemon_pid(uuid) is None  # the GPU's last MPS claim took its daemon along
+
+
+def _spec(node, uid: str) -> dict:
+    import json
+
+    (path,) = Path(node.dirs.cdi).glob(f"*{uid}*.json")
+    return json.loads(path.read_text())
