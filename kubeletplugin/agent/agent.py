@@ -183,9 +183,11 @@ class Agent:
             c.process_memory = [{} for _ in c.gpus]
             c.count_period(seconds)
         on_gpu: dict[str, list[Share]] = {}
+        owners = self.procs.owners({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         for g in samples:
             for pid in set(g.process_memory) | set(g.process_util):
-                hit = self._claim_gpu(claims, self.procs.claim_of(pid), g.uuid)
+                owner = owners.get(pid)
+                hit = self._claim_gpu(claims, owner.uid if owner else None, g.uuid)
                 if hit is None:
                     continue
                 c, i = hit

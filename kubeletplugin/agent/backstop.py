@@ -158,6 +158,7 @@ class Backstop:
         self.total_violations = 0  # node totals: outlive the claims (the per-claim ones go with them)
         self.total_kills = 0
         self.last_poll_s = 0.0
+        self._last_seen: tuple[object, ...] | None = None  # the last poll's NVML answer, owners and claims
         self._own = _read_own_cgroup()
         # Events go out on their own thread: a slow API server never delays a kill
         self._events: queue.Queue[tuple[ClaimView, str, list[str]] | None] = queue.Queue()
@@ -196,9 +197,14 @@ class Backstop:
         claims = dict(agent.claims)
         held: dict[tuple[str, int], dict[int, int]] = {}
         owners: dict[int, Owner] = {}
+        known = agent.procs.owners({pid for procs in memory.values() for pid in procs})
+        seen = (memory, known, tuple(claims))
+        if seen == self._last_seen:  # the same bytes of the same processes of the same claims: same verdicts
+            return
+        self._last_seen = seen
         for gpu_uuid, procs in memory.items():
             for pid, used in procs.items():
-                owner = agent.procs.owner(pid)
+                owner = known.get(pid)
                 c = claims.get(owner.uid) if owner else None
                 if owner is None or c is None:
                     continue

@@ -34,12 +34,15 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from .regions import Slot
 
 CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
@@ -97,6 +100,10 @@ def slot_key(pid: int) -> tuple[int, int, int] | None:
         return None
     nspid = next((line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:")), str(pid))
     return ns[1], int(nspid), started
+
+
+def _exited(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])  # a pidfd is readable once its process has exited
 
 
 PF_EXITING = 0x4  # the task flag do_exit() sets first, before the task leaves its namespaces
@@ -264,6 +271,9 @@ class ProcessMap:
         self._by_slot: dict[tuple[int, int], str] = {}     # (pid, start_time) in our namespace -> uid
         self._cache: dict[tuple[int, int], Owner] = {}     # (pid, start_time) -> owner
         self._misses: dict[tuple[int, int], float] = {}    # (pid, start_time) -> when it missed
+        self._known: dict[int, tuple[int, int]] = {}       # pid -> (pidfd, start_time) of a live process
+        self._pid_of_fd: dict[int, int] = {}
+        self._poller = select.poll()                       # the known pidfds
         self.unknown_pods: set[str] = set()                # pods on a GPU in no claim's reservedFor
         self.unresolved_pods: set[str] = set()             # pods with several claims, container unknown
 
@@ -291,12 +301,65 @@ class ProcessMap:
             self._by_limits, self._by_mount, self._by_pod, self._by_slot = by_limits, by_mount, by_pod, by_slot
             self._by_container = containers
 
-    def claim_of(self, pid: int) -> str | None:
-        owner = self.owner(pid)
-        return owner.uid if owner else None
+    def owners(self, pids: Iterable[int]) -> dict[int, Owner]:
+        """The owners of pids NVML has just named (call it after the read): processes seen before
+        are checked for exit in one poll of their pidfds, not a read of /proc each. A process
+        alive now was alive at the read, so its pid named it; one that exited since is looked
+        up afresh (its pid may be another process's by now)."""
+        self._forget_exited()
+        with self._lock:  # the known and mapped ones, at the cost of a lookup each
+            known = {pid: self._known[pid][1] for pid in pids if pid in self._known}
+            found = {pid: owner for pid, started in known.items() if (owner := self._cache.get((pid, started)))}
+        return found | {pid: owner for pid in pids if pid not in found and (owner := self._owner(pid)) is not None}
 
     def owner(self, pid: int) -> Owner | None:
+        self._forget_exited(pid)
+        return self._owner(pid)
+
+    def _forget_exited(self, pid: int | None = None) -> None:
+        """Drop the pidfds (and so the start times) of processes that have exited: all known
+        ones, or pid's."""
+        with self._lock:
+            if pid is not None:
+                known = self._known.get(pid)
+                ready = [known[0]] if known and _exited(known[0]) else []
+            else:
+                ready = [fd for fd, _ in self._poller.poll(0)]
+            for fd in ready:
+                self._drop(self._pid_of_fd[fd])
+
+    def _drop(self, pid: int) -> None:
+        fd, _ = self._known.pop(pid)
+        del self._pid_of_fd[fd]
+        self._poller.unregister(fd)
+        os.close(fd)
+
+    def _start_time(self, pid: int) -> int | None:
+        """pid's start time: from the pidfd it is known by, else read (and a pidfd kept, opened
+        before the read so that both name one process)."""
+        with self._lock:
+            known = self._known.get(pid)
+            if known:
+                return known[1]
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return None
         started = start_time(pid)
+        if started is None or _exited(fd):
+            os.close(fd)
+            return None
+        with self._lock:
+            if pid in self._known:  # another thread got there first
+                os.close(fd)
+                return self._known[pid][1]
+            self._known[pid] = (fd, started)
+            self._pid_of_fd[fd] = pid
+            self._poller.register(fd, select.POLLIN)  # readable once the process has exited
+        return started
+
+    def _owner(self, pid: int) -> Owner | None:
+        started = self._start_time(pid)
         if started is None:
             return None
         key = (pid, started)
@@ -345,7 +408,9 @@ class ProcessMap:
         return Owner(uid, None, None) if uid else None
 
     def forget_except(self, pids: set[int]) -> None:
-        """Drop cache entries of processes no longer on any GPU."""
+        """Drop what is known of processes no longer on any GPU."""
         with self._lock:
             self._cache = {k: v for k, v in self._cache.items() if k[0] in pids}
             self._misses = {k: v for k, v in self._misses.items() if k[0] in pids}
+            for pid in set(self._known) - pids:
+                self._drop(pid)

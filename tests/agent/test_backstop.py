@@ -76,12 +76,12 @@ def test_process_to_claim_mapping(node, tmp_path):
     w = node.run("p", ids, "alloc", "--chunk", "64Mi", "--max", "64Mi", "--hold", "30")
     w.read_until("allocated=")
     procs = node.plugin.agent.procs
-    wait_for(lambda: procs.claim_of(w.proc.pid) == ref.uid)
+    wait_for(lambda: (o := procs.owner(w.proc.pid)) is not None and o.uid == ref.uid)
     (tmp_path / "limits").write_bytes(open(node.plugin.driver.files.limits_path(ref.uid), "rb").read())
     forged = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(tmp_path)})
     try:
         wait_exec(forged, program="sleep")
-        assert procs.claim_of(forged.pid) is None
+        assert procs.owner(forged.pid) is None
     finally:
         forged.kill()
         forged.wait()
@@ -120,7 +120,7 @@ class _Agent:
         gpu = SimpleNamespace(uuid="GPU-a", memory_limit=256 * MiB)
         self.claims = {"u1": SimpleNamespace(uid="u1", namespace="ns", name="c1", gpus=(gpu,), regions=[None],
                                              pods={})}
-        self.procs = SimpleNamespace(owner=lambda pid: Owner("u1", None, None) if pid == 10 else None)
+        self.procs = SimpleNamespace(owners=lambda pids: {10: Owner("u1", None, None)} if 10 in pids else {})
         self.reads = list(reads)
 
     def refresh_if_needed(self):

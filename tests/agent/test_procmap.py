@@ -107,6 +107,28 @@ def test_host_process_maps_by_slot_or_run_dir_never_by_a_copy(tmp_path):
             proc.wait()
 
 
+def test_a_process_is_known_by_its_pidfd_until_it_exits(tmp_path):
+    """owners() reads a process's start time once and then only polls its pidfd: one that exited
+    is forgotten (its pidfd closed), so its pid, reused, is looked up afresh."""
+    limits = tmp_path / "claims" / "u1" / "limits"
+    limits.parent.mkdir(parents=True)
+    limits.write_text("GPUSHARE_CLAIM_UID=u1\n")
+    m = ProcessMap()
+    m.update({"u1": str(limits)}, {})
+    p = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(limits.parent)})
+    try:
+        wait_exec(p, program="sleep")
+        assert m.owners({p.pid})[p.pid].uid == "u1"
+        fd, _ = m._known[p.pid]
+        assert m.owners({p.pid})[p.pid].uid == "u1"  # the same pidfd
+        assert m._known[p.pid][0] == fd
+    finally:
+        p.kill()
+        p.wait()
+    assert m.owners({p.pid}) == {}
+    assert p.pid not in m._known and fd not in m._pid_of_fd  # closed (no pidfd kept for a process gone)
+
+
 def test_a_container_is_its_cgroup_and_below_never_the_root_or_the_agents():
     c = "0::/kubepods/pod1/abc\n"
     assert _inside(_paths("0::/kubepods/pod1/abc/nested\n"), _paths(c))  # a delegated sub-cgroup
