@@ -140,7 +140,8 @@ class StrategiesDemo(Demo):
         self.in_pods = self.runner.kind == "podman" or (os.geteuid() == 0 and cgroup_mount() is not None)
         s.step("All three pods at once", f"Container launch runs {KERNEL_US} us kernels flat out for {SECONDS}s; "
                f"container alloc asks for {format_bytes(CHUNK)} twice, the second past the budget.")
-        launch = {st: self._start(st, "launch", ["launch", "--seconds", str(SECONDS), "--kernel-us", str(KERNEL_US)])
+        launch = {st: self._start(st, "launch", ["launch", "--seconds", str(SECONDS), "--kernel-us", str(KERNEL_US),
+                                                 "--grid", "132"])  # the whole GPU's SMs
                   for st in STRATEGIES}
         alloc_argv = ["alloc", "--chunk", str(CHUNK), "--max", str(2 * CHUNK), "--hold", str(SECONDS + 2)]
         time.sleep(0.5)  # the launches under way

@@ -161,10 +161,14 @@ SIM_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
     switch (attr) {
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
-    /* the whole GPU's, also for an MPS client, which on real MPS sees its share's SMs here
-     * (NVIDIA/k8s-device-plugin#679): the probe sizes its grids from this, and its figures are
-     * GPU shares only for grids of the whole GPU. The library never reads it (hook.c mps_scale). */
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = SIM_SM_COUNT; break;
+    /* an MPS client sees its share's SMs here, as on real MPS (NVIDIA/k8s-device-plugin#679):
+     * its active-thread percentage of them, rounded up to whole TPCs (mps_sm_count); a plain
+     * context the whole GPU's. The probe sizes its default grid from this, so tests that want
+     * a GPU share of work pass --grid 132. The library never reads it (mps_scale reads
+     * cuCtxGetExecAffinity and the limits file's SM count). */
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        *v = sim_me && sim_me->mps_server ? mps_sm_count() : SIM_SM_COUNT;
+        break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *v = CLOCK_KHZ; break;

@@ -25,8 +25,9 @@ from tests.support import BUILD, CPU_TIMED, podman_busybox_why_not
 MPS = [opaque_config(gpushare_config(sharingStrategy="MPS"))]
 KERNEL_US = 200
 PROBE = str(BUILD / "gpushare-probe")
-# the probe's launch loop, as a tenant runs it
-LAUNCH = ["launch", "--seconds", "2", "--kernel-us", str(KERNEL_US)]
+# the probe's launch loop, as a tenant runs it, with kernels of the whole GPU's SMs (an MPS
+# client's default grid is its share's: the simulated driver reports them, as real MPS does)
+LAUNCH = ["launch", "--seconds", "2", "--kernel-us", str(KERNEL_US), "--grid", "132"]
 # what a tenant can do to the variables MPS reads (nvidia-cuda-mps-control(1))
 DROP_PIPE = ("-u", "CUDA_MPS_PIPE_DIRECTORY")
 DROP_THREADS = ("-u", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")

@@ -29,7 +29,8 @@ TS, MPS, NONE = "TimeSlicing", "MPS", "None"
 BUDGET, SHARE = GiB, 25
 KERNEL_US = 200  # short against the 2.5 ms time slice: the library's cost samples stay clean
 SECONDS = 4
-LAUNCH = ["launch", "--seconds", str(SECONDS), "--kernel-us", str(KERNEL_US)]
+# kernels of the whole GPU's SMs (an MPS client's default grid is its share's, issue 27)
+LAUNCH = ["launch", "--seconds", str(SECONDS), "--kernel-us", str(KERNEL_US), "--grid", "132"]
 CHUNK = 768 * MiB  # the first fits the 1Gi budget, the second does not
 ALLOC = ["alloc", "--chunk", str(CHUNK), "--max", str(2 * CHUNK), "--hold", str(SECONDS)]
 # Under a loaded 2-core CI machine, as tests/agent/test_backstop_podman.py; the promise is 200 ms

@@ -70,7 +70,8 @@ def run_pair(make_claim, tmp_path, strategy: str, procs: int, forge: bool) -> tu
     if forge:
         forger.start()
     try:
-        argv = ("gpushare-probe", "launch", "--seconds", SECONDS, "--kernel-us", LARGE_US)
+        # a whole-GPU grid: an MPS client's default grid is its share's SMs (issue 27)
+        argv = ("gpushare-probe", "launch", "--seconds", SECONDS, "--kernel-us", LARGE_US, "--grid", 132)
         running = [tenant.popen(*argv, env=envs[0]) for _ in range(procs)] + [neighbour.popen(*argv, env=envs[1])]
         outs = []
         for p in running:

@@ -16,7 +16,8 @@ from tests.support import CPU_TIMED
 from tests.support.hook import kv
 
 SECONDS = 2
-LARGE_US = 500  # a kernel of the GPU's SM count in blocks (the probe's default grid)
+LARGE_US = 500  # a kernel of the GPU's SM count in blocks (WHOLE)
+WHOLE = ("--grid", 132)  # the GPU's SM count: an MPS client's default grid is its share's (issue 27)
 SMALL_US, SMALL_GRID = 410, 33  # a batch-1 inference kernel on a quarter of the 132 SMs
 
 
@@ -62,8 +63,9 @@ def test_two_small_kernel_clients_together_do_more_than_one(make_claim, tmp_path
 @CPU_TIMED
 def test_large_kernels_split_by_share_and_lose_what_the_h100_lost(make_claim, tmp_path):
     claim = make_claim()
-    outs = run_together(claim, [({SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "a", 30))}, ["--kernel-us", LARGE_US]),
-                                ({SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "b", 70))}, ["--kernel-us", LARGE_US])])
+    large = ["--kernel-us", LARGE_US, *WHOLE]
+    outs = run_together(claim, [({SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "a", 30))}, large),
+                                ({SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "b", 70))}, large)])
     got = [throughput(o, LARGE_US) for o in outs]
     assert abs(100 * got[0] / sum(got) - 30) <= 3, outs  # the H100: 30.1 %
     assert 0.70 <= sum(got) <= 0.80, outs  # the H100: the pair did 75 % of solo
@@ -76,7 +78,7 @@ def test_a_client_env_can_lower_its_share_but_not_raise_it(make_claim, tmp_path,
     env = {SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, "a", 30))}
     if own is not None:
         env[SIM_MPS_THREADS_ENV] = own
-    [out] = run_together(claim, [(env, ["--kernel-us", 200])])  # short: 1024 queued drain soon at 10 %
+    [out] = run_together(claim, [(env, ["--kernel-us", 200, *WHOLE])])  # short: 1024 queued drain soon at 10 %
     assert abs(throughput(out, 200) - expected) <= 0.03, out  # MPS partitions: alone, no more
 
 
@@ -141,7 +143,7 @@ def test_an_mps_claims_processes_are_held_to_its_share_in_sm_time(make_claim, tm
     with open(claim.limits, "a") as f:
         f.write("GPUSHARE_SHARING_STRATEGY=MPS\nGPUSHARE_SM_COUNT_0=132\n")
     quarter, half = (str(pipe_dir(tmp_path, f"at{p}", p, server=f"s{p}")) for p in (25, 50))
-    large = ["--kernel-us", LARGE_US]
+    large = ["--kernel-us", LARGE_US, *WHOLE]
 
     def together(*envs: dict) -> tuple[list[float], str]:
         outs, said = [], []
