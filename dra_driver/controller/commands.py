@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, fields
 
 from kubernetes import client
 
+from ..cli import DEFAULT_DRIVER_NAME
+from ..devicemodel import BINPACK
 from ..discovery import make_backend
 from ..flags import FlagError
 from ..kube import api_client as make_api_client
@@ -17,18 +20,42 @@ from .reconciler import REQUEST_TIMEOUT, SliceController
 log = get_logger("gpushare.controller")
 
 
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Everything `gpushare-dra controller` is started with, typed and frozen; built from the
+    flags and GPUSHARE_* variables once (`from_args`, after dra_driver.cli parsed them)."""
+
+    node_name: str
+    kubeconfig: str | None = None
+    driver_name: str = DEFAULT_DRIVER_NAME
+    device_backend: str = "nvml"
+    mock_gpus: str | None = None
+    driver_root: str | None = None
+    sharing_mode: str = "auto"
+    partitions: int = 8
+    device_order: str = BINPACK
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ControllerConfig:
+        if not args.node_name:
+            raise FlagError("--node-name", "required (or set NODE_NAME): the slices' pool is named after the node")
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
 def run(args: argparse.Namespace) -> int:
+    return run_controller(ControllerConfig.from_args(args))
+
+
+def run_controller(config: ControllerConfig) -> int:
     """Publish this node's slices until SIGTERM or SIGINT; the slices stay afterwards."""
-    if not args.node_name:
-        raise FlagError("--node-name", "required (or set NODE_NAME): the slices' pool is named after the node")
-    backend = make_backend(args.device_backend, args.mock_gpus, args.driver_root)
-    controller = SliceController(make_api_client(args.kubeconfig), args.driver_name, args.node_name, backend,
-                                 sharing_mode=args.sharing_mode, partitions=args.partitions,
-                                 device_order=args.device_order)
+    backend = make_backend(config.device_backend, config.mock_gpus, config.driver_root)
+    controller = SliceController(make_api_client(config.kubeconfig), config.driver_name, config.node_name, backend,
+                                 sharing_mode=config.sharing_mode, partitions=config.partitions,
+                                 device_order=config.device_order)
 
     def start() -> SliceController:
         controller.start()
-        log.info("slice controller running", node=args.node_name, driver=args.driver_name)
+        log.info("slice controller running", node=config.node_name, driver=config.driver_name)
         return controller
 
     return serve(start, log, "stopping; ResourceSlices are left in place (run `gpushare-dra cleanup` to remove them)")

@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from tests.cluster.conftest import claim_template, pods_start_while
 from tests.support import GiB, roots
+from tests.support.cluster import claim_template, pods_start_while
 
 # The fixture's cold start (a Go build of five binaries on 2 cores) is part of the first test's time.
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(5400)]

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.cluster.conftest import CTR, SOCK, Kube, claim_template, pods_start_while
 from tests.support import REPO, GiB
+from tests.support.cluster import CTR, SOCK, Kube, claim_template, pods_start_while
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(5400)]
 

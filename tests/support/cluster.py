@@ -1,0 +1,172 @@
+"""The real one-node cluster of hack/cluster-up as tests/cluster drives it: kubectl of the
+cluster's release (Kube), and what several tests there run (a claim template, pods that start
+while the plugin is replaced, the examples with the product's image)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.support import REPO
+
+UP = REPO / "hack" / "cluster-up"
+DOWN = REPO / "hack" / "cluster-down"
+IMAGE = REPO / "hack" / "cluster" / "image"
+CTR = REPO / ".cache" / "cluster" / "debs" / "usr" / "bin" / "ctr"  # hack/cluster/debs
+SOCK = "/run/gpushare-cluster/containerd.sock"  # hack/cluster/lib.sh
+STATE = Path(os.environ.get("CLUSTER_STATE", "/var/lib/gpushare-cluster"))
+# What cluster-up needs on the host beyond what it builds or downloads into .cache/cluster.
+HOST_TOOLS = ("go", "gcc", "openssl", "curl", "ip", "debootstrap", "apt-get", "dpkg")
+up_failures: list[str] = []  # cluster-up's output once it failed: the other tests fail at once with it
+
+
+def why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "the real cluster needs root (a kubelet and containerd run on this machine)"
+    missing = [t for t in HOST_TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"hack/cluster-up needs {', '.join(missing)} on PATH (hack/test-deps installs them as root)"
+    return None
+
+
+class Kube:
+    """kubectl of the cluster's own release, with the cluster's admin kubeconfig."""
+
+    def __init__(self, kubectl: str, kubeconfig: str, node: str):
+        self.kubectl, self.kubeconfig, self.node = kubectl, kubeconfig, node
+        self.install: subprocess.CompletedProcess[str] | None = None  # `kubectl apply -k` of the overlay
+
+    def run(self, *args: str, input: str | None = None, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        cmd = [self.kubectl, f"--kubeconfig={self.kubeconfig}", *args]
+        out = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        if check and out.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
+        return out
+
+    def __call__(self, *args: str, **kw) -> str:
+        return self.run(*args, **kw).stdout
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self("get", *args, "-o", "json"))
+
+    def items(self, *args: str) -> list[dict]:
+        return self.get(*args)["items"]
+
+    def apply(self, manifest: str) -> str:
+        """kubectl apply -f - of YAML text; returns what kubectl printed (stdout and stderr)."""
+        out = self.run("apply", "-f", "-", input=manifest)
+        return out.stdout + out.stderr
+
+    def wait_until(self, what: str, predicate, timeout: float = 180, every: float = 2):
+        """Polls predicate() until it returns something truthy; fails naming what it waited for."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                last = predicate()
+            except (AssertionError, KeyError, IndexError, subprocess.TimeoutExpired) as e:
+                last = e
+            else:
+                if last:
+                    return last
+            time.sleep(every)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+    def with_token(self, token: str, path: Path) -> Kube:
+        """The same kubectl and server, authenticated by token alone (a kubeconfig written at path)."""
+        config = yaml.safe_load(Path(self.kubeconfig).read_text())
+        config["users"] = [{"name": "token", "user": {"token": token}}]
+        config["contexts"][0]["context"]["user"] = "token"
+        path.write_text(yaml.safe_dump(config))
+        return Kube(self.kubectl, str(path), self.node)
+
+    def load_root(self, root: Path, tag: str, workdir: Path) -> str:
+        """The folder root as image tag in the node's containerd (hack/cluster/image --pack, ctr import)."""
+        tarball = workdir / "image.tar"
+        for cmd in ([str(IMAGE), "--pack", str(root), tag, str(tarball)],
+                    [str(CTR), "--address", SOCK, "-n", "k8s.io", "images", "import", "--local", str(tarball)]):
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, f"{' '.join(cmd)} exited {out.returncode}:\n{out.stdout}{out.stderr}"
+        tarball.unlink()
+        return tag
+
+    def logs(self, pod: str, container: str | None = None, namespace: str = "default") -> str:
+        args = ["logs", "-n", namespace, pod] + (["-c", container] if container else [])
+        return self(*args)
+
+
+def examples(path: str, image: str = "gpushare-dra:dev") -> str:
+    """A deploy/examples file as YAML text; images no registry here serves become the product's
+    image (it has the probe and a shell: the examples' `sleep infinity` and probe runs work)."""
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "examples" / path).read_text()))
+    for doc in docs:
+        spec = (doc or {}).get("spec", {})
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            if not c["image"].startswith("gpushare-dra"):
+                c["image"] = image
+    return yaml.safe_dump_all([d for d in docs if d])
+
+
+def claim_template(name: str, memory: str = "1Gi", compute: str = "10") -> str:
+    """A ResourceClaimTemplate in default asking one gpushare.dev device of that memory and compute."""
+    return f"""
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {{name: {name}, namespace: default}}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpushare.dev
+          capacity: {{requests: {{memory: {memory}, compute: "{compute}"}}}}
+"""
+
+
+ROLLING_PODS = 6
+ROLLING_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {{name: rolling-{i}, namespace: default, labels: {{test: rolling}}}}
+spec:
+  restartPolicy: Never
+  resourceClaims: [{{name: gpu, resourceClaimTemplateName: rolling}}]
+  containers:
+  - name: app
+    image: gpushare-dra:dev
+    command: ["sh", "-c", '"$(gpushare-dra hook-path probe)" meminfo && sleep 5']
+    resources: {{claims: [{{name: gpu}}]}}
+"""
+
+
+def pods_start_while(kube: Kube, replace_plugin, namespace: str = "gpushare-system") -> None:
+    """Pods with 1Gi claims of their own start (one every 2 s) and stop while replace_plugin()
+    makes the real kubelet replace the plugin (a rollout): every pod must run with its 1Gi."""
+    try:
+        kube.apply(claim_template("rolling"))
+        replace_plugin()
+        for i in range(ROLLING_PODS):
+            kube.apply(ROLLING_POD.format(i=i))
+            time.sleep(2)
+        kube("-n", namespace, "rollout", "status", "daemonset/gpushare-kubelet-plugin", "--timeout=300s", timeout=320)
+
+        def finished():
+            phases = [p["status"].get("phase") for p in kube.items("pods", "-l", "test=rolling")]
+            return phases if all(ph in ("Succeeded", "Failed") for ph in phases) else None
+        phases = kube.wait_until("the rolling pods to finish", finished, timeout=300)
+        logs = {f"rolling-{i}": kube.logs(f"rolling-{i}") for i in range(ROLLING_PODS)}
+        assert phases == ["Succeeded"] * ROLLING_PODS, (phases, logs)
+        for name, log in logs.items():
+            assert f"cu_total={1024 ** 3}" in log, (name, log)
+    finally:
+        kube("delete", "pods", "-l", "test=rolling", "--ignore-not-found", "--wait=true", "--grace-period=1",
+             timeout=180)
+        kube("delete", "resourceclaimtemplate", "rolling", "--ignore-not-found")
