@@ -88,6 +88,22 @@ def control_program(configured: Sequence[str], driver_root: str | None) -> tuple
     return list(configured), None
 
 
+def _clear(folder: str) -> None:
+    """Remove the entries of one of the plugin's folders (never following a link: unlink does not)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+
+
 class MpsControl:
     def __init__(self, state_dir: str, control: Sequence[str], root: str | None = None) -> None:
         self.state_dir = state_dir
@@ -188,6 +204,8 @@ class MpsControl:
             os.unlink(mpslayout.stopping(self.state_dir, gpu_uuid))
         except FileNotFoundError:
             pass
+        for folder in (mpslayout.pipe_dir(self.state_dir, gpu_uuid), mpslayout.control_dir(self.state_dir, gpu_uuid)):
+            _clear(folder)  # what a daemon that died left (a node reboot, a kill): its sockets, its pid file
         try:  # -d: the daemon detaches, so it outlives this process
             out = subprocess.run(self._argv(gpu_uuid, "-d"), env=self._env(gpu_uuid), capture_output=True,
                                  text=True, timeout=START_TIMEOUT_S)

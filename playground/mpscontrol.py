@@ -59,6 +59,7 @@ from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_SERVER_MAX, sim_mps_s
 SOCKET = mpslayout.SOCKET  # in the pipe folder for clients; in the control folder for commands
 CLIENT_REQUEST = "new_client"  # the stand-in's client request: a server for the peer's user
 SESSION_TIMEOUT_S = 30.0  # a connection idle this long is closed (it holds only its own thread anyway)
+MAX_SESSIONS = 128        # connections served at once on each socket
 CLIENT_TIMEOUT_S = 5.0    # the command program's wait for the daemon's answer
 SIMULATE_FAULT = "gpushare_simulate_server_fault"  # test-only: <server pid> [exit status, default 1]
 SHUTDOWN_SERVER = "shutdown_server"                # <server pid> [-f]: a normal exit (status 0)
@@ -243,6 +244,7 @@ class _Service:
         self.me = os.getpid()
 
     def accept(self, listener: socket.socket, control: bool) -> None:
+        sessions = threading.BoundedSemaphore(MAX_SESSIONS)  # per socket: clients never crowd out the plugin
         while not self.stop.is_set():
             try:
                 conn, _ = listener.accept()
@@ -250,7 +252,16 @@ class _Service:
                 continue
             except OSError:
                 return
-            threading.Thread(target=self.session, args=(conn, control), daemon=True).start()
+            if not sessions.acquire(blocking=False):  # a flood of held connections: the newest is closed
+                conn.close()
+                continue
+            threading.Thread(target=self._session, args=(conn, control, sessions), daemon=True).start()
+
+    def _session(self, conn: socket.socket, control: bool, sessions: threading.BoundedSemaphore) -> None:
+        try:
+            self.session(conn, control)
+        finally:
+            sessions.release()
 
     def session(self, conn: socket.socket, control: bool) -> None:
         pid, uid, _ = _peer(conn)
