@@ -19,6 +19,7 @@ lays out a pod's (`kubepods/pod<uid>/<container>`), the claims reserved for thos
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -65,6 +66,12 @@ def cleanup():
     folders: list[str] = []
     yield folders
     for folder in reversed(folders):  # deepest last in, first out
+        try:  # the workloads still in it (this runs before the node's teardown stops them)
+            with open(os.path.join(folder, "cgroup.procs")) as f:
+                for pid in f.read().split():
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
         deadline = time.monotonic() + 5
         while os.path.isdir(folder):
             try:
