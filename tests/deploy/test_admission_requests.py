@@ -100,9 +100,18 @@ def test_fractional_compute_is_warned():
 @pytest.mark.parametrize("name", ["gpushare.dve", "gpushare", "gpushare.dev-a100"])
 def test_a_gpushare_looking_class_that_is_not_one_is_warned(name):
     assert verdict(WARN, "resourceclaims", claim(ask(name, compute="150"))) == (
-        f"spec.devices.requests[0].exactly.deviceClassName: not one of gpushare's DeviceClasses (gpushare.dev); "
+        f"spec.devices.requests[0].exactly.deviceClassName: not one of gpushare's DeviceClasses (gpushare.dev, "
+        f"mps.gpushare.dev); "
         f"the claim waits at scheduling unless a DeviceClass of that name exists (got '{name}')")
     assert verdict(DENY, "resourceclaims", claim(ask(name, compute="150"))) is None  # not known to be ours
+
+
+def test_the_mps_class_is_gpushares_and_checked_alike():
+    """mps.gpushare.dev (issue 27) is one of gpushare's classes: not warned about by name, and its
+    requests are checked as gpushare.dev's are."""
+    assert verdict(WARN, "resourceclaims", claim(ask("mps.gpushare.dev", memory="1Gi", compute="25"))) is None
+    assert "no request can exceed it (got '150')" in (verdict(DENY, "resourceclaims",
+                                                               claim(ask("mps.gpushare.dev", compute="150"))) or "")
 
 
 def test_objects_without_requests_pass():
