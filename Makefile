@@ -31,9 +31,10 @@ codegen: $(STAMP)            ## regenerate the kubelet gRPC stubs from api/kubel
 bench: $(STAMP) hook         ## print every benchmark table
 	$(BIN)/python hack/bench-prepare
 	$(BIN)/python hack/bench-controller
-	hack/bench-hook
+	$(BIN)/python hack/bench-hook
 	$(BIN)/python hack/bench-share
 	$(BIN)/python hack/bench-agent
+	$(BIN)/python hack/bench-backstop
 
 # The demo needs the product and the playground (.[demo]); the checks and tests add the
 # development tools (.[test], which includes .[demo]), so a test install serves the demo too.

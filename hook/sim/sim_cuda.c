@@ -801,12 +801,23 @@ static uint32_t grid_demand(unsigned gx, unsigned gy, unsigned gz)
     return blocks >= SIM_SM_COUNT ? SIM_FULL : (uint32_t)(blocks * SIM_FULL / SIM_SM_COUNT);
 }
 
+/* The time a launch keeps the launching thread busy in the driver (GPUSHARE_SIM_LAUNCH_NS, the
+ * H100's ~3.2 us by default, docs/compute.md): a busy wait on the monotonic clock (the thread's
+ * CPU clock is a system call of microseconds on some machines, too coarse to wait on). */
+static void launch_cpu(void)
+{
+    if (!sim_launch_ns) return;
+    uint64_t end = sim_now_ns() + sim_launch_ns;
+    while (sim_now_ns() < end) {}
+}
+
 /* ns of GPU work on stream s: into its capture, or queued behind this process's earlier work */
 static CUresult launch(CUstream s, int ptsz, uint64_t ns, uint32_t demand)
 {
     NEED_CTX();
     CUresult rc = capture_use(stream_of(s, ptsz), ns, 0);
     if (rc != GO) return rc;
+    launch_cpu();
     if (ns == 0) return CUDA_SUCCESS;
     int dev = me()->cur->dev;
     uint64_t n = __atomic_fetch_add(&g_nlaunch[dev], 1, __ATOMIC_RELAXED);

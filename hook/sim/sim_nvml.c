@@ -273,7 +273,7 @@ SIM_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizati
     DEV(d);
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
     int i = d->index;
-    uint64_t now = sim_now_ns(), busy = sim_busy_done(i, now);
+    uint64_t now = sim_now_ns(), busy = sim_busy_done(i);
     uint64_t t0 = g_util_prev_t[i] ? g_util_prev_t[i] : sim_me->start_ns;
     uint64_t b0 = g_util_prev_t[i] ? g_util_prev_busy[i] : busy;
     uint64_t dt = now > t0 ? now - t0 : 1;

@@ -1,11 +1,22 @@
-/* Time-sliced contexts, as on a real GPU (calibration: docs/compute.md).
+/* Time-sliced contexts, as on a real GPU (calibration to the H100: docs/compute.md).
  *
  * Each process has one queue of work per device (its streams share it). While several
  * processes have work queued, the device alternates between their contexts in slices of
- * slice_ns (GPUSHARE_SIM_SLICE_US, 2.5 ms by default): a kernel is preempted when its context's
- * slice ends and another context is waiting, so its event pair also counts the others' slices.
- * A context that gets work after its neighbour's slice has already run out takes the device at
- * once (the neighbour's slice started long ago); there is no switch cost.
+ * slice_ns (GPUSHARE_SIM_SLICE_US): a kernel is preempted when its context's slice ends and
+ * another context is waiting, so its event pair also counts the others' slices. The H100 showed
+ * three more things, each modelled here:
+ *  - a context switch costs: whenever the device turns to another context, and at every slice
+ *    end where another context waits, nothing runs for switch_ns (GPUSHARE_SIM_SWITCH_US);
+ *  - slices end on the device's clock, every slice_ns whoever is resident (a context that got
+ *    the device late in one has the rest of it), so a context that gets work while another runs
+ *    waits for the next slice end, never takes the device at once. A resident that runs out of
+ *    work hands the device over at once (the GPU is work conserving);
+ *  - a preempted kernel may wait across two slice ends: at again_ppm of the slice ends where
+ *    the waiting context was preempted with work left (GPUSHARE_SIM_WAIT_AGAIN_PCT), the
+ *    resident keeps the device one more slice (after the same switch cost). A context that
+ *    comes with new work is not held so (on the H100 an inference client beside a busy
+ *    neighbour waited at most about one slice, a preempted matmul up to two). Which ends: a
+ *    hash of their count, the same in every run.
  *
  * The clients of one MPS server (sim_mps.h) are one context: while it is resident, each client
  * with work runs at the same time at its own rate (runners(), below), so a queue's work advances
@@ -24,12 +35,6 @@
 #include <time.h>
 
 #include "sim_state.h"
-
-void sim_sched_init(struct sim_sched *s)
-{
-    gs_robust_mutex_init(&s->lock.m);
-    s->resident = -1;
-}
 
 static struct sim_queue *queue_of(int p, int dev) { return &sim->proc[p].q[dev]; }
 
@@ -157,6 +162,30 @@ static int runners(int dev, int r, int *who, uint32_t *rate, uint64_t *left)
 
 static uint64_t at_rate(uint64_t gpu_ns, uint32_t ppm) { return (gpu_ns * SIM_FULL + ppm - 1) / ppm; }
 
+/* a slice end with a context waiting: 1 if the resident gets one more slice */
+static int again(struct sim_sched *s)
+{
+    uint64_t h = ++s->boundaries * 0x9e3779b97f4a7c15ull; /* splitmix64: no pattern in the count shows */
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    return h % SIM_FULL < sim->again_ppm;
+}
+
+/* the device's slice ends: every slice_ns on its clock, whoever is resident */
+static uint64_t next_boundary(uint64_t t) { return t - t % sim->slice_ns + sim->slice_ns; }
+
+/* context r takes the device (or keeps it for another slice): nothing runs for switch_ns. A
+ * resident that loses it with work left is preempted until it has the device again. */
+static void switch_to(struct sim_sched *s, int dev, int r)
+{
+    if (s->resident >= 0 && !same_ctx(s->resident, r) && ctx_has_work(s->resident, dev))
+        queue_of(s->resident, dev)->preempted = 1;
+    queue_of(r, dev)->preempted = 0;
+    s->resident = r;
+    s->switch_end = s->t + sim->switch_ns;
+}
+
 /* under the lock: compute the schedule up to now */
 static void advance(int dev, uint64_t now)
 {
@@ -171,22 +200,30 @@ static void advance(int dev, uint64_t now)
         int r_work = r >= 0 && ctx_has_work(r, dev);
         int other = next_waiting(dev, r);
         int n = 0;
-        if (!r_work || (other >= 0 && s->t >= s->slice_end)) {
-            if (other < 0) { /* idle until now */
+        if (s->t >= s->switch_end) {
+            if (!r_work && other < 0) { /* idle until now */
                 take_samples(s, now, 0);
                 s->t = now;
-            } else {
-                s->resident = r = other; /* context switch: a fresh slice */
-                s->slice_end = s->t + sim->slice_ns;
+            } else if (!r_work) { /* the resident ran dry: the device turns to the waiting one */
+                switch_to(s, dev, other);
+            } else if (other >= 0 && s->t % sim->slice_ns == 0) {
+                /* a slice end with one waiting; a preempted kernel may wait a second slice */
+                switch_to(s, dev, queue_of(other, dev)->preempted && again(s) ? r : other);
             }
         }
-        if (s->t < now) n = runners(dev, r, who, rate, left);
-        /* the stretch ends at now, the slice's end, or the first change of a runner's demand */
+        if (s->t >= now) break;
+        r = s->resident;
         uint64_t end = now;
-        for (int i = 0; i < n; i++)
-            if (s->t + at_rate(left[i], rate[i]) < end) end = s->t + at_rate(left[i], rate[i]);
-        if (other >= 0 && s->slice_end > s->t && s->slice_end < end) end = s->slice_end;
-        if (n) take_samples(s, end, 1);
+        if (s->t < s->switch_end) { /* switching: nothing runs */
+            if (s->switch_end < end) end = s->switch_end;
+        } else {
+            n = runners(dev, r, who, rate, left);
+            /* the stretch ends at now, the slice's end, or the first change of a runner's demand */
+            for (int i = 0; i < n; i++)
+                if (s->t + at_rate(left[i], rate[i]) < end) end = s->t + at_rate(left[i], rate[i]);
+            if (other >= 0 && next_boundary(s->t) < end) end = next_boundary(s->t);
+        }
+        take_samples(s, end, n > 0);
         uint64_t dt = end - s->t;
         for (int p = 0, i, np = procs(); p < np; p++) {
             struct sim_queue *q = queue_of(p, dev);
@@ -310,6 +347,11 @@ uint64_t sim_pos_time(int dev, uint64_t pos, uint32_t watch, uint64_t floor)
     }
     pthread_mutex_unlock(&s->lock.m);
     return t > floor ? t : floor;
+}
+
+uint64_t sim_busy_done(int dev)
+{
+    return __atomic_load_n(&sim->dev[dev].sched.busy_ns, __ATOMIC_RELAXED);
 }
 
 unsigned sim_samples(int dev, uint64_t since_us, int32_t *slots, unsigned *util, uint64_t *last_us, unsigned max)

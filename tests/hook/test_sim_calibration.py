@@ -1,0 +1,74 @@
+"""The simulated GPU (hook/sim) against the H100 it models (docs/compute.md, "The simulated GPU"),
+each figure within 10 % and never kinder than the H100 by more than that. Sources: the H100
+measurements of 2026-11-22 (event-pair times, the inference client's latency), the probe's
+launch rate on the H100 of 2026-11-24 (docs/validation.md), and issue 29 for the figure those
+notes do not hold (two busy contexts together: 89.6 % of solo). No library here: the simulated
+driver alone, as the H100 ran without it."""
+from __future__ import annotations
+
+from tests.support import CPU_TIMED
+from tests.support.hook import kv
+
+from .test_mps import throughput
+
+LARGE_US = 2650  # one 4096 fp32 matmul on the H100, alone
+
+
+def within(got: float, h100: float) -> bool:
+    return abs(got - h100) <= 0.10 * h100
+
+
+def busy_neighbour(claim, seconds: float):
+    return claim.popen("gpushare-probe", "launch", "--seconds", seconds, "--kernel-us", LARGE_US,
+                       env={"LD_PRELOAD": ""})
+
+
+def test_two_busy_contexts_together_lose_the_context_switches(make_claim):
+    """Issue 29: two large-kernel contexts time-sliced on the H100 did 89.6 % of solo together."""
+    claim = make_claim()
+    procs = [busy_neighbour(claim, 1.5) for _ in range(2)]
+    outs = [kv(p.communicate(timeout=60)[0]) for p in procs]
+    together = sum(throughput(o, LARGE_US) for o in outs)
+    assert within(together, 0.896), outs
+
+
+def test_a_kernel_beside_a_busy_context_waits_one_or_two_slices(make_claim):
+    """The H100: one matmul's event pair read 2.65 ms alone, 5.16 ms beside a busy matmul process
+    (median), p90 7.7 ms (2.9x alone: a preempted kernel sometimes waits two slices)."""
+    claim = make_claim()
+    alone = kv(claim.run("gpushare-probe", "time", "--count", 10, "--kernel-us", LARGE_US, preload=False).stdout)
+    n = busy_neighbour(claim, 4)
+    try:
+        beside = kv(claim.run("gpushare-probe", "time", "--count", 100, "--kernel-us", LARGE_US,
+                              preload=False).stdout)
+    finally:
+        n.kill()
+        n.communicate()
+    assert within(float(alone["median_ms"]), 2.65), alone
+    assert within(float(beside["median_ms"]), 5.16) and within(float(beside["p90_ms"]), 7.7), beside
+
+
+@CPU_TIMED
+def test_a_client_beside_a_busy_context_waits_for_its_slice_end(make_claim):
+    """The H100: an inference-like client (0.41 ms requests, 2.4 ms apart) beside a busy matmul
+    process, no library: p99 2.91 ms (2.31x its solo p99 of 1.26 ms, which is the Python
+    client's CPU jitter; the simulator's solo p99 is about 0.6 ms, so the absolute figure is the
+    one compared). A request that comes while the neighbour runs waits for the slice end."""
+    claim = make_claim()
+    n = busy_neighbour(claim, 7)
+    try:  # the lower p99 of two runs: a p99 is mostly the CPU's on a loaded machine
+        outs = [kv(claim.run("gpushare-probe", "serve", "--seconds", 3, preload=False).stdout) for _ in range(2)]
+    finally:
+        n.kill()
+        n.communicate()
+    assert within(min(float(o["p99_ms"]) for o in outs), 2.91), outs
+
+
+@CPU_TIMED
+def test_a_launch_costs_the_cpu_what_it_cost_on_the_h100(make_claim):
+    """The probe launched 1 us kernels at 249,023-264,812 a second on the H100 (2026-11-24, without
+    the library): about 3.2 us of driver time per launch besides the loop's own."""
+    claim = make_claim()  # the best of three: another process on the CPU only slows it
+    outs = [kv(claim.run("gpushare-probe", "launch", "--seconds", 0.3, "--kernel-us", 1, preload=False).stdout)
+            for _ in range(3)]
+    assert within(max(float(o["launches_per_s"]) for o in outs), 257_000), outs
