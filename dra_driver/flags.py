@@ -14,13 +14,24 @@ import os
 import re
 import socket
 import urllib.parse
-from typing import Literal
+from dataclasses import fields
+from typing import Literal, Self
 
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[^:\[\]/\s]*):(?P<port>[^:]*)$")
 HOST_PORT_ACCEPTED = "accepted: HOST:PORT such as :9400, 127.0.0.1:9400 or [::1]:9400; empty disables"
 URL_ACCEPTED = "accepted: HOST:PORT such as 127.0.0.1:9400, or a URL such as http://HOST:PORT/metrics"
 XID_MAX = 2**32 - 1
 XIDS_ACCEPTED = f"accepted: XID numbers 0..{XID_MAX} separated by commas such as 63,92, or all alone; empty adds none"
+
+
+class FromArgs:
+    """A command's typed, frozen Config (a dataclass) built from its parsed flags in one step:
+    each field from the flag of the same name. A field that must hold with others (one flag
+    only with another) is checked in the Config's __post_init__, raising FlagError."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Self:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})  # type: ignore[arg-type]
 
 
 class StartupError(Exception):

@@ -15,8 +15,10 @@ import hashlib
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
+from .flags import FromArgs
 from .log import get_logger
 
 log = get_logger("install-hook")
@@ -90,13 +92,25 @@ def prune_versions(dest_dir: Path, stable_name: str, keep: set[str]) -> list[Pat
     return removed
 
 
+@dataclass(frozen=True)
+class InstallConfig(FromArgs):
+    """What `gpushare-dra install-hook` is started with."""
+
+    dest: str = "/opt/gpushare/lib"
+    with_sim: bool = False
+
+
 def run(args: argparse.Namespace) -> int:
+    return install(InstallConfig.from_args(args))
+
+
+def install(config: InstallConfig) -> int:
     from .hookpath import native_paths
 
     paths = native_paths()
-    dest = Path(args.dest)
+    dest = Path(config.dest)
     install_versioned(Path(paths["library"]), dest, LIBRARY_NAME)
-    if args.with_sim:
+    if config.with_sim:
         # The simulated driver for mock-GPU clusters: installed beside the library.
         for key, name in (("sim_cuda", "libcuda.so.1"), ("sim_nvml", "libnvidia-ml.so.1")):
             install_versioned(Path(paths[key]), dest / "sim", name)

@@ -6,9 +6,12 @@ import argparse
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from .flags import FromArgs
 
 Samples = dict[str, dict[tuple[str, ...], Any]]  # see scrape(): numbers, and the sharing strategy's name
 
@@ -84,16 +87,29 @@ def frame(m: Samples) -> str:
     return "\n".join([f"prepared claims: {claims}", *gpus, "", *lines]) + "\n"
 
 
+@dataclass(frozen=True)
+class TopConfig(FromArgs):
+    """What `gpushare-dra top` is started with."""
+
+    url: str = "http://127.0.0.1:9400/metrics"
+    interval: float = 2.0
+    once: bool = False
+
+
 def run(args: argparse.Namespace) -> int:
+    return run_top(TopConfig.from_args(args))
+
+
+def run_top(config: TopConfig) -> int:
     while True:
         try:
-            text = frame(scrape(args.url))
+            text = frame(scrape(config.url))
         except OSError as e:
-            print(f"gpushare-dra top: cannot read {args.url}: {e}", file=sys.stderr)
+            print(f"gpushare-dra top: cannot read {config.url}: {e}", file=sys.stderr)
             return 1
-        if args.once:
+        if config.once:
             sys.stdout.write(text)
             return 0
-        sys.stdout.write("\033[H\033[2J" + time.strftime("%H:%M:%S ") + args.url + "\n" + text)
+        sys.stdout.write("\033[H\033[2J" + time.strftime("%H:%M:%S ") + config.url + "\n" + text)
         sys.stdout.flush()
-        time.sleep(args.interval)
+        time.sleep(config.interval)

@@ -14,18 +14,21 @@ import argparse
 import glob
 import os
 import shutil
+from dataclasses import dataclass
 
 from kubernetes import client
 
 from cdi import SpecDir
+from dra_driver.cli import DEFAULT_DRIVER_NAME
 from dra_driver.controller import delete_slices
-from dra_driver.flags import FlagError
+from dra_driver.flags import FlagError, FromArgs
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.kube import api_error
 from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
 from .cdispec import KIND
+from .config import DEFAULTS
 from .instances import LOCK_FILES
 
 log = get_logger("cleanup")
@@ -95,25 +98,47 @@ def _rmdir_if_empty(folder: str) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class CleanupConfig(FromArgs):
+    """What `gpushare-dra cleanup` is started with."""
+
+    node_name: str | None = None
+    kubeconfig: str | None = None
+    driver_name: str = DEFAULT_DRIVER_NAME
+    all_nodes: bool = False
+    node_state: bool = False
+    keep_slices: bool = False
+    state_dir: str = DEFAULTS.state_dir
+    cdi_root: str = DEFAULTS.cdi_root
+    hook_dir: str | None = None
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.keep_slices and not self.node_state:
+            raise FlagError("--keep-slices", "only with --node-state (otherwise there is nothing to do)")
+        if not self.keep_slices and not self.all_nodes and not self.node_name:
+            raise FlagError("--node-name", "required (or set NODE_NAME) to delete one node's slices; "
+                                           "--all-nodes deletes every node's")
+
+
 def run_cleanup(args: argparse.Namespace) -> int:
-    if args.keep_slices and not args.node_state:
-        raise FlagError("--keep-slices", "only with --node-state (otherwise there is nothing to do)")
-    if not args.keep_slices and not args.all_nodes and not args.node_name:
-        raise FlagError("--node-name", "required (or set NODE_NAME) to delete one node's slices; "
-                                       "--all-nodes deletes every node's")
-    if args.node_state:  # first: refused while claims are prepared, before anything is deleted
+    return cleanup(CleanupConfig.from_args(args))
+
+
+def cleanup(config: CleanupConfig) -> int:
+    if config.node_state:  # first: refused while claims are prepared, before anything is deleted
         try:
-            remove_node_state(args.state_dir, args.cdi_root, args.hook_dir, force=args.force)
+            remove_node_state(config.state_dir, config.cdi_root, config.hook_dir, force=config.force)
         except NodeStateInUse as e:
             log.error("cleanup refused", error=str(e))
             return 1
-    if args.keep_slices:
+    if config.keep_slices:
         return 0
-    node = None if args.all_nodes else args.node_name
+    node = None if config.all_nodes else config.node_name
     try:
-        deleted = delete_slices(make_api_client(args.kubeconfig), args.driver_name, node)
+        deleted = delete_slices(make_api_client(config.kubeconfig), config.driver_name, node)
     except client.ApiException as e:
         log.error("cleanup failed", error=api_error(e))
         return 1
-    log.info("deleted ResourceSlices", driver=args.driver_name, node=node or "<all nodes>", count=deleted)
+    log.info("deleted ResourceSlices", driver=config.driver_name, node=node or "<all nodes>", count=deleted)
     return 0

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from kubernetes import client
 
 from ..cli import DEFAULT_DRIVER_NAME
 from ..devicemodel import BINPACK
 from ..discovery import make_backend
-from ..flags import FlagError
+from ..flags import FlagError, FromArgs
 from ..kube import api_client as make_api_client
 from ..kube import json_body
 from ..log import get_logger
@@ -21,11 +21,10 @@ log = get_logger("gpushare.controller")
 
 
 @dataclass(frozen=True)
-class ControllerConfig:
-    """Everything `gpushare-dra controller` is started with, typed and frozen; built from the
-    flags and GPUSHARE_* variables once (`from_args`, after dra_driver.cli parsed them)."""
+class ControllerConfig(FromArgs):
+    """Everything `gpushare-dra controller` is started with."""
 
-    node_name: str
+    node_name: str  # required: from_args gives None when neither the flag nor NODE_NAME is set
     kubeconfig: str | None = None
     driver_name: str = DEFAULT_DRIVER_NAME
     device_backend: str = "nvml"
@@ -35,11 +34,9 @@ class ControllerConfig:
     partitions: int = 8
     device_order: str = BINPACK
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ControllerConfig:
-        if not args.node_name:
+    def __post_init__(self) -> None:
+        if not self.node_name:
             raise FlagError("--node-name", "required (or set NODE_NAME): the slices' pool is named after the node")
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,9 @@ import argparse
 import os
 import threading
 import time
+from dataclasses import dataclass
 
+from dra_driver.flags import FromArgs
 from dra_driver.log import get_logger
 from dra_driver.runloop import serve
 from kubeletplugin.hooklayout import CONTROL_SIZE
@@ -94,11 +96,26 @@ class ShareAgent:
                 region.close()
 
 
+@dataclass(frozen=True)
+class ShareAgentConfig(FromArgs):
+    """What `gpushare-dra share-agent` is started with."""
+
+    run_dirs: tuple[str, ...]
+    interval: float = 0.25
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_dirs", tuple(self.run_dirs))  # argparse gives a list
+
+
 def run(args: argparse.Namespace) -> int:
+    return run_share_agent(ShareAgentConfig.from_args(args))
+
+
+def run_share_agent(config: ShareAgentConfig) -> int:
     def start() -> ShareAgent:
-        claims = [RunDirClaim(d) for d in args.run_dirs]  # in the order given: the slots' order
-        log.info("share agent running", claims=len(claims), interval=args.interval)
-        return ShareAgent(claims, args.interval)
+        claims = [RunDirClaim(d) for d in config.run_dirs]  # in the order given: the slots' order
+        log.info("share agent running", claims=len(claims), interval=config.interval)
+        return ShareAgent(claims, config.interval)
 
     # SIGTERM (bench-share, gpu-validate.sh) and Ctrl-C both stop it through `stop`.
     return serve(start, log, "share agent stopping")
