@@ -22,6 +22,7 @@ from dra_driver.hookpath import native_paths
 from kubeletplugin import mpslayout
 from playground.claims import gpushare_config, opaque_config
 from tests.support import BUILD, CPU_TIMED, REPO
+from tests.support.hook import throughput
 
 MPS = [opaque_config(gpushare_config(sharingStrategy="MPS"))]
 KERNEL_US = 200
@@ -59,10 +60,6 @@ def driver_root(tmp_path):
     subprocess.run(["umount", "-l", str(root)], check=False)
 
 
-def throughput(out: dict) -> float:
-    return int(out["done_in_window"]) * KERNEL_US / 1e6 / float(out["window_s"])
-
-
 @CPU_TIMED
 def test_an_mps_claims_pod_runs_on_the_driver_roots_daemon_and_is_held_to_its_share(node_factory, driver_root):
     node = node_factory(backend=MockBackend("1x16Gi"), driver_root=str(driver_root), mps_control=(
@@ -87,7 +84,7 @@ def test_an_mps_claims_pod_runs_on_the_driver_roots_daemon_and_is_held_to_its_sh
         w = node.runner.start_command("tenant", ids, [str(BUILD / "gpushare-probe"), *LAUNCH])
         node.workloads.append(w)
         out = w.read_until("launches=", timeout=60)
-        got = throughput(out)
+        got = throughput(out, KERNEL_US)
         print(f"an MPS claim of 25 % on the driver root's daemon: {got:.3f} of the GPU, "
               f"a {KERNEL_US} us whole-GPU kernel took {float(out['kernel_us']):.0f} us")
         assert float(out["kernel_us"]) >= 3 * KERNEL_US  # an MPS client on the server's 25 % of the SMs

@@ -21,6 +21,7 @@ import pytest
 from playground.claims import gpushare_config, opaque_config
 from playground.containers import PodmanRunner
 from tests.support import BUILD, CPU_TIMED, podman_busybox_why_not
+from tests.support.hook import throughput
 
 MPS = [opaque_config(gpushare_config(sharingStrategy="MPS"))]
 KERNEL_US = 200
@@ -53,15 +54,11 @@ def mps_node(node_factory):
         assert node.kubelet.unprepare(ref).claims[ref.uid].error == ""
 
 
-def throughput(out: dict) -> float:
-    return int(out["done_in_window"]) * KERNEL_US / 1e6 / float(out["window_s"])
-
-
 def tenant(node, ids, *env_edits: str) -> float:
     """The probe under the claim's spec, its environment edited as a tenant can; its throughput."""
     w = node.runner.start_command("tenant", ids, ["env", *env_edits, PROBE, *LAUNCH])
     node.workloads.append(w)
-    return throughput(w.read_until("launches=", timeout=60))
+    return throughput(w.read_until("launches=", timeout=60), KERNEL_US)
 
 
 @CPU_TIMED
@@ -114,7 +111,7 @@ def test_several_processes_of_a_claim_share_its_share(mps_node):
     ids = claim(25)
     workloads = [node.runner.start_command(f"tenant{i}", ids, ["env", PROBE, *LAUNCH]) for i in range(3)]
     node.workloads += workloads
-    got = [throughput(w.read_until("launches=", timeout=60)) for w in workloads]
+    got = [throughput(w.read_until("launches=", timeout=60), KERNEL_US) for w in workloads]
     print("three processes of one 25 % MPS claim: " + " + ".join(f"{g:.2f}" for g in got) + f" = {sum(got):.2f}")
     assert sum(got) <= 0.30
 
@@ -149,8 +146,8 @@ def test_a_container_that_rewrites_every_variable_gets_its_share_and_budget(node
             node.workloads.append(w)
             return w.read_until(until, timeout=120)
 
-        emptied = throughput(run("emptied", "", LAUNCH, "launches="))
-        unset = throughput(run("unset", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", LAUNCH, "launches="))
+        emptied = throughput(run("emptied", "", LAUNCH, "launches="), KERNEL_US)
+        unset = throughput(run("unset", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", LAUNCH, "launches="), KERNEL_US)
         memory = run("memory", "", ["alloc", "--chunk", "64Mi", "--max", "1Gi"], "allocated=")
         print(f"emptied environment: {emptied:.2f} of the GPU; pipe kept, share unset: {unset:.2f}; "
               f"allocated {int(memory['allocated']) >> 20} MiB of a 256 MiB budget ({memory['result']})")

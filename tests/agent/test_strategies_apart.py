@@ -21,6 +21,7 @@ from playground.allocator.core import allocate
 from playground.claims import NAMESPACE, gpushare_config, make_claim, opaque_config, result
 from playground.node import DEVICE_CLASS, MPS_DEVICE_CLASS
 from tests.support import BUILD, CPU_TIMED
+from tests.support.hook import throughput
 
 KERNEL_US = 200
 LAUNCH = ["launch", "--seconds", "2", "--kernel-us", str(KERNEL_US), "--grid", "132"]  # a whole-GPU grid
@@ -89,10 +90,6 @@ def prepare(node, allocation: dict, name: str):
     return ref, answer
 
 
-def throughput(out: dict) -> float:
-    return int(out["done_in_window"]) * KERNEL_US / 1e6 / float(out["window_s"])
-
-
 @CPU_TIMED
 def test_two_mps_claims_and_a_time_sliced_one_on_a_one_gpu_node(node_factory):
     """The node's one GPU serves MPS (--mps-gpus all): both MPS claims fit on it, the time-sliced
@@ -115,7 +112,7 @@ def test_two_mps_claims_and_a_time_sliced_one_on_a_one_gpu_node(node_factory):
             workloads = [node.runner.start_command(f"mps{i}", ids[i], [str(BUILD / "gpushare-probe"), *LAUNCH])
                          for i in which]
             node.workloads += workloads
-            return [throughput(w.read_until("launches=", timeout=60)) for w in workloads]
+            return [throughput(w.read_until("launches=", timeout=60), KERNEL_US) for w in workloads]
 
         (alone,) = run([0])
         got = run([0, 1])

@@ -24,6 +24,7 @@ from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_KEY_THREADS, SIM_MPS_
 from playground.claims import gpushare_config, make_claim, opaque_config, result
 from playground.containers import cgroup_mount, parse_kv
 from tests.support import CPU_TIMED, GiB, MiB, wait_for
+from tests.support.hook import throughput
 
 TS, MPS, NONE = "TimeSlicing", "MPS", "None"
 BUDGET, SHARE = GiB, 25
@@ -72,11 +73,6 @@ def start(node, name: str, ids: list[str], argv: list[str], pod: str | None = No
     w = node.runner.start(name, ids, argv, cgroup_parent=f"/kubepods/pod{pod}" if pod else None)
     node.workloads.append(w)
     return w
-
-
-def throughput(out: dict) -> float:
-    """GPU work done within the launch window, as a fraction of the GPU's solo speed"""
-    return int(out["done_in_window"]) * KERNEL_US / 1e6 / float(out["window_s"])
 
 
 def inside(pid: int) -> tuple[str, dict[str, str]]:
@@ -128,7 +124,7 @@ def test_one_claim_of_each_strategy_side_by_side_on_one_gpu(gpu0):
     took = time.monotonic() - seen
 
     outs = {s: w.read_until("launches=", timeout=60) for s, w in launch.items()}
-    share = {s: throughput(o) for s, o in outs.items()}
+    share = {s: throughput(o, KERNEL_US) for s, o in outs.items()}
     for s in (TS, MPS):  # they held what they got, freed it and ended well
         assert alloc[s].wait(timeout=60)[-1] == "freed=1 free_errors=0", alloc[s].lines
         assert alloc[s].proc.returncode == 0
@@ -193,7 +189,7 @@ def test_an_mps_claim_beside_a_paced_time_sliced_claim_gets_its_share(gpu0):
     for s in (TS, MPS):
         claims[s] = prepare(node, s)
     launch = {s: start(node, f"{s}-launch", ids, LAUNCH) for s, (_, ids) in claims.items()}
-    share = {s: throughput(w.read_until("launches=", timeout=60)) for s, w in launch.items()}
+    share = {s: throughput(w.read_until("launches=", timeout=60), KERNEL_US) for s, w in launch.items()}
     print(f"\nGPU 0, both launching flat out: {TS} {share[TS]:.1%}, {MPS} {share[MPS]:.1%} (the server's {SHARE} % "
           f"x the {1 - share[TS]:.0%} of the time it holds the GPU: {SHARE / 100 * (1 - share[TS]):.1%})")
     assert abs(share[MPS] - SHARE / 100) <= 0.04, share

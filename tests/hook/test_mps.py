@@ -13,7 +13,7 @@ import pytest
 
 from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_PIPE_ENV, SIM_MPS_THREADS_ENV, sim_mps_server_text
 from tests.support import CPU_TIMED
-from tests.support.hook import kv
+from tests.support.hook import kv, throughput
 
 SECONDS = 2
 LARGE_US = 500  # a kernel of the GPU's SM count in blocks (WHOLE)
@@ -27,11 +27,6 @@ def pipe_dir(tmp_path: Path, name: str, percentage: int, server: str = "gpu0") -
     d.mkdir(parents=True)
     (d / SIM_MPS_FILE).write_text(sim_mps_server_text(server, percentage))
     return d
-
-
-def throughput(out: dict, kernel_us: float) -> float:
-    """GPU work done within the window, as a fraction of the GPU's solo speed"""
-    return int(out["done_in_window"]) * kernel_us / 1e6 / float(out["window_s"])
 
 
 def run_together(claim, clients: list[tuple[dict, list]]) -> list[dict]:

@@ -7,9 +7,7 @@ driver alone, as the H100 ran without it."""
 from __future__ import annotations
 
 from tests.support import CPU_TIMED
-from tests.support.hook import kv
-
-from .test_mps import throughput
+from tests.support.hook import kv, throughput
 
 LARGE_US = 2650  # one 4096 fp32 matmul on the H100, alone
 

@@ -90,3 +90,9 @@ def kv(text: str) -> dict:
     for k, v in re.findall(r"(\w+)=(\S+)", text):
         out[k] = v
     return out
+
+
+def throughput(out: dict, kernel_us: float) -> float:
+    """GPU work a `gpushare-probe launch` did within its window, as a fraction of the GPU's solo
+    speed (kernels of kernel_us each)."""
+    return int(out["done_in_window"]) * kernel_us / 1e6 / float(out["window_s"])
