@@ -37,11 +37,11 @@ from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_error, no_request_retr
 from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
-from . import faults
 from .allocation import plan_claim, unmet_capacity
 from .cdispec import KIND, SimDriver, build_spec
 from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
+from .faults import NO_FAULTS, Faults
 from .instances import CallLock
 from .mps import MPS_CONTROL, MpsControl, MpsError
 from .prepared import PreparedClaim, PreparedDevice, PreparedError, PreparedGpu
@@ -108,7 +108,7 @@ class Driver:
                  partitions: int, state_dir: str, cdi_root: str, host_library: str,
                  system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None,
                  mps_control: Sequence[str] = (MPS_CONTROL,), strategies: GpuStrategies | None = None,
-                 mps_root: str | None = None) -> None:
+                 mps_root: str | None = None, faults: Faults = NO_FAULTS) -> None:
         no_request_retries(api)  # one read of a claim within API_TIMEOUT_S, not four
         self.resource_api = client.ResourceV1Api(api)
         self.core_api = client.CoreV1Api(api)
@@ -131,6 +131,7 @@ class Driver:
         self._locks = KeyedLocks(CLAIM_LOCK_WAIT_S)
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()
+        self.faults = faults
         self.listeners: list[ClaimListener] = []  # a listener's failure never fails a call
         self.on_error: Callable[[str, str], None] = lambda operation, reason: None  # metrics: failed calls by reason
 
@@ -188,13 +189,13 @@ class Driver:
                 self._remove(uid, "leftover of an interrupted call")
             claim, unmet = self._plan(ref)
             self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_STARTED, namespace, name, None))
-            faults.reached("prepare-started-recorded")
+            self.faults.reached("prepare-started-recorded")
             try:
                 self.files.write(claim)
-                faults.reached("prepare-files-written")
+                self.faults.reached("prepare-files-written")
                 self._apply_mps(claim, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, claim))
                 self._write_spec(claim)
-                faults.reached("prepare-spec-written")
+                self.faults.reached("prepare-spec-written")
                 self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, claim))
             except MpsError as e:
                 log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="mps",
@@ -206,7 +207,7 @@ class Driver:
                           error=str(e))
                 self._remove(uid, "rollback of a failed prepare")
                 raise ClaimError(f"writing the claim's files: {e}", reason="io") from None
-            faults.reached("prepare-completed-recorded")
+            self.faults.reached("prepare-completed-recorded")
             log.info("claim prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare",
                      gpus=[f"{g.uuid} memory={g.memory_limit} compute={g.compute_limit}" for g in claim.gpus])
             self._tell(claim, prepared=True)
@@ -267,7 +268,7 @@ class Driver:
         threading.Thread(target=send, name=f"claim-event[{claim.uid[:8]}]", daemon=True).start()
 
     def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
-        faults.delay(ref.name)
+        self.faults.delay_prepare(ref.name)
         try:
             # Raw JSON: keeps every field (consumedCapacity, shareID) and skips slow model decoding.
             # Bounded: a hung API server must not hold a gRPC worker (and the claim's lock) forever.
@@ -366,14 +367,14 @@ class Driver:
                 return
             if entry is not None:
                 self.checkpoint.set(uid, replace(entry, state=ckpt.UNPREPARE_STARTED))
-            faults.reached("unprepare-started-recorded")
+            self.faults.reached("unprepare-started-recorded")
             self._remove(uid, "unprepare")
             if entry and entry.prepared:
                 try:
                     self._apply_mps(entry.prepared, None)
                 except MpsError as e:  # the claim is gone either way; its limits only ever loosen
                     log.error("MPS limits not updated", uid=uid, step="unprepare", error=str(e))
-            faults.reached("unprepare-completed")
+            self.faults.reached("unprepare-completed")
             log.info("claim unprepared", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
             self._tell(entry.prepared if entry else None, prepared=False)
         if entry and entry.prepared and entry.prepared.library not in (None, self.host_library):
@@ -381,9 +382,9 @@ class Driver:
 
     def _remove(self, uid: str, why: str) -> None:
         self.specs.remove(uid)
-        faults.reached("unprepare-spec-removed")
+        self.faults.reached("unprepare-spec-removed")
         self.files.remove(uid)
-        faults.reached("unprepare-files-removed")
+        self.faults.reached("unprepare-files-removed")
         self.checkpoint.delete(uid)
         log.debug("claim state removed", uid=uid, step="remove", reason=why)
 

@@ -1,9 +1,12 @@
-"""Fault points for crash and isolation tests (test-only; never set these in production).
+"""Fault points of Prepare and Unprepare, for the crash and isolation tests: a Faults object the
+Driver is given, NO_FAULTS (nothing happens) unless the plugin's process was started with one.
 
-With GPUSHARE_FAULT_POINT=<step> in its environment, the plugin SIGKILLs itself when it
-reaches that step of Prepare or Unprepare, as a power cut or OOM kill would.
-With GPUSHARE_FAULT_DELAY=<claim name>=<seconds>, Prepare of claims of that name sleeps that
-long before reading the claim, holding the claim's lock, as a hung API server would.
+`gpushare-dra kubelet-plugin` reads them from its environment once, at start-up
+(`Faults.from_env`; never set these in production):
+GPUSHARE_FAULT_POINT=<step>: the plugin SIGKILLs itself when it reaches that step of Prepare
+or Unprepare, as a power cut or OOM kill would.
+GPUSHARE_FAULT_DELAY=<claim name>=<seconds>: Prepare of claims of that name sleeps that long
+before reading the claim, holding the claim's lock, as a hung API server would.
 The steps:
 """
 
@@ -12,6 +15,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 PREPARE_STEPS = (
     "prepare-started-recorded",   # checkpoint says PrepareStarted, no files yet
@@ -30,12 +35,23 @@ ENV = "GPUSHARE_FAULT_POINT"
 DELAY_ENV = "GPUSHARE_FAULT_DELAY"
 
 
-def reached(step: str) -> None:
-    if os.environ.get(ENV) == step:
-        os.kill(os.getpid(), signal.SIGKILL)
+@dataclass(frozen=True)
+class Faults:
+    kill_at: str | None = None                 # a step of STEPS
+    delay: tuple[str, float] | None = None     # (claim name, seconds)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Faults:
+        name, _, seconds = env.get(DELAY_ENV, "").rpartition("=")
+        return cls(env.get(ENV) or None, (name, float(seconds)) if name else None)
+
+    def reached(self, step: str) -> None:
+        if step == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def delay_prepare(self, claim_name: str) -> None:
+        if self.delay and self.delay[0] == claim_name:
+            time.sleep(self.delay[1])
 
 
-def delay(claim_name: str) -> None:
-    name, _, seconds = os.environ.get(DELAY_ENV, "").rpartition("=")
-    if name and name == claim_name:
-        time.sleep(float(seconds))
+NO_FAULTS = Faults()

@@ -33,6 +33,7 @@ from kubeletplugin.health import HealthAwareBackend, HealthCollector, HealthMoni
 from .cdispec import SimDriver
 from .config import PluginConfig
 from .driver import Driver
+from .faults import NO_FAULTS, Faults
 from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
 from .healthservice import DeviceHealthServicer
 from .instances import NodeLeader
@@ -96,7 +97,7 @@ class Plugin:
     """One kubelet plugin: driver state, gRPC servers, optional slice controller and metrics."""
 
     def __init__(self, config: PluginConfig, api: client.ApiClient | None = None,
-                 backend: DeviceBackend | None = None) -> None:
+                 backend: DeviceBackend | None = None, faults: Faults = NO_FAULTS) -> None:
         if not config.node_name:
             raise PluginConfigError("--node-name", "required (or set NODE_NAME)")
         # Ports first, before any file or socket exists: a taken port is one line, nothing left behind.
@@ -138,7 +139,8 @@ class Plugin:
         self.driver = Driver(self.api, config.driver_name, config.node_name, self.backend, config.partitions,
                              os.path.abspath(config.state_dir), os.path.abspath(config.cdi_root), library,
                              sim=self._sim_driver(library) if self.backend.name == "mock" else None,
-                             mps_control=mps_control, strategies=self.strategies, mps_root=mps_root)
+                             mps_control=mps_control, strategies=self.strategies, mps_root=mps_root,
+                             faults=faults)
         self.metrics = Metrics()
         self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error
@@ -311,4 +313,5 @@ def _unlink(path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     # a bad flag raises PluginConfigError from start(): the CLI's one-line error
     config = PluginConfig.from_args(args)
-    return serve(lambda: Plugin(config).start(), log, "signal received, shutting down")
+    faults = Faults.from_env()  # the crash tests' (kubeletplugin/faults.py); none in production
+    return serve(lambda: Plugin(config, faults=faults).start(), log, "signal received, shutting down")

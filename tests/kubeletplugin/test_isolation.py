@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kubeletplugin.faults import DELAY_ENV
+from kubeletplugin.faults import Faults
 from kubeletplugin.main import GRPC_WORKERS
 from playground.claims import gpushare_config, make_claim, opaque_config, result
 
@@ -23,10 +23,10 @@ def timed(call):
     return value, time.monotonic() - start
 
 
-def test_slow_claim_does_not_stall_other_claims_or_health(api, kubelet, dirs, monkeypatch):
+def test_slow_claim_does_not_stall_other_claims_or_health(api, plugin, kubelet):
     slow = make_claim(api, [result("gpu-0-share-0")], name="slow-claim")
     others = [make_claim(api, [result(f"gpu-{n % 4}-share-1")]) for n in range(6)]
-    monkeypatch.setenv(DELAY_ENV, f"slow-claim={SLOW_S}")
+    plugin.driver.faults = Faults(delay=("slow-claim", SLOW_S))
     slow_answer = {}
     slow_call = threading.Thread(target=lambda: slow_answer.update(a=timed(lambda: kubelet.prepare(slow))))
     slow_call.start()
@@ -59,14 +59,14 @@ def test_hostile_config_is_refused_at_once_and_others_carry_on(api, kubelet, dir
 
 
 
-def test_calls_queued_behind_a_slow_claim_give_their_workers_back(api, plugin, kubelet, monkeypatch):
+def test_calls_queued_behind_a_slow_claim_give_their_workers_back(api, plugin, kubelet):
     """More calls for one slow claim than there are gRPC workers (pods sharing the claim):
     each waits a bounded time for the claim's lock, then answers "busy" (the kubelet retries),
     so other claims and the health check still get a worker."""
     plugin.driver._locks.wait_s = 1.0  # 5 s in production; shorter keeps the test short
     slow = make_claim(api, [result("gpu-3-share-0")], name="slow-shared")
     other = make_claim(api, [result("gpu-3-share-1")])
-    monkeypatch.setenv(DELAY_ENV, f"slow-shared={SLOW_S}")
+    plugin.driver.faults = Faults(delay=("slow-shared", SLOW_S))
     with ThreadPoolExecutor(GRPC_WORKERS + 8) as pool:
         first = pool.submit(kubelet.prepare, slow)
         time.sleep(0.5)
