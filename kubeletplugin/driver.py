@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import urllib3
 from kubernetes import client
 
-from cdi import SpecDir, find_devices_of_kind, remove_temp_files
+from cdi import find_devices_of_kind, remove_temp_files
 from dra_driver.config import MPS
 from dra_driver.config.strategies import GPU_MPS, STRATEGY_ATTRIBUTE, GpuStrategies, gpu_serves
 from dra_driver.devicemodel import parse_device_name
@@ -38,18 +38,17 @@ from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
 from .allocation import plan_claim, unmet_capacity
-from .cdispec import KIND, SimDriver, build_spec
-from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
+from .cdispec import SimDriver, build_spec
+from .claimfiles import CONTAINER_LIBRARY
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
 from .faults import NO_FAULTS, Faults
-from .instances import CallLock
-from .mps import MPS_CONTROL, MpsControl, MpsError
+from .mps import MpsControl, MpsError
+from .nodestate import NodeState
 from .prepared import PreparedClaim, PreparedDevice, PreparedError, PreparedGpu
 
 log = get_logger("kubeletplugin.driver")
 
 NVIDIA_KIND = "nvidia.com/gpu"
-SYSTEM_CDI_DIR = "/etc/cdi"
 API_TIMEOUT_S = 20  # reading a claim; the kubelet gives a whole Prepare call 45 s
 CLAIM_LOCK_WAIT_S = 5.0  # a call waits this long for another call of the same claim (~10 ms normally)
 CAPACITY_EVENT_REASON = "CapacityRequestDropped"
@@ -95,20 +94,14 @@ class ClaimListener(Protocol):
     def claim_unprepared(self, claim: PreparedClaim) -> None: ...
 
 
-def boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 class Driver:
     def __init__(self, api: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
-                 partitions: int, state_dir: str, cdi_root: str, host_library: str,
-                 system_cdi_dirs: tuple[str, ...] = (SYSTEM_CDI_DIR,), sim: SimDriver | None = None,
-                 mps_control: Sequence[str] = (MPS_CONTROL,), strategies: GpuStrategies | None = None,
-                 mps_root: str | None = None, faults: Faults = NO_FAULTS) -> None:
+                 partitions: int, host_library: str, node: NodeState, mps: MpsControl,
+                 strategies: GpuStrategies | None = None, sim: SimDriver | None = None,
+                 faults: Faults = NO_FAULTS) -> None:
+        """Everything it works with is built by the caller (main.py): `node` is the node's state
+        (claims' folders, CDI specs, checkpoint, call lock), `sim` the simulated driver that mock
+        GPUs' containers get."""
         no_request_retries(api)  # one read of a claim within API_TIMEOUT_S, not four
         self.resource_api = client.ResourceV1Api(api)
         self.core_api = client.CoreV1Api(api)
@@ -118,16 +111,14 @@ class Driver:
         self.partitions = partitions
         self.host_library = host_library
         self.sim = sim
-        self.state_dir = state_dir
-        self.files = ClaimFiles(state_dir)
-        self.mps = MpsControl(state_dir, mps_control, root=mps_root)  # mps_root: run it chrooted there
+        self.state_dir = node.state_dir
+        self.files = node.files
+        self.specs = node.specs
+        self.cdi_dirs = list(node.cdi_dirs)
+        self.checkpoint = node.checkpoint
+        self.calls = node.calls  # another plugin instance may share the state dir (a rolling upgrade): calls take turns
+        self.mps = mps
         self.strategies = strategies or GpuStrategies()  # what each GPU serves (its sharingStrategy attribute)
-        self.specs = SpecDir(cdi_root, KIND)
-        self.cdi_dirs = [*system_cdi_dirs, cdi_root]
-        self.checkpoint = ckpt.Checkpoint(os.path.join(state_dir, "checkpoint.json"), boot_id())
-        # another plugin instance may share the state dir (a rolling upgrade): calls take turns
-        self.calls = CallLock(state_dir, on_take=self.checkpoint.reload_if_changed,
-                              on_handover=self.checkpoint.compact)
         self._locks = KeyedLocks(CLAIM_LOCK_WAIT_S)
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()

@@ -38,7 +38,8 @@ from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
 from .healthservice import DeviceHealthServicer
 from .instances import NodeLeader
 from .metrics import Metrics
-from .mps import control_program
+from .mps import MpsControl, control_program
+from .nodestate import NodeState
 from .server import RegistrationServicer, add_dra_services
 
 if TYPE_CHECKING:
@@ -136,11 +137,12 @@ class Plugin:
             self.strategies = GpuStrategies.parse(config.mps_gpus, config.mixed_strategies)
         except ValueError as e:
             raise PluginConfigError("--mps-gpus", str(e)) from None
-        self.driver = Driver(self.api, config.driver_name, config.node_name, self.backend, config.partitions,
-                             os.path.abspath(config.state_dir), os.path.abspath(config.cdi_root), library,
-                             sim=self._sim_driver(library) if self.backend.name == "mock" else None,
-                             mps_control=mps_control, strategies=self.strategies, mps_root=mps_root,
-                             faults=faults)
+        state_dir = os.path.abspath(config.state_dir)
+        self.driver = Driver(self.api, config.driver_name, config.node_name, self.backend, config.partitions, library,
+                             NodeState.open(state_dir, config.cdi_root),
+                             MpsControl(state_dir, mps_control, root=mps_root),  # mps_root: run it chrooted there
+                             strategies=self.strategies,
+                             sim=self._sim_driver(library) if self.backend.name == "mock" else None, faults=faults)
         self.metrics = Metrics()
         self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error
