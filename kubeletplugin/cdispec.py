@@ -119,7 +119,7 @@ def mps_edits(claim: PreparedClaim, state_dir: str, shm: bool = False) -> tuple[
 
     The share env vars only let a tenant lower its share: the control daemon's limits for the
     server are the ceiling (kubeletplugin/mps.py sets them), and the library holds the claim's
-    processes together to the share in SM-time (hook/src/hook.c, mps_scale). One GPU per MPS claim: a pipe
+    processes together to the share in SM-time (hook/src/pacing.c, mps_scale). One GPU per MPS claim: a pipe
     folder names one control daemon, and Prepare refuses MPS claims of several GPUs.
 
     The pipe folder is read-only (docs/security.md, "MPS: the control daemon"): a client

@@ -28,7 +28,7 @@ memory budget among the GPU's MPS claims; each client's own share reaches it as
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, which MPS lets a client
 lower, never raise past the server's. Equal shares (partition mode) make the ceiling each
 claim's share exactly; the library still holds each claim's memory budget, and holds the
-claim's processes together to its compute share in SM-time (hook/src/hook.c, mps_scale).
+claim's processes together to its compute share in SM-time (hook/src/pacing.c, mps_scale).
 """
 
 from __future__ import annotations
