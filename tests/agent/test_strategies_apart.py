@@ -93,7 +93,8 @@ def prepare(node, allocation: dict, name: str):
 @CPU_TIMED
 def test_two_mps_claims_and_a_time_sliced_one_on_a_one_gpu_node(node_factory):
     """The node's one GPU serves MPS (--mps-gpus all): both MPS claims fit on it, the time-sliced
-    claim finds no device and waits; run together, each MPS claim gets its 25 %."""
+    claim finds no device and waits; run together, each MPS claim keeps what it does alone but for
+    the memory contention of two busy clients."""
     node = node_factory(mock_gpus="1x16Gi", mixed_strategies=False, mps_gpus="all")
     alloc = Allocator(node_slices(node, node.plugin.strategies))
     mps = [alloc(claim_body(f"mps-{i}", "mps.gpushare.dev", 25)) for i in range(2)]
@@ -117,11 +118,12 @@ def test_two_mps_claims_and_a_time_sliced_one_on_a_one_gpu_node(node_factory):
         (alone,) = run([0])
         got = run([0, 1])
         print(f"a 25 % MPS claim alone: {alone:.3f}; two together: " + ", ".join(f"{g:.3f}" for g in got))
-        # Each holds its 25 % of the SMs the whole time: one server, no time slicing. So each does
-        # what one MPS claim does alone, within 2 points (the simulator's memory-contention loss of
-        # two busy clients, hook/sim/sim_sched.c, is within that); beside a busy time-sliced claim
-        # an MPS claim got 18.8 % of 25 %, with a None claim too 9.5 % (time slicing).
-        assert all(abs(g - alone) <= 0.02 for g in got)
+        # Each holds its 25 % of the SMs the whole time: one server, no time slicing, so each does
+        # nearly what it does alone, not half of it as two time-sliced contexts would. Nearly: busy
+        # MPS clients contend for memory, which the simulator holds to the H100 (hook/sim/sim_sched.c;
+        # there a 30 % client did 22.6 % of solo beside a 70 % one against 24.6 % alone, 8 % less;
+        # the simulator takes 13 %). Beside a busy time-sliced claim an MPS claim got 18.8 % of 25 %.
+        assert all(0.80 * alone <= g <= alone + 0.02 for g in got), (alone, got)
         assert all(abs(g - 0.25) <= 0.06 for g in got)  # the share, as the simulator's calibration gives it
     finally:
         for w in node.workloads:
