@@ -5,7 +5,10 @@
  *   gpushare-probe [--main-exits] [--device N] alloc --chunk BYTES [--max BYTES] [--hold SECONDS] [--api A]
  *       A = alloc (default) | managed | async | pitch | vmm
  *   gpushare-probe [--device N] meminfo
- *   gpushare-probe [--device N] launch --seconds T [--kernel-us US]
+ *   gpushare-probe [--device N] launch --seconds T [--kernel-us US] [--streams N] [--on-ms MS --off-ms MS]
+ *       kernels flat out, round robin over N streams (default 1: the legacy stream); --on-ms:
+ *       bursty: bursts of MS of GPU work (at the kernel length asked for), each waited for, then
+ *       --off-ms idle
  *   gpushare-probe [--device N] time --count N [--kernel-us US]
  *       event-pair time of single kernels (median, p90), each waited for
  *   gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]
@@ -273,7 +276,8 @@ static int cmd_gpus(void)
 }
 
 static double g_seconds = 1, g_kernel_us = 100, g_interval_us = 2400, g_request_us = 410;
-static int g_count = 50, g_kernels = 8, g_nodes = 10, g_record, g_grid;
+static int g_count = 50, g_kernels = 8, g_nodes = 10, g_record, g_grid, g_streams = 1;
+static double g_on_ms, g_off_ms;
 static double g_side_us;
 static const char *g_mode = "global";
 
@@ -290,6 +294,9 @@ static void parse_opts(int argc, char **argv)
         else if (!strcmp(argv[i], "--mode")) g_mode = argv[i + 1];
         else if (!strcmp(argv[i], "--side-us")) g_side_us = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--record")) g_record = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--streams")) g_streams = atoi(argv[i + 1]) < 1 ? 1 : atoi(argv[i + 1]) > 64 ? 64 : atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--on-ms")) g_on_ms = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--off-ms")) g_off_ms = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--grid")) {
             g_grid = atoi(argv[i + 1]);
             if (g_grid < 1) {
@@ -373,10 +380,21 @@ static int cmd_launch(int argc, char **argv)
     enum { EVENTS = 128 }; /* more than a driver queues (1024 kernels) */
     static CUevent ev[EVENTS];
     for (int i = 0; i < EVENTS; i++) CHECK(p_cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
+    CUstream st[64] = {NULL}; /* blocking streams: the legacy stream's events wait for them all */
+    for (int i = 1; i < g_streams; i++) CHECK(p_cuStreamCreate(&st[i], 0));
     long long launches = 0, batches = 0, in_window = 0;
     double t0 = now_s(), end = t0 + g_seconds;
-    while (now_s() < end) {
-        for (int i = 0; i < 16; i++) CHECK(spin(NULL, &cycles, g_kernel_us));
+    while (g_on_ms > 0 && now_s() < end) { /* bursty: on-ms of GPU work, waited for, then idle */
+        long long n = (long long)(g_on_ms * 1e3 / g_kernel_us + 0.5), i;
+        for (i = 0; i < (n < 1 ? 1 : n) && now_s() < end; i++) CHECK(spin(st[i % g_streams], &cycles, g_kernel_us));
+        CHECK(p_cuCtxSynchronize());
+        launches += i;
+        in_window += i;
+        double idle = now_s() + g_off_ms / 1e3;
+        while (now_s() < idle && now_s() < end) usleep(500);
+    }
+    while (g_on_ms <= 0 && now_s() < end) {
+        for (int i = 0; i < 16; i++) CHECK(spin(st[(launches + i) % g_streams], &cycles, g_kernel_us));
         CHECK(p_cuEventRecord(ev[batches++ % EVENTS], NULL));
         launches += 16;
     }
@@ -508,7 +526,7 @@ static int run(int argc, char **argv, int i)
     fprintf(stderr, "usage: gpushare-probe [--main-exits] [--device N] alloc --chunk BYTES [--max BYTES] [--hold S] [--api A]\n"
                     "       gpushare-probe [--device N] meminfo\n"
                     "       gpushare-probe gpus\n"
-                    "       gpushare-probe [--device N] launch --seconds T [--kernel-us US]\n"
+                    "       gpushare-probe [--device N] launch --seconds T [--kernel-us US] [--streams N] [--on-ms MS --off-ms MS]\n"
                     "       gpushare-probe [--device N] time --count N [--kernel-us US]\n"
                     "       gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]\n"
                     "       gpushare-probe [--device N] graph --seconds T [--kernel-us US] [--nodes N] [--mode M]\n"
