@@ -92,6 +92,7 @@ class Agent:
         self._dirty = threading.Event()        # a claim was prepared: the backstop maps it now
         self._reservations_at = 0.0
         self._tries: dict[str, int] = {}  # pod UID -> reservation reads while it was unknown
+        self._oversubscribed: dict[str, float] = {}  # GPU UUID -> limits' sum last reported (0: not over)
         self._thread = threading.Thread(target=self._run, name="agent", daemon=True)
 
     # ---- driver listener (kubeletplugin.driver.ClaimListener) --------------------------------------
@@ -198,8 +199,12 @@ class Agent:
             for i, gpu in enumerate(c.gpus):
                 if gpu.compute_limit < 100:  # limit 100 is never paced
                     on_gpu.setdefault(gpu.uuid, []).append(c.shares[i])
-        for shares in on_gpu.values():  # from the regions: needs no NVML
-            plan_gpu(shares)
+        for uuid, shares in on_gpu.items():  # from the regions: needs no NVML
+            total = plan_gpu(shares)
+            if total > 1.0 + 1e-9 and self._oversubscribed.get(uuid) != round(total, 3):
+                log.warning("GPU oversubscribed: the paced claims' compute limits sum to more than the GPU; "
+                            "each gets its limit divided by the sum", gpu=uuid, percent=round(total * 100, 1))
+            self._oversubscribed[uuid] = round(total, 3) if total > 1.0 + 1e-9 else 0.0
         for c in claims.values():
             for i, gpu in enumerate(c.gpus):
                 if gpu.compute_limit < 100:

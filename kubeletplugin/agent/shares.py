@@ -46,22 +46,29 @@ class Share:
         return self.charged >= BUSY or self.measured >= BUSY
 
 
-def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> None:
+def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> float:
     """Lay out the slots of the claims on one GPU (Hard ones first, in the given order) and set
-    each claim's rate: its limit, or for a busy Burst claim its slot's part of the period."""
+    each claim's rate: its limit, or for a busy Burst claim its slot's part of the period.
+
+    Returns the claims' limits together (1.0 = the whole GPU). Above 1 the GPU is oversubscribed
+    (claims prepared past the allocator, e.g. by hand): every claim then gets its limit divided by
+    that sum, in slot and rate, rather than the last ones a slot of no length; the caller reports it."""
     ordered = [s for s in shares if not s.burst] + [s for s in shares if s.burst]
+    total = sum(s.limit for s in ordered)
+    scale = 1.0 / total if total > 1.0 + 1e-9 else 1.0
     start = 0
     for s in ordered:
-        s.start_us, s.length_us = start, min(period_us - start, round(s.limit * period_us))
+        s.start_us, s.length_us = start, min(period_us - start, round(s.limit * scale * period_us))
         start += s.length_us
     busy = [s for s in ordered if s.busy]
     for s in ordered:
-        s.rate = s.limit
+        s.rate = s.limit * scale
         if s.burst and s.busy:
             later = [o.start_us for o in busy if o.start_us > s.start_us]
             end = later[0] if later else busy[0].start_us + period_us  # cyclic: s itself at the latest
             s.length_us = min(period_us, end - s.start_us)
             s.rate = s.length_us / period_us
+    return total
 
 
 def to_ppm(rate: float) -> int:

@@ -37,6 +37,16 @@ def test_idle_burst_claim_keeps_its_own_slot_and_burst_claims_go_last():
     assert layout([share(0.3, burst=True), share(0.7)]) == [(14000, 6000, 0.3), (0, 14000, 0.7)]
 
 
+def test_an_oversubscribed_gpu_gives_every_claim_its_part_and_says_so():
+    """Limits summing past the GPU (claims prepared past the allocator: bench-agent put 258 % on
+    one GPU) once gave the last claims slots of no length; each now gets its limit over the sum."""
+    shares = [share(0.5), share(0.5), share(0.3, burst=True), share(0.7)]
+    assert plan_gpu(shares) == 2.0
+    assert [(s.start_us, s.length_us, round(s.rate, 3)) for s in shares] == [
+        (0, 5000, 0.25), (5000, 5000, 0.25), (17000, 3000, 0.15), (10000, 7000, 0.35)]
+    assert plan_gpu([share(0.3), share(0.7)]) == 1.0
+
+
 def run_dirs(tmp_path, limits):
     """Claims laid out as GPUSHARE_RUN_DIR: a limits file and a zeroed region each."""
     dirs = []
