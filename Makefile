@@ -5,13 +5,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test test-deps lint hook codegen bench clean
+.PHONY: demo test test-deps tools lint hook codegen bench clean
 
 demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster (installs only .[demo])
 	$(BIN)/gpushare-dra demo
 	@echo "gpushare-dra is in $(CURDIR)/$(BIN): export PATH=\"$(CURDIR)/$(BIN):\$$PATH\" (or . $(BIN)/activate)"
 
-test: test-deps lint hook     ## the checks and every test suite, as CI runs it (as root: podman and the rest installed)
+test: test-deps tools lint hook  ## the checks and every test suite, as CI runs it (as root: podman and the rest installed)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)               ## ruff, mypy and the import contracts between the parts (all configured in pyproject.toml)
@@ -21,6 +21,9 @@ lint: $(STAMP)               ## ruff, mypy and the import contracts between the 
 
 test-deps:                   ## as root: apt-install what the container tests need; else say what skips
 	@hack/test-deps
+
+tools:                       ## build helm into .cache/tools for the chart's tests (hack/helm, with Go; once)
+	@if command -v go >/dev/null; then hack/helm >/dev/null; fi
 
 hook:                        ## build libgpushare.so, the simulated driver and the probe (gcc only)
 	$(MAKE) -C hook
