@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.support import GiB, roots
-from tests.support.cluster import claim_template, pods_start_while
+from tests.support.cluster import claim_template
 
 # The fixture's cold start (a Go build of five binaries on 2 cores) is part of the first test's time.
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(5400)]
@@ -188,12 +188,6 @@ def test_an_extended_resource_pod_gets_a_claim_from_the_real_scheduler(installed
         assert f"cu_total={80 * GiB}" in out, out  # a whole simulated 80Gi GPU
     finally:
         kube("delete", "-f", path, "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
-
-
-def test_a_rollout_restart_of_the_plugin_fails_no_pod(installed):
-    """Pods with claims of their own start and stop while the real kubelet replaces the plugin."""
-    pods_start_while(installed, lambda: installed("-n", "gpushare-system", "rollout", "restart",
-                                                  "daemonset/gpushare-kubelet-plugin"))
 
 
 def test_node_restriction_refuses_a_slice_for_another_node_with_a_real_bound_token(installed, tmp_path):

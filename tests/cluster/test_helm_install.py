@@ -136,7 +136,9 @@ spec:
 
 def test_helm_upgrade_to_another_image_surges_and_fails_no_pod(released, helm):
     """Another image tag (the same image, tagged anew in the node's containerd): the DaemonSet
-    starts the new plugin pod beside the old (maxSurge 1) while pods with claims start."""
+    starts the new plugin pod beside the old (maxSurge 1) while pods with claims start. (The
+    kustomize install renders the same DaemonSet, tests/operators/test_helm.py: a `kubectl
+    rollout restart` of it replaces the plugin the same way.)"""
     kube = released
     tagged = subprocess.run([str(CTR), "--address", SOCK, "-n", "k8s.io", "images", "tag", "--force",
                              "docker.io/library/gpushare-dra:dev", "docker.io/library/gpushare-dra:dev2"],
