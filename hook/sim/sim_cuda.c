@@ -36,6 +36,8 @@ static struct gs_ptrmap g_allocs = GS_PTRMAP_INIT;
 static uint64_t g_next_handle;
 static uint64_t g_nlaunch[SIM_MAX_DEV];                /* launches so far, per device */
 static uint64_t g_ends[SIM_MAX_DEV][QUEUE_KERNELS];    /* queue positions of the last ones */
+static CUevent g_watch_owner[SIM_MAX_DEV][SIM_WATCHES]; /* the event holding each watch ("events") */
+static pthread_mutex_t g_watch_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_fork_once = PTHREAD_ONCE_INIT;
 
 /* What the driver keeps per thread. A pthread key, not __thread: dynamic TLS would make the
@@ -66,6 +68,8 @@ static void fork_child(void)
 {
     gs_ptrmap_reset_child(&g_allocs); /* the parent's allocations are not the child's */
     memset(g_nlaunch, 0, sizeof g_nlaunch);
+    memset(g_watch_owner, 0, sizeof g_watch_owner); /* the child has a queue of its own */
+    pthread_mutex_init(&g_watch_lock, NULL);
 }
 static void register_fork(void) { pthread_atfork(NULL, NULL, fork_child); }
 
@@ -515,7 +519,30 @@ SIM_API CUresult cuEventCreate(CUevent *e, unsigned int flags)
     *e = calloc(1, sizeof **e);
     return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
-SIM_API CUresult cuEventDestroy_v2(CUevent e) { NEED_INIT(); free(e); return CUDA_SUCCESS; }
+/* Which event holds each watch of this process's ring (sim_enqueue_watched): when a record
+ * takes a slot over, the event that held it gets its time now if it was reached. Without this,
+ * an event queried after SIM_WATCHES later records (the library's cost samples, read 10 ms later
+ * beside the probe's event every 16 launches) fell back to the stretches of running, which are
+ * one per kernel when launches are slower than kernels, and read a time too late: a 4 us
+ * kernel's sample came out below 4 us and a Hard 30 claim of them took 39 % (issue 29). */
+
+static void watch_release(CUevent e) /* under g_watch_lock */
+{
+    if (e->recorded && e->watch < SIM_WATCHES && g_watch_owner[e->dev][e->watch] == e)
+        g_watch_owner[e->dev][e->watch] = NULL;
+}
+
+SIM_API CUresult cuEventDestroy_v2(CUevent e)
+{
+    NEED_INIT();
+    if (e) {
+        pthread_mutex_lock(&g_watch_lock);
+        watch_release(e);
+        pthread_mutex_unlock(&g_watch_lock);
+    }
+    free(e);
+    return CUDA_SUCCESS;
+}
 static CUresult event_record(CUevent e, CUstream s, int ptsz)
 {
     NEED_CTX();
@@ -528,10 +555,22 @@ static CUresult event_record(CUevent e, CUstream s, int ptsz)
     /* A record is a command of the context, timestamped when the context runs it: 1 ns of
      * work, so that on an empty queue it still waits for the context's turn. Free kernels
      * (KERNEL_US=0) never move the GPU clock: timing a launch measures 0. */
+    pthread_mutex_lock(&g_watch_lock);
+    watch_release(e);
     e->watch = ~0u;
-    e->pos = sim_kernel_ns == 0 ? sim_position(dev) : sim_enqueue_watched(dev, 1, &e->watch);
     e->t = sim_kernel_ns == 0 ? 1 : 0;
+    if (sim_kernel_ns == 0) {
+        e->pos = sim_position(dev);
+    } else {
+        struct sim_seg evicted;
+        e->pos = sim_enqueue_watched(dev, 1, &e->watch, &evicted);
+        CUevent old = g_watch_owner[dev][e->watch];
+        if (old && old != e && old->pos == evicted.done0 && evicted.t0 && !old->t)
+            old->t = evicted.t0 > old->rec_t ? evicted.t0 : old->rec_t;
+        g_watch_owner[dev][e->watch] = e;
+    }
     e->recorded = 1;
+    pthread_mutex_unlock(&g_watch_lock);
     return CUDA_SUCCESS;
 }
 SIM_API CUresult cuEventRecord(CUevent e, CUstream s) { return event_record(e, s, 0); }

@@ -282,12 +282,13 @@ uint64_t sim_enqueue(int dev, uint64_t ns, uint32_t demand_ppm)
     return pos;
 }
 
-uint64_t sim_enqueue_watched(int dev, uint64_t ns, uint32_t *watch)
+uint64_t sim_enqueue_watched(int dev, uint64_t ns, uint32_t *watch, struct sim_seg *evicted)
 {
     struct sim_sched *s = lock_dev(dev, sim_now_ns());
     struct sim_queue *q = queue_of(me(), dev);
     q->queued_ns += ns;
     *watch = q->nwatch++ % SIM_WATCHES;
+    *evicted = q->watch[*watch];
     q->watch[*watch] = (struct sim_seg){0, q->queued_ns, 0, 0};
     uint64_t pos = q->queued_ns;
     pthread_mutex_unlock(&s->lock.m);

@@ -61,7 +61,9 @@ static inline void sim_sched_init(struct sim_sched *s)
 /* one queue per process and device. Position (queued_ns) after the work; demand_ppm: share of
  * the SMs its kernels ask for, 0 = as the work before it */
 uint64_t sim_enqueue(int dev, uint64_t ns, uint32_t demand_ppm);
-uint64_t sim_enqueue_watched(int dev, uint64_t ns, uint32_t *watch); /* an event: timestamped */
+/* an event: timestamped. Its watch is one of a ring of SIM_WATCHES: *evicted gets what the slot
+ * held before ({time reached or 0, position}), for the caller to hand to that slot's event */
+uint64_t sim_enqueue_watched(int dev, uint64_t ns, uint32_t *watch, struct sim_seg *evicted);
 uint64_t sim_position(int dev);                     /* queued_ns now */
 int sim_done(int dev, uint64_t pos);                /* 1 if the work up to pos has executed */
 void sim_wait(int dev, uint64_t pos);               /* until it has */

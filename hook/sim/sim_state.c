@@ -98,12 +98,13 @@ static void init_state(void *p, int empty)
     uint64_t n = parse_size(getenv("GPUSHARE_SIM_DEVICES"), 1);
     s->ndev = n < 1 ? 1 : n > SIM_MAX_DEV ? SIM_MAX_DEV : (uint32_t)n;
     uint64_t mem = parse_size(getenv("GPUSHARE_SIM_MEMORY"), 16ull << 30);
-    /* calibrated to the H100 (docs/compute.md): slices of 2.4 ms and a 0.25 ms switch give two
-     * busy contexts 89.6 % of solo together, and a 2.65 ms kernel beside a busy context 5.3 ms
-     * by its event pair (the H100: 5.16); one slice end in four makes the waiting context wait
-     * a second slice: p90 7.7 ms (the H100: 7.7) */
-    s->slice_ns = parse_size(getenv("GPUSHARE_SIM_SLICE_US"), 2400) * 1000;
-    s->switch_ns = parse_size(getenv("GPUSHARE_SIM_SWITCH_US"), 250) * 1000;
+    /* calibrated to the H100 (docs/compute.md): slices of 2.6 ms and a 0.3 ms switch give two
+     * busy contexts 89.7 % of solo together, a 2.65 ms kernel beside a busy context 5.55 ms by
+     * its event pair (the H100: 5.16), and a client of 0.41 ms requests 2.4 ms apart a p99 of
+     * about 2.7 ms (the H100: 2.91); one slice end in four makes a preempted kernel wait a
+     * second slice: p90 8.15 ms (the H100: 7.7) */
+    s->slice_ns = parse_size(getenv("GPUSHARE_SIM_SLICE_US"), 2600) * 1000;
+    s->switch_ns = parse_size(getenv("GPUSHARE_SIM_SWITCH_US"), 300) * 1000;
     uint64_t again = parse_size(getenv("GPUSHARE_SIM_WAIT_AGAIN_PCT"), 25);
     s->again_ppm = (uint32_t)(again > 100 ? 100 : again) * 10000u;
     s->sample_ns = parse_size(getenv("GPUSHARE_SIM_NVML_SAMPLE_MS"), 200) * 1000000;

@@ -60,7 +60,7 @@ def mean(values) -> float:
                    strict=False)
 @CPU_TIMED
 def test_two_tenants_30_70_within_3_points(node):
-    """Large kernels (the H100's 4096 matmul, 2.65 ms) under 2.4 ms time slices with a 0.25 ms
+    """Large kernels (the H100's 4096 matmul, 2.65 ms) under 2.6 ms time slices with a 0.3 ms
     switch: the agent's slots hold the shares; NVML, sampled, only agrees roughly."""
     a, ids_a = node.claim(compute=30)
     b, ids_b = node.claim(compute=70)

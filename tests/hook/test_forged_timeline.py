@@ -12,8 +12,8 @@ The tenant (25 %) runs 1 and 4 processes beside an honest neighbour (75 %) while
 writing 0 into the timeline; under TimeSlicing a claim's share is its GPU time, under MPS (each
 claim a client of one simulated server at its share) its part of the two claims' work. Before:
 4 processes took 53 % (TimeSlicing) and 51 % (MPS), the neighbour fell to 58 % and 49 %. Now the
-forger gets no more than its share (2 points) and the neighbour keeps its own within the suite's
-3 points for honest shares on this loaded machine; the forger itself gets less than its share
+forger gets no more than its share (2 points) and the neighbour keeps its own within what honest
+shares lose (NEIGHBOUR_BOUND); the forger itself gets less than its share
 (about 21 % with 4 processes under TimeSlicing: each process paces alone, so the claim's
 processes no longer take turns and their cost samples count each other's slices).
 """
@@ -34,7 +34,11 @@ from tests.support.hook import kv
 SECONDS = 6
 LARGE_US = 2650
 BOUND = 2.0  # points: the tenant never gets more than its share plus this
-NEIGHBOUR_BOUND = 3.0  # the neighbour's loss: the suite's bound for honest shares (test_compute_shares.py)
+# the neighbour's loss: what honest shares lose (test_compute_shares.py). 3 points before issue 29;
+# on the H100-calibrated simulator the slot handover costs a busy 70 % claim beside a 30 % one
+# 3.3-3.7 points with nobody forging (docs/compute.md), and the 75 % neighbour of a forger read
+# 71.2-71.7, so 5
+NEIGHBOUR_BOUND = 5.0
 FLOOR = 15.0  # the forger still runs: its own processes' cost samples count each other's slices
 PERIOD_US = 20_000
 
