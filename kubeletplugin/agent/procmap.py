@@ -264,6 +264,8 @@ class ProcessMap:
         self._pidns = _key("/proc/self/ns/pid")
         self._cgroup = _read("/proc/self/cgroup")
         self._lock = threading.Lock()
+        # uid -> (its limits file, the file's inode, its mount source): read once per claim
+        self._limits_facts: dict[str, tuple[str, tuple[int, int] | None, tuple[str, str] | None]] = {}
         self._by_limits: dict[tuple[int, int], str] = {}   # inode of a limits file -> uid
         self._by_mount: dict[tuple[str, str], str] = {}    # its mount source -> uid
         self._by_pod: dict[str, list[str]] = {}            # pod UID -> uids reserved for it
@@ -283,9 +285,17 @@ class ProcessMap:
         reserved: uid -> UIDs of the pods in the claim's status.reservedFor; containers:
         container ID -> uid, for pods that hold several claims."""
         containers = containers or {}
-        by_limits = {k: uid for uid, path in limits_files.items() if (k := _key(path))}
-        table = mounts("self")
-        by_mount = {m: uid for uid, path in limits_files.items() if (m := mount_source(path, table))}
+        # A claim's limits file is written once, at its Prepare: its inode and mount source are
+        # read when the claim is new, not at every update (the backstop updates after each Prepare).
+        new = {uid: path for uid, path in limits_files.items()
+               if uid not in self._limits_facts or self._limits_facts[uid][0] != path}
+        if new:
+            table = mounts("self")
+            for uid, path in new.items():
+                self._limits_facts[uid] = (path, _key(path), mount_source(path, table))
+        self._limits_facts = {uid: f for uid, f in self._limits_facts.items() if uid in limits_files}
+        by_limits = {k: uid for uid, (_, k, _) in self._limits_facts.items() if k}
+        by_mount = {m: uid for uid, (_, _, m) in self._limits_facts.items() if m}
         by_pod: dict[str, list[str]] = {}
         for uid, pods in (reserved or {}).items():
             for pod in pods:
