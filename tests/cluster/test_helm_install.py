@@ -9,7 +9,6 @@ helm is built from the Go module proxy by hack/helm (`make test` builds it first
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 
@@ -17,7 +16,7 @@ import pytest
 import yaml
 
 from tests.support import REPO, GiB
-from tests.support.cluster import CTR, SOCK, Kube, claim_template, pods_start_while
+from tests.support.cluster import CTR, SOCK, Kube, claim_manifest, pods_start_while
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(5400)]
 
@@ -83,10 +82,7 @@ def test_helm_install_runs_the_plugin_and_publishes_shares(released):
 
 def test_a_claim_larger_than_any_gpu_is_refused_naming_the_largest(released):
     kube = released
-    claim = yaml.safe_load(claim_template("too-big", memory="200Gi"))["spec"]
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "too-big", "namespace": "default"}, **claim}
-    out = kube.run("apply", "-f", "-", input=json.dumps(body), check=False)
+    out = kube.run("apply", "-f", "-", input=claim_manifest("too-big", memory="200Gi"), check=False)
     assert out.returncode != 0, out.stdout
     assert "80Gi" in out.stderr and "gpushare.dev-requests" in out.stderr, out.stderr
 
@@ -106,20 +102,8 @@ spec:
     command: ["sh", "-c", '"$(gpushare-dra hook-path probe)" meminfo && sleep 300']
     resources: {claims: [{name: gpu}]}
 """
-    claim = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: compute-only, namespace: default}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpushare.dev
-        capacity: {requests: {compute: "10"}}
-"""
     try:
-        told = kube.apply(claim)
+        told = kube.apply(claim_manifest("compute-only", compute="10"))
         assert "asks for compute and no memory: it gets the default, 1/8 of the GPU's memory" in told, told
         kube.apply(pod)
         # while the pod runs: a claim no pod reserves any more is deallocated

@@ -114,21 +114,23 @@ def examples(path: str, image: str = "gpushare-dra:dev") -> str:
     return yaml.safe_dump_all([d for d in docs if d])
 
 
+def claim_spec(**requests: str) -> dict:
+    """The spec of a claim for one gpushare.dev device with these capacity requests."""
+    return {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "gpushare.dev", "capacity": {"requests": requests}}}]}}
+
+
+def claim_manifest(name: str, **requests: str) -> str:
+    """A ResourceClaim in default (YAML) asking one gpushare.dev device: claim_spec."""
+    return yaml.safe_dump({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                           "metadata": {"name": name, "namespace": "default"}, "spec": claim_spec(**requests)})
+
+
 def claim_template(name: str, memory: str = "1Gi", compute: str = "10") -> str:
-    """A ResourceClaimTemplate in default asking one gpushare.dev device of that memory and compute."""
-    return f"""
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {{name: {name}, namespace: default}}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpushare.dev
-          capacity: {{requests: {{memory: {memory}, compute: "{compute}"}}}}
-"""
+    """A ResourceClaimTemplate in default (YAML) whose claims ask that memory and compute."""
+    return yaml.safe_dump({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                           "metadata": {"name": name, "namespace": "default"},
+                           "spec": {"spec": claim_spec(memory=memory, compute=compute)}})
 
 
 ROLLING_PODS = 6
