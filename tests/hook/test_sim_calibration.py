@@ -65,8 +65,17 @@ def test_a_client_beside_a_busy_context_waits_for_its_slice_end(make_claim):
 @CPU_TIMED
 def test_a_launch_costs_the_cpu_what_it_cost_on_the_h100(make_claim):
     """The probe launched 1 us kernels at 249,023-264,812 a second on the H100 (2026-11-24, without
-    the library): about 3.2 us of driver time per launch besides the loop's own."""
-    claim = make_claim()  # the best of three: another process on the CPU only slows it
-    outs = [kv(claim.run("gpushare-probe", "launch", "--seconds", 0.3, "--kernel-us", 1, preload=False).stdout)
-            for _ in range(3)]
-    assert within(max(float(o["launches_per_s"]) for o in outs), 257_000), outs
+    the library): about 3.2 us of driver time per launch besides the loop's own. The loop's own
+    time is this machine's (286k/s here when quiet, 240k/s under load), so the driver's time is
+    measured as the difference from launches that cost nothing (GPUSHARE_SIM_LAUNCH_NS=0), the
+    best of three runs each: another process on the CPU only slows a run."""
+    claim = make_claim()
+
+    def per_launch_us(env: dict, kernel_us: float = 1) -> tuple[float, list[dict]]:
+        outs = [kv(claim.run("gpushare-probe", "launch", "--seconds", 0.3, "--kernel-us", kernel_us, preload=False,
+                             env=env).stdout) for _ in range(3)]
+        return 1e6 / max(float(o["launches_per_s"]) for o in outs), outs
+
+    with_driver, outs = per_launch_us({})
+    loop_only, bare = per_launch_us({"GPUSHARE_SIM_LAUNCH_NS": "0"}, kernel_us=0.05)  # GPU-bound at 1 us
+    assert within(with_driver - loop_only, 3.2), (with_driver, loop_only, outs, bare)
