@@ -142,8 +142,8 @@ def test_helm_upgrade_to_another_image_surges_and_fails_no_pod(released, helm):
     pods_start_while(kube, upgrade)
     images = {p["spec"]["containers"][0]["image"] for p in plugin_pods(kube)}
     assert images == {"gpushare-dra:dev2"}, images
-    failed = [e for e in kube.items("events", "-A")
-              if "NodePrepareResources" in e.get("message", "") and e.get("type") == "Warning"]
+    failed = [e for e in kube.items("events") if e["involvedObject"].get("name", "").startswith("rolling-")
+              and "NodePrepareResources" in e.get("message", "") and e.get("type") == "Warning"]
     assert not failed, failed
 
 
