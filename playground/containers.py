@@ -120,6 +120,21 @@ class Workload:
         return self.proc.stderr.read() if self.proc.stderr else ""
 
 
+def spec_edits(cdi_root: str, device_ids: list[str]) -> list[dict]:
+    """The containerEdits, spec-wide then the device's own, of the spec(s) in cdi_root that
+    define these devices (`kind=name` CDI ids), in the order a runtime applies them."""
+    out: list[dict] = []
+    for device_id in device_ids:
+        kind, _, name = device_id.partition("=")
+        for path in Path(cdi_root).glob("*.json"):
+            spec = json.loads(path.read_text())
+            if spec.get("kind") != kind or name not in {d["name"] for d in spec.get("devices", [])}:
+                continue
+            out.append(spec.get("containerEdits") or {})
+            out += [d.get("containerEdits") or {} for d in spec["devices"] if d["name"] == name]
+    return out
+
+
 def parse_kv(line: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line.split() if "=" in part)
 
@@ -161,17 +176,9 @@ class ProcessRunner:
         """(env, mounts containerPath -> hostPath) of the spec(s) that define these devices."""
         env: list[str] = []
         mounts: dict[str, str] = {}
-        for device_id in device_ids:
-            kind, _, name = device_id.partition("=")
-            for path in Path(self.cdi_root).glob("*.json"):
-                spec = json.loads(path.read_text())
-                if spec.get("kind") != kind or name not in {d["name"] for d in spec.get("devices", [])}:
-                    continue
-                edits = [spec.get("containerEdits") or {}]
-                edits += [d.get("containerEdits") or {} for d in spec["devices"] if d["name"] == name]
-                for e in edits:
-                    env += e.get("env") or []
-                    mounts.update({m["containerPath"]: m["hostPath"] for m in e.get("mounts") or []})
+        for e in spec_edits(self.cdi_root, device_ids):
+            env += e.get("env") or []
+            mounts.update({m["containerPath"]: m["hostPath"] for m in e.get("mounts") or []})
         return env, mounts
 
     def start(self, name: str, device_ids: list[str], argv: list[str], cgroup_parent: str | None = None) -> Workload:

@@ -13,7 +13,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
+
+from playground.containers import spec_edits
 
 # Runs in the new mount namespace: bind each mount at <view>/<containerPath> (read-only when the
 # spec says so), then run the attack with VIEW set.
@@ -37,18 +38,7 @@ _BOOT = textwrap.dedent("""
 
 def spec_mounts(cdi_root: str, device_ids: list[str]) -> list[dict]:
     """The mounts (with their options) of the CDI spec(s) defining these devices."""
-    mounts: list[dict] = []
-    for device_id in device_ids:
-        kind, _, name = device_id.partition("=")
-        for path in Path(cdi_root).glob("*.json"):
-            spec = json.loads(path.read_text())
-            if spec.get("kind") != kind or name not in {d["name"] for d in spec.get("devices", [])}:
-                continue
-            edits = [spec.get("containerEdits") or {}]
-            edits += [d.get("containerEdits") or {} for d in spec["devices"] if d["name"] == name]
-            for e in edits:
-                mounts += e.get("mounts") or []
-    return mounts
+    return [m for e in spec_edits(cdi_root, device_ids) for m in e.get("mounts") or []]
 
 
 def start_tenant(cdi_root: str, device_ids: list[str], view: str, code: str,
