@@ -138,7 +138,8 @@ def test_a_daemon_end_the_plugin_did_not_ask_for_is_an_event_and_a_metric(mps):
     ref, _ = mps.mps_claim(30)
     other, _ = mps.mps_claim(20)
     uuid = uuid_of(mps, ref)
-    assert exits_metric(mps, uuid) == 0
+    # the series appears, at 0, once an agent period has seen the GPU's new daemon
+    wait_for(lambda: exits_metric(mps, uuid) == 0, timeout=2, what="the exits series at 0")
     (daemon,) = daemons(mps.dirs.state)
     os.kill(daemon, signal.SIGKILL)
     t0 = time.monotonic()
