@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Collection
 from typing import Any, Protocol
 
 from kubernetes import client
@@ -79,6 +80,7 @@ class Agent:
         self.mps_watch = MpsWatch(api, node_name, state_dir)
         self.procs = ProcessMap()
         self.claims: dict[str, ClaimView] = {}
+        self.claims_generation = 0  # bumped after each change of claims: the backstop reads them again
         self.gpus: list[GpuSample] = []
         self.lock = threading.Lock()  # claims and gpus, shared with the metrics collector
         self.last_tick_s = 0.0
@@ -138,6 +140,7 @@ class Agent:
                         ctl.set_slot(0, 0, 0)
                 c.close()
             self.claims.clear()
+            self.claims_generation += 1
         if self._sampler is not None:
             self._sampler.close()
 
@@ -224,8 +227,8 @@ class Agent:
         return None
 
     # ---- claims and the process map ------------------------------------------------------------
-    def sampler_process_memory(self) -> dict[str, dict[int, int]]:
-        return self._sampler.process_memory() if self._sampler else {}
+    def sampler_process_memory(self, uuids: Collection[str] | None = None) -> dict[str, dict[int, int]]:
+        return self._sampler.process_memory(uuids) if self._sampler else {}
 
     def refresh_if_needed(self) -> None:
         """The backstop's poll: map a just-prepared claim, or a pod on a GPU that no claim's
@@ -307,12 +310,15 @@ class Agent:
     def _refresh_claims(self) -> None:
         current = self.source.prepared_claims()
         with self.lock:
-            for uid in set(self.claims) - set(current):
+            gone = set(self.claims) - set(current)
+            for uid in gone:
                 self.claims.pop(uid).close()
             new = set(current) - set(self.claims)
+            self.claims_generation += bool(gone)
         views = {uid: self._view(current[uid]) for uid in new}  # reads the API: not under the lock
         with self.lock:
             self.claims.update(views)
+            self.claims_generation += bool(views)
 
     def _view(self, claim: PreparedClaim) -> ClaimView:
         files = self.files

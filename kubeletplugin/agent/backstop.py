@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Protocol
 
 from kubernetes import client
@@ -38,11 +38,12 @@ class Agent(Protocol):
     """What the backstop reads of the node agent (agent.Agent) each poll."""
 
     claims: dict[str, ClaimView]
+    claims_generation: int  # bumped after each change of claims
     procs: ProcessMap
 
     def refresh_if_needed(self) -> None: ...
 
-    def sampler_process_memory(self) -> dict[str, dict[int, int]]: ...
+    def sampler_process_memory(self, uuids: Collection[str] | None = None) -> dict[str, dict[int, int]]: ...
 
 REASON = "GpuMemoryLimitExceeded"
 # NVML counts each process's CUDA context, which the library does not: allow that much per
@@ -159,6 +160,9 @@ class Backstop:
         self.total_kills = 0
         self.last_poll_s = 0.0
         self._last_seen: tuple[object, ...] | None = None  # the last poll's NVML answer, owners and claims
+        self._last_cue: tuple[object, ...] | None = None  # its NVML answer, map and claims generations
+        self._claims_at: int | None = None  # the claims generation of _claims
+        self._claims: tuple[dict[str, ClaimView], set[str]] = ({}, set())  # the claims, their GPUs
         self._own = _read_own_cgroup()
         # Events go out on their own thread: a slow API server never delays a kill
         self._events: queue.Queue[tuple[ClaimView, str, list[str]] | None] = queue.Queue()
@@ -193,15 +197,29 @@ class Backstop:
     # ---- one poll -------------------------------------------------------------------------------
     def poll(self, agent: Agent) -> None:
         agent.refresh_if_needed()
-        memory = agent.sampler_process_memory()
-        claims = dict(agent.claims)
-        held: dict[tuple[str, int], dict[int, int]] = {}
-        owners: dict[int, Owner] = {}
-        known = agent.procs.owners({pid for procs in memory.values() for pid in procs})
-        seen = (memory, known, tuple(claims))
+        generation = agent.claims_generation
+        if generation != self._claims_at:  # read again when they changed, not at each poll (100s of claims)
+            claims = dict(agent.claims)
+            self._claims = claims, {gpu.uuid for c in claims.values() for gpu in c.gpus}
+            self._claims_at = generation
+        claims, gpus = self._claims
+        # only the GPUs a claim has: a process on any other GPU is no claim's (none at all: no query)
+        memory = agent.sampler_process_memory(gpus) if gpus else {}
+        # The same answer, no process exited and no mapping changed since a poll that mapped every
+        # pid (the map's generation is read before owners(), so a change during it counts): the
+        # owners are the same, and so are the verdicts.
+        cue = (memory, agent.procs.settle(), generation)
+        if cue == self._last_cue:
+            return
+        pids = {pid for procs in memory.values() for pid in procs}
+        known = agent.procs.owners(pids)
+        self._last_cue = cue if len(known) == len(pids) else None  # an unmapped pid is looked up again
+        seen = (memory, known, generation)
         if seen == self._last_seen:  # the same bytes of the same processes of the same claims: same verdicts
             return
         self._last_seen = seen
+        held: dict[tuple[str, int], dict[int, int]] = {}
+        owners: dict[int, Owner] = {}
         for gpu_uuid, procs in memory.items():
             for pid, used in procs.items():
                 owner = known.get(pid)

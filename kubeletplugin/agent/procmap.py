@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Collection
 
     from .regions import Slot
 
@@ -274,8 +274,12 @@ class ProcessMap:
         self._cache: dict[tuple[int, int], Owner] = {}     # (pid, start_time) -> owner
         self._misses: dict[tuple[int, int], float] = {}    # (pid, start_time) -> when it missed
         self._known: dict[int, tuple[int, int]] = {}       # pid -> (pidfd, start_time) of a live process
+        self._mapped: dict[int, Owner] = {}                # pid -> its cached owner, for known pids: one get each
+        self.generation = 0                                # bumped by every change of _mapped
         self._pid_of_fd: dict[int, int] = {}
-        self._poller = select.poll()                       # the known pidfds
+        # The known pidfds, each readable once its process has exited. epoll, not poll(2): a poll
+        # that finds no exit costs the same for 128 processes as for none (poll(2) asked each).
+        self._poller = select.epoll()
         self.unknown_pods: set[str] = set()                # pods on a GPU in no claim's reservedFor
         self.unresolved_pods: set[str] = set()             # pods with several claims, container unknown
 
@@ -305,22 +309,33 @@ class ProcessMap:
         with self._lock:
             if by_limits != self._by_limits or by_pod != self._by_pod or containers != self._by_container:
                 self._cache.clear()  # a claim, a pod or a container came or went
+                self._mapped.clear()
+                self.generation += 1
                 self._misses.clear()
                 self.unknown_pods -= set(by_pod)
                 self.unresolved_pods.clear()
             self._by_limits, self._by_mount, self._by_pod, self._by_slot = by_limits, by_mount, by_pod, by_slot
             self._by_container = containers
 
-    def owners(self, pids: Iterable[int]) -> dict[int, Owner]:
+    def owners(self, pids: Collection[int]) -> dict[int, Owner]:
         """The owners of pids NVML has just named (call it after the read): processes seen before
         are checked for exit in one poll of their pidfds, not a read of /proc each. A process
         alive now was alive at the read, so its pid named it; one that exited since is looked
         up afresh (its pid may be another process's by now)."""
         self._forget_exited()
         with self._lock:  # the known and mapped ones, at the cost of a lookup each
-            known = {pid: self._known[pid][1] for pid in pids if pid in self._known}
-            found = {pid: owner for pid, started in known.items() if (owner := self._cache.get((pid, started)))}
+            mapped = self._mapped
+            found = {pid: owner for pid in pids if (owner := mapped.get(pid)) is not None}
+        if len(found) == len(pids):
+            return found
         return found | {pid: owner for pid in pids if pid not in found and (owner := self._owner(pid)) is not None}
+
+    def settle(self) -> int:
+        """Forget the processes that have exited (one epoll_wait); the generation after it. While
+        it stays the same, owners() of pids that were all mapped answers the same: only a change
+        of _mapped (a process gone, a claim, pod or container changed, a new mapping) bumps it."""
+        self._forget_exited()
+        return self.generation
 
     def owner(self, pid: int) -> Owner | None:
         self._forget_exited(pid)
@@ -340,6 +355,8 @@ class ProcessMap:
 
     def _drop(self, pid: int) -> None:
         fd, _ = self._known.pop(pid)
+        if self._mapped.pop(pid, None) is not None:
+            self.generation += 1
         del self._pid_of_fd[fd]
         self._poller.unregister(fd)
         os.close(fd)
@@ -365,7 +382,7 @@ class ProcessMap:
                 return self._known[pid][1]
             self._known[pid] = (fd, started)
             self._pid_of_fd[fd] = pid
-            self._poller.register(fd, select.POLLIN)  # readable once the process has exited
+            self._poller.register(fd, select.EPOLLIN)  # readable once the process has exited
         return started
 
     def _owner(self, pid: int) -> Owner | None:
@@ -381,6 +398,9 @@ class ProcessMap:
             owner = self._lookup(pid, key)
             if owner:
                 self._cache[key] = owner
+                if self._known.get(pid, (None, None))[1] == started:  # (still the process its pidfd holds)
+                    self._mapped[pid] = owner
+                    self.generation += 1
             else:
                 self._misses[key] = time.monotonic()
             return owner

@@ -9,9 +9,12 @@ finds it by soname.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -58,15 +61,72 @@ def _optional(fn: Callable[..., T], *args: Any) -> T | None:
         return None
 
 
-def _process_memory(h: Handle) -> dict[int, int]:
-    return _sum_by_pid(_optional(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or [])
+# nvmlProcessInfo_t as pynvml declares it (pid, usedGpuMemory, gpuInstanceId, computeInstanceId):
+# the struct module reads pid and usedGpuMemory at pynvml's offsets, no Python object per entry.
+_INFO = pynvml.c_nvmlProcessInfo_v3_t
+_INFO_SIZE = ctypes.sizeof(_INFO)
+_PID, _USED = _INFO.pid, _INFO.usedGpuMemory
+_ENTRY = struct.Struct(f"={_PID.offset}xI{_USED.offset - _PID.offset - 4}xQ{_INFO_SIZE - _USED.offset - 8}x")
+_NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE (WDDM): pynvml's None, counted 0 as before
+_FIRST_CAPACITY = 64
+_TRIES = 8  # INSUFFICIENT_SIZE again and again: processes appear faster than the buffer doubles
+_RUNNING = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
 
 
-def _sum_by_pid(procs: list[Any]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for p in procs:
-        out[p.pid] = out.get(p.pid, 0) + (p.usedGpuMemory or 0)
-    return out
+class RunningProcesses:
+    """nvmlDeviceGetComputeRunningProcesses_v3 (v2 on older drivers: the same struct) called
+    through the function pointer of the NVML pynvml loaded, into a buffer kept per thread: one
+    C call per GPU and poll, the answer read by `struct`. pynvml's own wrapper asks twice (the
+    count, then the entries, into a fresh array) and builds an object per process per call: at
+    128 processes every 50 ms that was most of the backstop's CPU. Same answer: host pid ->
+    bytes summed over its entries (tests/agent/test_sampler_nvml.py holds the two equal on
+    the simulated NVML)."""
+
+    def __init__(self, fn: Callable[..., int] | None = None) -> None:
+        """fn: the C function (tests give a stand-in); default NVML's, as pynvml loaded it."""
+        self._fn = fn
+        for name in _RUNNING if fn is None else ():
+            try:
+                self._fn = pynvml._nvmlGetFunctionPointer(name)  # pynvml's loaded library and cache
+                break
+            except pynvml.NVMLError:
+                continue
+        if self._fn is None:
+            log.error("NVML has no nvmlDeviceGetComputeRunningProcesses_v3 or _v2: per-process memory "
+                      "is unread (the backstop sees no process)")
+        self._local = threading.local()  # the agent's period and the backstop query from two threads
+
+    def _buffer(self, capacity: int) -> ctypes.Array[ctypes.c_char]:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < capacity * _INFO_SIZE:
+            buf = self._local.buf = ctypes.create_string_buffer(capacity * _INFO_SIZE)
+        return buf
+
+    def __call__(self, h: Handle) -> dict[int, int]:
+        """host pid -> bytes on the GPU of handle h; raises pynvml.NVMLError as pynvml would."""
+        if self._fn is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        count = ctypes.c_uint(0)
+        capacity = _FIRST_CAPACITY
+        for _ in range(_TRIES):
+            buf = self._buffer(capacity)  # (kept: the largest this thread has needed)
+            count.value = len(buf) // _INFO_SIZE
+            ret = self._fn(h, ctypes.byref(count), buf)
+            if ret == pynvml.NVML_SUCCESS:
+                break
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise pynvml.NVMLError(ret)
+            capacity = count.value * 2 + 5  # room for processes that start meanwhile (as pynvml)
+        else:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        entries = _ENTRY.iter_unpack(memoryview(buf)[:count.value * _INFO_SIZE])
+        out: dict[int, int] = dict(entries)
+        if len(out) == count.value and _NOT_AVAILABLE not in out.values():
+            return out  # one entry per pid, each with its bytes: the usual answer, built in C
+        out = {}
+        for pid, used in _ENTRY.iter_unpack(memoryview(buf)[:count.value * _INFO_SIZE]):
+            out[pid] = out.get(pid, 0) + (0 if used == _NOT_AVAILABLE else used)
+        return out
 
 
 class Sampler:
@@ -75,6 +135,7 @@ class Sampler:
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         self._uuids = [pynvml.nvmlDeviceGetUUID(h) for h in self._handles]
         self._last_seen = [0] * len(self._handles)  # NVML timestamps (us) of the previous util sample
+        self._running = RunningProcesses()
 
     def sample(self) -> list[GpuSample]:
         return [self._sample(i, h) for i, h in enumerate(self._handles)]
@@ -87,7 +148,7 @@ class Sampler:
                       utilization=None if util is None else float(util.gpu),
                       temperature=_optional(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
                       power_watts=None if power is None else power / 1000.0)
-        s.process_memory = _process_memory(h)
+        s.process_memory = _optional(self._running, h) or {}
         # Samples newer than the previous call: the share each process had in the last period.
         last_seen = self._last_seen[index] or int(time.time() * 1e6) - 1_000_000
         samples: dict[int, list[float]] = {}
@@ -97,16 +158,18 @@ class Sampler:
         s.process_util = {pid: sum(v) / len(v) for pid, v in samples.items()}
         return s
 
-    def process_memory(self) -> dict[str, dict[int, int]]:
-        """The backstop's cheap query: per GPU uuid, host pid -> bytes (one NVML call per GPU).
-        A GPU whose query failed is left out: unread is not empty (docs/agent.md)."""
+    def process_memory(self, uuids: Collection[str] | None = None) -> dict[str, dict[int, int]]:
+        """The backstop's cheap query: per GPU uuid (of `uuids`, default all), host pid -> bytes
+        (one NVML call per GPU). A GPU whose query failed is left out: unread is not empty
+        (docs/agent.md)."""
         out: dict[str, dict[int, int]] = {}
         for uuid, h in zip(self._uuids, self._handles, strict=True):
+            if uuids is not None and uuid not in uuids:
+                continue
             try:
-                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                out[uuid] = self._running(h)
             except pynvml.NVMLError:
                 continue
-            out[uuid] = _sum_by_pid(procs)
         return out
 
     def close(self) -> None:

@@ -7,11 +7,8 @@ import os
 import subprocess
 from types import SimpleNamespace
 
-import pynvml
-
 from kubeletplugin.agent.backstop import Backstop
 from kubeletplugin.agent.procmap import Owner
-from kubeletplugin.agent.sampler import Sampler
 from tests.support import MiB, wait_exec, wait_for
 
 UNHOOKED = ("-u", "LD_PRELOAD")  # argv of /usr/bin/env before the probe
@@ -120,13 +117,21 @@ class _Agent:
         gpu = SimpleNamespace(uuid="GPU-a", memory_limit=256 * MiB)
         self.claims = {"u1": SimpleNamespace(uid="u1", namespace="ns", name="c1", gpus=(gpu,), regions=[None],
                                              pods={})}
-        self.procs = SimpleNamespace(owners=lambda pids: {10: Owner("u1", None, None)} if 10 in pids else {})
+        self.claims_generation = 1
+        self.procs = SimpleNamespace(owners=self._owners, settle=lambda: self.map_generation)
+        self.map_generation = 0
+        self.owner_calls = 0
         self.reads = list(reads)
+
+    def _owners(self, pids):
+        self.owner_calls += 1
+        return {10: Owner("u1", None, None)} if 10 in pids else {}
 
     def refresh_if_needed(self):
         pass
 
-    def sampler_process_memory(self):
+    def sampler_process_memory(self, uuids=None):
+        assert uuids == {"GPU-a"}  # only the GPUs the claims have
         return self.reads.pop(0)
 
 
@@ -145,13 +150,35 @@ def test_a_failed_nvml_read_does_not_end_the_episode():
     assert b.violations == {("u1", 0): 2} and b._events.qsize() == 2
 
 
-def test_sampler_leaves_out_a_gpu_whose_query_failed(monkeypatch):
-    def running(h):
-        if h == "bad":
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
-        return [SimpleNamespace(pid=10, usedGpuMemory=MiB), SimpleNamespace(pid=10, usedGpuMemory=2 * MiB)]
+def test_no_claim_no_nvml_query():
+    """The backstop asks NVML only for the GPUs its claims have: none, no query. It reads the
+    claims again when their generation moves, not at each poll."""
+    over = {"GPU-a": {10: 512 * MiB}}
+    agent = _Agent(over)
+    claims, agent.claims = agent.claims, {}
+    b = Backstop(None, "node", "report", "mock")
+    b.poll(agent)  # no claim: no query (a query would take the one answer)
+    agent.claims = claims
+    b.poll(agent)  # the same generation: still the claims it read (none)
+    assert agent.reads == [over] and b.violations == {}
+    agent.claims_generation += 1
+    b.poll(agent)
+    assert agent.reads == [] and b.violations == {("u1", 0): 1}
 
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", running)
-    s = Sampler.__new__(Sampler)
-    s._uuids, s._handles = ["GPU-a", "GPU-b"], ["good", "bad"]
-    assert s.process_memory() == {"GPU-a": {10: 3 * MiB}}
+
+def test_the_owners_are_looked_up_again_when_the_map_or_answer_changes():
+    """An answer equal to the last, of processes all mapped, with the map's generation unmoved
+    (none exited, no mapping changed): the owners are not looked up again. Any of the three
+    moving, or a pid that was not mapped, and they are."""
+    a, b_ = {"GPU-a": {10: 512 * MiB}}, {"GPU-a": {10: 100 * MiB}}
+    agent = _Agent(a, a, a, b_, b_, {"GPU-a": {10: 100 * MiB, 11: MiB}}, {"GPU-a": {10: 100 * MiB, 11: MiB}})
+    b = Backstop(None, "node", "report", "mock")
+    calls = []
+    for change in (None, None, "map", None, None, None, None):
+        if change == "map":
+            agent.map_generation += 1  # a process exited, or a claim's mapping changed
+        b.poll(agent)
+        calls.append(agent.owner_calls)
+    # answer a: looked up, skipped, map moved: looked up; b: looked up, skipped; pid 11 unmapped: every time
+    assert calls == [1, 1, 2, 3, 3, 4, 5]
+    assert b.violations == {("u1", 0): 1}  # one episode: over at a, within at b

@@ -207,3 +207,32 @@ def test_exiting_reads_the_flag_of_a_live_process_and_of_a_zombie():
     assert procmap.exiting(p.pid)
     p.wait()
     assert procmap.exiting(p.pid)  # gone
+
+
+def test_a_mapped_process_follows_its_claim_going(tmp_path):
+    """owners()'s one lookup per known pid (the mapped ones) is dropped with the claims it came
+    from: the claim gone, its process maps nowhere; back, it maps again."""
+    limits = tmp_path / "claims" / "u1" / "limits"
+    limits.parent.mkdir(parents=True)
+    limits.write_text("GPUSHARE_CLAIM_UID=u1\n")
+    m = ProcessMap()
+    m.update({"u1": str(limits)}, {})
+    p = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(limits.parent)})
+    try:
+        wait_exec(p, program="sleep")
+        g = m.settle()
+        assert m.owners({p.pid})[p.pid].uid == "u1" and m._mapped[p.pid].uid == "u1"
+        assert m.settle() > g  # a new mapping moves the generation (the backstop looks again)
+        g = m.settle()
+        assert m.owners({p.pid})[p.pid].uid == "u1" and m.settle() == g  # nothing changed: it stays
+        m.update({}, {})
+        assert m.settle() > g
+        assert m.owners({p.pid}) == {} and p.pid not in m._mapped
+        m.update({"u1": str(limits)}, {})
+        assert m.owners({p.pid})[p.pid].uid == "u1"
+        g = m.settle()
+    finally:
+        p.kill()
+        p.wait()
+    assert m.settle() > g  # exited: forgotten by the settle itself
+    assert m.owners({p.pid}) == {} and p.pid not in m._mapped
