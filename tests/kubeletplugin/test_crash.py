@@ -122,7 +122,7 @@ def test_a_folder_that_cannot_be_made_is_one_line(dirs, hook_dir, kubeconfig, tm
     assert not os.path.exists(dirs.root) or os.listdir(dirs.root) == []  # nothing made, nothing served
 
 
-ROUNDS = 8
+ROUNDS = 5  # a fresh random seed each run covers other kill points
 CLAIMS = 12
 
 
@@ -155,7 +155,7 @@ def test_random_sigkill_during_many_calls(api, dirs, plugin_process, hook_dir):
     """The issue's attack: SIGKILL at random points while many claims are prepared and
     unprepared, the kubelet retrying each (or, its pod gone, unpreparing instead). After every
     round: exactly one spec per prepared claim, no temporary or orphan file, no device defined
-    twice; at the end podman itself accepts every spec."""
+    twice; at the end podman itself accepts four of the specs."""
     seed = int(os.environ.get("GPUSHARE_CRASH_SEED") or int.from_bytes(os.urandom(4), "big"))  # to replay a failure
     rng = random.Random(seed)
     devices = [f"gpu-{n % 4}-share-{n // 4}" for n in range(CLAIMS)]
@@ -199,7 +199,7 @@ def test_random_sigkill_during_many_calls(api, dirs, plugin_process, hook_dir):
         pytest.skip(f"podman check: {why_not or 'busybox or unshare missing'}")
     runner = PodmanRunner()
     try:
-        for uid in sorted(prepared):
+        for uid in rng.sample(sorted(prepared), min(4, len(prepared))):  # a podman run costs ~1 s
             proc = podman_run(runner, dirs.cdi, [f"k8s.gpushare.dev/claim={uid}-{device_of[uid]}"],
                               ["/bin/sh", "-c", "true"])
             assert proc.returncode == 0, f"seed {seed}, claim {uid}: {proc.stderr}"
