@@ -4,6 +4,7 @@ each folder's conftest.py holds only that folder's fixtures."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -11,12 +12,35 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import structlog
 from kubernetes import client
 
 from kubeletplugin.main import Plugin
 from playground.emulator import ApiEmulator
 from playground.kubelet import Kubelet
 from tests.support.plugin import REAL_LIBRARY, Dirs, launch_plugin
+
+
+def _pytests(handler: logging.Handler) -> bool:
+    return type(handler).__module__.startswith("_pytest")
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Logging as each test found it. A test that runs a program's main in-process (the CLI,
+    dra_driver.log.configure) sets the root logger's level and handler for the whole process:
+    the rest of the suite then logged at debug (cel-python's per-step records made one emulator
+    test take 24 s) into a stderr that pytest had since closed ("I/O operation on closed file")."""
+    root = logging.getLogger()
+    level, handlers = root.level, [h for h in root.handlers if not _pytests(h)]
+    levels = {name: logging.getLogger(name).level for name in ("urllib3", "kubernetes.client.rest")}
+    config = structlog.get_config()
+    yield
+    structlog.configure(**config)
+    root.setLevel(level)
+    root.handlers[:] = handlers + [h for h in root.handlers if _pytests(h)]  # this phase's capture stays
+    for name, saved in levels.items():
+        logging.getLogger(name).setLevel(saved)
 
 
 @pytest.fixture
