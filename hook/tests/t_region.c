@@ -166,6 +166,29 @@ static void scribble_tests(const char *path)
     EXPECT(gs_region_reserve(&R, 1000, LIMIT) == 0, "after the kind repair");
     gs_region_release(&R, 1000);
 
+    /* a holder that runs (state R) inside the lock for 400 ms, as one preempted on an overloaded
+     * node stands still: waited for (up to GS_LOCK_BUSY_NS), not refused at ~100 ms */
+    pid_t spin = fork();
+    if (spin == 0) {
+        struct gs_region r;
+        if (gs_region_open(&r, path) != 0) _exit(1);
+        r.fault_spin_ms = 400;
+        _exit(gs_region_reserve(&r, 1000, LIMIT) == 0 ? 0 : 1);
+    }
+    t0 = now_ts();
+    while ((__atomic_load_n((uint32_t *)&h->lock.m, __ATOMIC_RELAXED) & 0x3fffffff) != (uint32_t)spin &&
+           ms_since(t0) < 5000) {}
+    t0 = now_ts();
+    rc = gs_region_reserve(&R, 1000, LIMIT);
+    double runnable_ms = ms_since(t0);
+    EXPECT(rc == 0, "refused while a runnable holder was inside (after %.1f ms)", runnable_ms);
+    EXPECT(runnable_ms >= 150 && runnable_ms < 1000, "runnable holder waited for %.1f ms", runnable_ms);
+    if (rc == 0) gs_region_release(&R, 1000);
+    int spun;
+    waitpid(spin, &spun, 0);
+    EXPECT(WIFEXITED(spun) && WEXITSTATUS(spun) == 0, "the runnable holder's reservation failed");
+    gs_region_reap(&R, 0);
+
     /* a holder stopped inside the lock: refused within ~100 ms, usage still readable */
     pid_t s = fork();
     if (s == 0) {
@@ -201,7 +224,8 @@ static void scribble_tests(const char *path)
     EXPECT(gs_region_reserve(&R, LIMIT, LIMIT) == 0, "dead stopped holder's reservation not reclaimed");
     gs_region_release(&R, LIMIT);
     printf("forged_lock_first_reserve_ms=%.1f stopped_holder_refusal_ms=%.1f wedged_usage_query_ms=%.3f "
-           "stopped_holder_broken_ms=%.0f\n", forged_ms, stopped_ms, query_ms, broken_ms);
+           "stopped_holder_broken_ms=%.0f runnable_holder_wait_ms=%.1f\n", forged_ms, stopped_ms, query_ms,
+           broken_ms, runnable_ms);
 }
 
 static void make_file(const char *path)
