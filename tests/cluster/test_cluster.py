@@ -287,18 +287,14 @@ spec:
 
 
 def test_the_real_scheduler_keeps_mps_claims_off_time_sliced_gpus(installed):
-    """The plugin with --mps-gpus=0: GPU 0 serves MPS claims only, GPU 1 TimeSlicing and None.
-    kube-scheduler, from the devices' sharingStrategy attribute and the classes' CEL selectors
-    alone, puts both MPS claims on GPU 0 and the time-sliced one on GPU 1; with every GPU MPS
-    (--mps-gpus=all), a time-sliced claim's pod stays pending. (Allocation is the scheduler's:
-    whether the MPS pods then start is the node's business, not checked here.)"""
+    """As installed every GPU is time-sliced: an MPS claim's pod stays pending with a
+    FailedScheduling Event. Then the plugin with --mps-gpus=0: GPU 0 serves MPS claims only, GPU 1
+    TimeSlicing and None; kube-scheduler, from the devices' sharingStrategy attribute and the
+    classes' CEL selectors alone, puts both MPS claims on GPU 0 and the time-sliced one on GPU 1.
+    (Allocation is the scheduler's: whether the MPS pods then start is the node's business, not
+    checked here.)"""
     kube = installed
     ds = ["-n", "gpushare-system", "daemonset/gpushare-kubelet-plugin"]
-
-    def serve(gpus: str) -> None:
-        kube("patch", *ds, "--type=json", "-p", json.dumps(
-            [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": f"--mps-gpus={gpus}"}]))
-        kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
 
     def strategies() -> dict[str, str]:
         return {d["name"]: d.get("attributes", {}).get("sharingStrategy", {}).get("string", "")
@@ -308,37 +304,36 @@ def test_the_real_scheduler_keeps_mps_claims_off_time_sliced_gpus(installed):
         allocation = kube.get("resourceclaim", name).get("status", {}).get("allocation")
         return allocation["devices"]["results"][0]["device"] if allocation else None
 
+    def claim(name: str, device_class: str) -> None:
+        body = yaml.safe_load(claim_manifest(name, memory="1Gi", compute="25"))
+        body["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = device_class
+        kube.apply(yaml.safe_dump(body))
+        kube.apply(STRATEGY_POD.format(name=name))
+
     claims = {"mps-a": "mps.gpushare.dev", "mps-b": "mps.gpushare.dev", "sliced": "gpushare.dev"}
     try:
-        serve("0")
+        assert set(strategies().values()) == {"TimeSlicing"}, strategies()
+        claim("mps-a", claims["mps-a"])
+        event = kube.wait_until("the MPS pod's FailedScheduling", lambda: [
+            e["message"] for e in kube.items("events", "--field-selector", "involvedObject.name=mps-a")
+            if e.get("reason") == "FailedScheduling"], timeout=120)
+        assert device_of("mps-a") is None and pod_phase(kube, "mps-a") == "Pending", event
+
+        kube("patch", *ds, "--type=json", "-p", json.dumps(
+            [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--mps-gpus=0"}]))
+        kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
         kube.wait_until("GPU 0 published as MPS", lambda: strategies().get("gpu-0") == "MPS", timeout=120)
         assert strategies().get("gpu-1") == "TimeSlicing", strategies()
-        for name, cls in claims.items():
-            body = yaml.safe_load(claim_manifest(name, memory="1Gi", compute="25"))
-            body["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = cls
-            kube.apply(yaml.safe_dump(body))
-            kube.apply(STRATEGY_POD.format(name=name))
-        got = kube.wait_until("every claim allocated", lambda: (
+        for name in ("mps-b", "sliced"):
+            claim(name, claims[name])
+        got = kube.wait_until("every claim allocated (the pending one retried)", lambda: (
             d if all((d := {n: device_of(n) for n in claims}).values()) else None), timeout=120)
         assert got == {"mps-a": "gpu-0", "mps-b": "gpu-0", "sliced": "gpu-1"}, got
-
-        kube("delete", "pod", "-l", "test=strategies", "--ignore-not-found", "--wait=true", "--grace-period=0",
-             "--force", timeout=180)
-        kube("delete", "resourceclaim", *claims, "--ignore-not-found", "--wait=true", timeout=180)
-        kube("apply", "-k", "deploy/overlays/mock")  # the manifests' args again
-        serve("all")
-        kube.wait_until("every GPU published as MPS", lambda: set(strategies().values()) == {"MPS"}, timeout=120)
-        kube.apply(claim_manifest("sliced", memory="1Gi", compute="25"))
-        kube.apply(STRATEGY_POD.format(name="sliced"))
-        event = kube.wait_until("the pod's FailedScheduling", lambda: [
-            e["message"] for e in kube.items("events", "--field-selector", "involvedObject.name=sliced")
-            if e.get("reason") == "FailedScheduling"], timeout=120)
-        assert device_of("sliced") is None and pod_phase(kube, "sliced") == "Pending", event
     finally:
         kube("delete", "pod", "-l", "test=strategies", "--ignore-not-found", "--wait=true", "--grace-period=0",
              "--force", timeout=180)
         kube("delete", "resourceclaim", *claims, "--ignore-not-found", "--wait=true", timeout=180)
-        kube("apply", "-k", "deploy/overlays/mock")
+        kube("apply", "-k", "deploy/overlays/mock")  # the manifests' args again
         kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
 
 
