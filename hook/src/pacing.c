@@ -24,11 +24,12 @@
  *  - the node agent gives each claim on a GPU its own time slot in a common period (control
  *    file, trusted). Inside its slot a claim may run up to a period ahead of its timeline, so
  *    a busy claim launches its period's worth there and the claims take turns: each runs
- *    alone and measures its own cost. Outside its slot it may run OUT_BURST_NS ahead, so a
- *    claim that uses less than its rate is never held back;
+ *    alone and measures its own cost; its work drains before the slot ends, so the next slot
+ *    begins on an idle GPU (the slot handover, below). Outside its slot it may run OUT_BURST_NS
+ *    ahead, so a claim that uses less than its rate is never held back;
  *  - cost = per kernel (function and grid) or graph: the low envelope of event-pair samples,
- *    which drops to a clean sample at once and rises by 1/32 of an inflated one (at most
- *    1/32 of itself);
+ *    which drops to a clean sample at once and rises only to the minimum of a window of
+ *    COST_WINDOW samples that all lie above it (preempted samples are common; a trend is not);
  *  - nothing is recorded, queried, synchronised or slept on a capturing stream, and no event
  *    is queried or synchronised while a capture is active in the process (global-mode
  *    capture forbids it on every stream).
@@ -37,7 +38,13 @@
 #define BURST_NS 10000000ull      /* no slot: 10 ms */
 #define OUT_BURST_NS 2000000ull   /* outside the claim's slot: 2 ms */
 #define SAMPLE_NS 10000000ull     /* one measured launch per 10 ms */
+#define COST_WINDOW 16            /* samples a cost may rise on: their minimum */
 #define TAT_SANE_NS 10000000000ull /* a timeline further ahead is forged: ignored */
+#define SWITCH_NS 300000ull       /* a context switch (the H100: about 0.3 ms): each slot of a shared GPU pays one */
+#define MARK_NS 2000000ull        /* a progress marker when this much work is queued */
+#define QUEUE_NS 10000000ull      /* in its slot a process queues at most this much work ahead */
+#define LATE_NS (2 * QUEUE_NS)      /* late work is looked for this long after a slot's first launch */
+#define DRAIN_POLL_NS 100000ull   /* how often a slot's first launch looks whether the earlier work ran */
 enum { KIND_KERNEL = 0, KIND_GRAPH = 1 };
 
 struct launch {
@@ -100,9 +107,21 @@ static void finish_sample(struct gpu_state *g)
     __atomic_store_n(c, old ? (3 * old + sample) / 4 : sample, __ATOMIC_RELAXED);
     struct cost_entry *e = cost_entry(g, g->pending_key);
     old = e->key == g->pending_key ? e->ns : 0;
-    uint64_t rise = (sample - old) / 32 < old / 32 ? (sample - old) / 32 : old / 32; /* one slice is no trend */
-    if (g->pending_upper) rise = 0;
-    __atomic_store_n(&e->ns, !old || sample < old ? sample : old + rise, __ATOMIC_RELAXED);
+    if (!old || e->key != g->pending_key) e->win_min = UINT64_MAX, e->win_n = 0;
+    uint64_t ns = !old || sample < old ? sample : old;
+    if (g->mps && old && sample >= old && !g->pending_upper) { /* MPS: no slices to inflate a sample; a
+        kernel's time moves with the clients beside it, and the rise of 1/32 (at most 1/32 of itself)
+        follows it (the window below charged 4 clients of a 25 % claim 27-30 % of the work) */
+        uint64_t rise = (sample - old) / 32 < old / 32 ? (sample - old) / 32 : old / 32;
+        ns = old + rise;
+    } else if (!g->pending_upper && old) { /* a window of COST_WINDOW samples all above: the kernel got dearer */
+        if (sample < e->win_min) e->win_min = sample;
+        if (++e->win_n >= COST_WINDOW) {
+            if (e->win_min > ns) ns = e->win_min;
+            e->win_min = UINT64_MAX, e->win_n = 0;
+        }
+    }
+    __atomic_store_n(&e->ns, ns, __ATOMIC_RELAXED);
     __atomic_store_n(&e->key, g->pending_key, __ATOMIC_RELAXED);
 }
 
@@ -181,6 +200,113 @@ static uint64_t mps_scale(struct gpu_state *g)
     return ppm;
 }
 
+/* ------------------------------------------------------------------ the slot handover
+ * On a GPU the claims share, each slot should begin on an idle GPU: work of two claims queued at
+ * the same time makes the GPU alternate between them at every time-slice end, each alternation
+ * a context switch, and each claim's cost samples count the other's slices. So (docs/compute.md,
+ * "The chosen design"):
+ *  - before it waits for a later slot, a process marks the end of the work it has launched
+ *    (drain_ev); the first launch of its next slot waits until that work has run (polled), so
+ *    a claim never adds to work that still spills over from an earlier slot;
+ *  - in its slot it keeps the predicted end of its queued work (qend_ns: the GPU its own from
+ *    the slot's first launch on, after a switch), and a marker every MARK_NS of queued work:
+ *    a marker that has not run when it should have means the work is late (the slot began
+ *    behind the previous claim's work, or the GPU was not ours), and the prediction moves by as
+ *    much. It queues at most QUEUE_NS ahead, so a marker is never far from the GPU's work;
+ *  - a launch of a busy claim (this process held back for the share within the last period)
+ *    that would end past the slot's end waits for the next slot, so the slot's work has drained
+ *    when the next claim's slot begins; a claim under its share is never held by this. A slot's
+ *    first launch always goes (a kernel longer than the slot is paced over several periods by
+ *    the bucket); what is left of a slot after its last whole kernel is lost to the claim;
+ *  - on a shared GPU each slot's context switch is booked with its first launch, so the claims'
+ *    booked GPU time per period leaves room for the switches. */
+static uint64_t slot_phase(uint64_t t, uint64_t start, uint64_t period) { return (t % period + period - start) % period; }
+
+/* a launch waits from..to to hold the claim's share */
+static void note_paced(struct gpu_state *g, uint64_t from, uint64_t to)
+{
+    if (to <= from) return;
+    __atomic_add_fetch(&g->region.hdr->paced_ns, to - from, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->held_ns, to, __ATOMIC_RELAXED);
+}
+
+/* mark the end of the work launched so far on s (nothing while a capture is active) */
+static void mark_drain(struct gpu_state *g, CUstream s, int ptsz, int captures)
+{
+    uint64_t pred = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
+    if (captures || capturing(s, ptsz)) return;
+    if (!g->drain_ev && real_cuEventCreate(&g->drain_ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->drain_ev = NULL;
+    if (!g->drain_ev) return;
+    if (record(g->drain_ev, s, ptsz) == CUDA_SUCCESS) {
+        __atomic_store_n(&g->drain_pred_ns, pred, __ATOMIC_RELAXED);
+        __atomic_store_n(&g->drain_pending, 1, __ATOMIC_RELEASE);
+    } else { /* an event of another context: a new one next time */
+        real_cuEventDestroy_v2(g->drain_ev);
+        g->drain_ev = NULL;
+        __atomic_store_n(&g->drain_pending, 0, __ATOMIC_RELAXED);
+    }
+}
+
+/* in the claim's slot, before booking: see the comment above. Returns the time it goes on at,
+ * in a slot of the claim. */
+static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int captures, uint64_t now, uint64_t start,
+                          uint64_t len, uint64_t period, uint64_t cost)
+{
+    int shared = len < period;
+    for (;;) {
+        uint64_t phase = slot_phase(now, start, period), opens = now - phase, end = opens + len;
+        if (phase >= len) { /* the slot ended while the earlier work ran: the next one */
+            uint64_t next = opens + period;
+            note_paced(g, now, next);
+            sleep_until(next);
+            now = next;
+            continue;
+        }
+        uint64_t no = (now + period - start) / period;
+        if (__atomic_exchange_n(&g->cur_slot, no, __ATOMIC_RELAXED) != no) { /* the slot's first launch */
+            while (__atomic_load_n(&g->drain_pending, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g_captures, __ATOMIC_RELAXED) &&
+                   real_cuEventQuery(g->drain_ev) == CUDA_ERROR_NOT_READY && now < end) {
+                uint64_t t = now + DRAIN_POLL_NS < end ? now + DRAIN_POLL_NS : end;
+                note_paced(g, now, t);
+                sleep_until(t);
+                now = gs_now_ns();
+            }
+            if (now >= end) continue;
+            __atomic_store_n(&g->drain_pending, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&g->qend_ns, now + (shared ? SWITCH_NS : 0), __ATOMIC_RELAXED);
+            __atomic_store_n(&g->slot_began_ns, now, __ATOMIC_RELAXED);
+            __atomic_store_n(&g->switch_owed, shared, __ATOMIC_RELAXED);
+            return now;
+        }
+        /* the marker should have run by now: the work is late by at least as much (the slot began
+         * behind the previous claim's work), so is its end. Only early in the slot: what spills
+         * over from the previous slot is at most a queue's worth, while work that is late all
+         * through the slot shares the GPU with contexts nobody paces (an MPS server, a claim of
+         * another strategy), and holding it back would only cost the claim its share */
+        uint64_t pred = __atomic_load_n(&g->drain_pred_ns, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&g->drain_pending, __ATOMIC_ACQUIRE) && now > pred && !captures &&
+            now < __atomic_load_n(&g->slot_began_ns, __ATOMIC_RELAXED) + LATE_NS) {
+            if (real_cuEventQuery(g->drain_ev) == CUDA_ERROR_NOT_READY) {
+                __atomic_add_fetch(&g->qend_ns, now - pred, __ATOMIC_RELAXED);
+                __atomic_store_n(&g->drain_pred_ns, now, __ATOMIC_RELAXED);
+            } else {
+                __atomic_store_n(&g->drain_pending, 0, __ATOMIC_RELAXED);
+            }
+        }
+        uint64_t q = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
+        if (q < now) q = now;
+        if (q + cost <= end) return now;
+        /* a claim under its share (this process not held back within the last period) is not
+         * held: it launches at once, anywhere */
+        if (__atomic_load_n(&g->held_ns, __ATOMIC_RELAXED) + period < now) return now;
+        /* it would end past the slot: the next slot, after the work queued now has run */
+        mark_drain(g, s, ptsz, captures);
+        note_paced(g, now, opens + period);
+        sleep_until(opens + period);
+        now = opens + period;
+    }
+}
+
 static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr_t key)
 {
     L->g = NULL;
@@ -200,20 +326,25 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
     uint64_t now = gs_now_ns();
     uint64_t cost = cost_of(g, kind, key);
     if (g->mps && cost) cost = cost * mps_scale(g) / 1000000 + 1; /* SM-time; never 0 (= not measured) */
-    int first_in_slot = 0;
     if (cost) {
         uint64_t start = 0, len = 0, period = 0, ahead = BURST_NS, next_slot = 0;
         int slotted = g->control && gs_control_slot(g->control, &start, &len, &period);
-        int in_slot = 0;
+        /* the slot handover: one time-sliced context per claim only (an MPS server's clients are
+         * one context; several processes of a claim are contexts that slice its slot between
+         * them, and each one's prediction would be wrong) */
+        int in_slot = 0, handover = slotted && !g->mps && gs_control_procs(g->control) <= 1;
         uint64_t floor = now;
         if (slotted) { /* in the slot: up to the next slot's start, a period's worth */
-            uint64_t phase = (now % period + period - start) % period; /* since the slot began */
+            if (handover && slot_phase(now, start, period) < len) now = slot_turn(g, s, ptsz, captures, now, start, len, period, cost);
+            uint64_t phase = slot_phase(now, start, period); /* since the slot began */
             in_slot = phase < len;
             next_slot = now + period - phase;
             ahead = in_slot ? period - phase : OUT_BURST_NS;
             if (in_slot) floor = now - phase; /* a late wake-up does not cost the claim its time */
         }
-        uint64_t interval = cost * 1000000 / rate_ppm(g);
+        uint64_t rate = rate_ppm(g);
+        uint64_t interval = cost * 1000000 / rate;
+        if (in_slot && __atomic_exchange_n(&g->switch_owed, 0, __ATOMIC_RELAXED)) interval += SWITCH_NS * 1000000 / rate;
         uint64_t base = book_shared(g, now, floor, interval);
         int forged = __atomic_load_n(&g->forged, __ATOMIC_RELAXED);
         uint64_t alone = forged && g->control ? gs_control_procs(g->control) : 1;
@@ -221,9 +352,6 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
         uint64_t tolerance = slotted ? period : BURST_NS;
         uint64_t mine = book(&g->my_tat_ns, now, forged && now > tolerance ? now - tolerance : floor, interval * alone);
         if (mine > base) base = mine;
-        /* the first launch of a slot can queue behind the last one of the previous slot's
-         * claim: not a clean sample */
-        first_in_slot = in_slot && base <= now;
         __atomic_add_fetch(&g->region.hdr->pace_gpu_ns, cost, __ATOMIC_RELAXED);
         if (base > now + ahead) {
             /* slotted: at the latest when a slot opens in which the booking fits (a period's worth
@@ -237,9 +365,12 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
                 if (base > opens + period) opens += (base - opens - period + period - 1) / period * period;
                 if (in_slot || opens < wake) wake = opens;
             }
-            __atomic_add_fetch(&g->region.hdr->paced_ns, wake - now, __ATOMIC_RELAXED);
+            if (handover) mark_drain(g, s, ptsz, captures);
+            note_paced(g, now, wake);
             sleep_until(wake);
             now = wake;
+            if (handover && slot_phase(now, start, period) < len) /* a new slot: its first launch */
+                now = slot_turn(g, s, ptsz, captures, now, start, len, period, cost);
         }
         if (forged) { /* the private bucket alone holds the claim: a plain GCRA, no slot shortcut */
             if (mine > now + tolerance) {
@@ -248,13 +379,23 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
                     uint64_t phase = (wake % period + period - start) % period;
                     if (phase >= len) wake += period - phase;
                 }
-                __atomic_add_fetch(&g->region.hdr->paced_ns, wake - now, __ATOMIC_RELAXED);
+                note_paced(g, now, wake);
                 sleep_until(wake);
                 now = wake;
             }
         }
+        if (handover) { /* the predicted end of this process's queued work; a marker every MARK_NS of it */
+            uint64_t q = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
+            if (in_slot && q > now + QUEUE_NS) { /* a shallow queue: its markers tell late work early */
+                note_paced(g, now, q - QUEUE_NS);
+                sleep_until(q - QUEUE_NS);
+                now = q - QUEUE_NS;
+            }
+            if (!__atomic_load_n(&g->drain_pending, __ATOMIC_ACQUIRE) && q >= now + MARK_NS) mark_drain(g, s, ptsz, captures);
+            __atomic_store_n(&g->qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
+        }
     }
-    if (captures || first_in_slot || (cost && now < __atomic_load_n(&g->next_sample_ns, __ATOMIC_RELAXED)) ||
+    if (captures || (cost && now < __atomic_load_n(&g->next_sample_ns, __ATOMIC_RELAXED)) ||
         pthread_mutex_trylock(&g->sample_lock) != 0)
         return;
     if (g->pending) finish_sample(g);

@@ -37,5 +37,7 @@ void gs_fork_child(void)
         g->my_shared_ns = 0;
         g->mps_ctx = NULL;
         g->ev0 = g->ev1 = NULL; /* events of the parent's contexts */
+        g->drain_ev = NULL;
+        g->drain_pending = 0;
     }
 }

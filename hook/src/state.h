@@ -28,7 +28,8 @@ struct gpu_state {
     const struct gs_control *control; /* the agent's trusted rate and slot; NULL = none */
     /* pacing (pacing.c): cost of a launch (GPU ns) measured with an event pair every SAMPLE_NS */
     uint64_t cost_ns[2];       /* [kernel, graph]: mean of all samples, 0 = unknown */
-    struct cost_entry { uintptr_t key; uint64_t ns; } costs[COST_ENTRIES]; /* per kernel/graph */
+    /* per kernel/graph: ns the estimate; win_min/win_n the window of samples that may raise it */
+    struct cost_entry { uintptr_t key; uint64_t ns, win_min; uint32_t win_n; } costs[COST_ENTRIES];
     uint64_t my_tat_ns;        /* this process's own bucket (the region's can be forged) */
     uint64_t my_shared_ns;     /* what this process last wrote into the region's timeline */
     int forged;                /* the region's timeline went back: paced alone at rate / procs */
@@ -39,6 +40,15 @@ struct gpu_state {
                                   own launch gap, so it may only lower the estimate */
     uintptr_t pending_key;
     CUevent ev0, ev1;
+    /* the slot handover (pacing.c, slot_turn): */
+    uint64_t cur_slot;         /* the slot (period number) of this process's last launch in its slot */
+    uint64_t qend_ns;          /* when this process's queued work ends, the GPU its own */
+    uint64_t slot_began_ns;    /* the first launch of its current slot */
+    uint64_t held_ns;          /* when a launch of this process last waited for the claim's share */
+    int switch_owed;           /* the slot's context switch is to be booked with the next launch */
+    int drain_pending;         /* drain_ev is in flight: it marks the work launched before it */
+    uint64_t drain_pred_ns;    /* when drain_ev should complete by qend_ns */
+    CUevent drain_ev;
 };
 
 extern struct gpu_state g_gpu[GS_MAX_GPUS] GS_HIDDEN; /* by limit slot; valid where g_gpu_open */

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PPM = 1_000_000
-PERIOD_US = 20_000        # the slot period: long against a 2.5 ms time slice, short against latency
+PERIOD_US = 200_000       # the slot period (docs/compute.md, "The slot handover": long against a kernel)
 BUSY = 0.01               # a claim that used at least 1 % of the GPU last period is busy
 
 
@@ -48,7 +48,12 @@ class Share:
 
 def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> float:
     """Lay out the slots of the claims on one GPU (Hard ones first, in the given order) and set
-    each claim's rate: its limit, or for a busy Burst claim its slot's part of the period.
+    each claim's rate: its limit, or for a busy Burst claim its slot's part of the period. A busy
+    claim's slot covers what follows it up to the next busy claim's slot (idle claims' slots, time
+    no claim holds): a Hard claim keeps its rate, so it launches its share at the start of the
+    slot as before, but its work may end later without waiting for another period (the library
+    stops a slot's work before the slot ends: a kernel that does not fit waits for the next slot),
+    and a claim alone on the GPU has the whole period, with no context switch to leave room for.
 
     Returns the claims' limits together (1.0 = the whole GPU). Above 1 the GPU is oversubscribed
     (claims prepared past the allocator, e.g. by hand): every claim then gets its limit divided by
@@ -63,11 +68,12 @@ def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> float:
     busy = [s for s in ordered if s.busy]
     for s in ordered:
         s.rate = s.limit * scale
-        if s.burst and s.busy:
+        if s.busy:
             later = [o.start_us for o in busy if o.start_us > s.start_us]
             end = later[0] if later else busy[0].start_us + period_us  # cyclic: s itself at the latest
             s.length_us = min(period_us, end - s.start_us)
-            s.rate = s.length_us / period_us
+            if s.burst:
+                s.rate = s.length_us / period_us
     return total
 
 

@@ -19,22 +19,31 @@ def layout(shares):
 
 def test_hard_claims_get_consecutive_slots_at_their_limits():
     assert layout([share(0.2), share(0.3), share(0.5)]) == [
-        (0, 4000, 0.2), (4000, 6000, 0.3), (10000, 10000, 0.5)]
+        (0, 40000, 0.2), (40000, 60000, 0.3), (100000, 100000, 0.5)]
+
+
+def test_busy_hard_claim_covers_idle_slots_at_its_rate():
+    """A busy Hard claim's slot runs on to the next busy claim's slot (here: over the idle one and
+    the unallocated rest), its rate stays its limit; alone it has the whole period, so the library
+    leaves no room for context switches that do not happen (docs/compute.md)."""
+    assert layout([share(0.3, busy=True), share(0.2), share(0.3, busy=True)]) == [
+        (0, 100000, 0.3), (60000, 40000, 0.2), (100000, 100000, 0.3)]
+    assert layout([share(0.3, busy=True), share(0.2)]) == [(0, PERIOD_US, 0.3), (60000, 40000, 0.2)]
 
 
 def test_busy_burst_claim_alone_gets_the_whole_period():
     b = share(0.3, burst=True, busy=True)
-    assert layout([share(0.5), b])[1] == (10000, PERIOD_US, 1.0)
+    assert layout([share(0.5), b])[1] == (100000, PERIOD_US, 1.0)
 
 
 def test_burst_claim_hands_back_when_the_other_is_busy():
     b = share(0.3, burst=True, busy=True)
     # Hard 50 busy: the Burst claim keeps its slot and the unallocated 20 % after it
-    assert layout([share(0.5, busy=True), b]) == [(0, 10000, 0.5), (10000, 10000, 0.5)]
+    assert layout([share(0.5, busy=True), b]) == [(0, 100000, 0.5), (100000, 100000, 0.5)]
 
 
 def test_idle_burst_claim_keeps_its_own_slot_and_burst_claims_go_last():
-    assert layout([share(0.3, burst=True), share(0.7)]) == [(14000, 6000, 0.3), (0, 14000, 0.7)]
+    assert layout([share(0.3, burst=True), share(0.7)]) == [(140000, 60000, 0.3), (0, 140000, 0.7)]
 
 
 def test_an_oversubscribed_gpu_gives_every_claim_its_part_and_says_so():
@@ -43,7 +52,7 @@ def test_an_oversubscribed_gpu_gives_every_claim_its_part_and_says_so():
     shares = [share(0.5), share(0.5), share(0.3, burst=True), share(0.7)]
     assert plan_gpu(shares) == 2.0
     assert [(s.start_us, s.length_us, round(s.rate, 3)) for s in shares] == [
-        (0, 5000, 0.25), (5000, 5000, 0.25), (17000, 3000, 0.15), (10000, 7000, 0.35)]
+        (0, 50000, 0.25), (50000, 50000, 0.25), (170000, 30000, 0.15), (100000, 70000, 0.35)]
     assert plan_gpu([share(0.3), share(0.7)]) == 1.0
 
 
@@ -77,7 +86,7 @@ def test_share_agent_writes_slots_into_run_dirs(tmp_path):
     got = [control_fields(d) for d in dirs[:2]]
     # slot = start | length << 32
     assert [(g["rate_ppm"], g["slot"] & 0xFFFFFFFF, g["slot"] >> 32, g["period_us"]) for g in got] == [
-        (300_000, 0, 6000, PERIOD_US), (500_000, 6000, 10000, PERIOD_US)]
+        (300_000, 0, 60000, PERIOD_US), (500_000, 60000, 100000, PERIOD_US)]
     assert not (dirs[2] / "control").exists()  # limit 100: never paced
 
 

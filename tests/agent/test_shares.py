@@ -57,20 +57,23 @@ def mean(values) -> float:
 
 
 @CPU_TIMED
-def test_two_tenants_30_70_within_7_points(node):
+def test_two_tenants_30_70_within_4_points(node):
     """Large kernels (the H100's 4096 matmul, 2.65 ms) under 2.6 ms time slices with a 0.3 ms
-    switch: the agent's slots hold the shares; NVML, sampled, only agrees roughly. 7 points: what
-    today's slot handover holds on the H100-calibrated simulator (25.4 / 67.2 measured) with 2 of
-    margin, so a regression fails; issue 29's pacing is to bring it to 2."""
+    switch: the agent's slots hold the shares; NVML, sampled, only agrees roughly. Before issue
+    29's slot handover 25.4 / 67.2 (bound 7); since, 28.2-29.3 / 68.0-69.0 in seven runs on a quiet
+    machine: 4 points is about twice the worst miss."""
     a, ids_a = node.claim(compute=30)
     b, ids_b = node.claim(compute=70)
     wa = node.run("a", ids_a, "launch", "--seconds", "8", "--kernel-us", "2650")
     wb = node.run("b", ids_b, "launch", "--seconds", "8", "--kernel-us", "2650")
-    wait_for(lambda: node.plugin.agent.claims.get(a.uid) and node.share(a).length_us > 0)
-    assert (node.share(a).start_us, node.share(a).length_us) == ((0, 6000) if a.uid < b.uid else (14000, 6000))
+    # once both are busy: while only one is, its slot covers the other's (docs/compute.md)
+    want = (0, 60000) if a.uid < b.uid else (140000, 60000)
+    wait_for(lambda: node.plugin.agent.claims.get(a.uid) and (node.share(a).start_us, node.share(a).length_us) == want,
+             what=f"claim a's slot {want}")
     outs = wa.read_until("launches=", timeout=30), wb.read_until("launches=", timeout=30)
     got = [float(o["launches"]) * 2650e-6 / float(o["seconds"]) * 100 for o in outs]
-    assert abs(got[0] - 30) <= 7 and abs(got[1] - 70) <= 7, (got, outs)
+    print(f"30/70 under the plugin's agent, 2.65 ms kernels: {got[0]:.1f} / {got[1]:.1f}")
+    assert abs(got[0] - 30) <= 4 and abs(got[1] - 70) <= 4, (got, outs)
 
 
 @CPU_TIMED

@@ -2,8 +2,8 @@
 slices with a 0.3 ms switch, as on the H100 measured in docs/compute.md). Claims get the per-GPU time slots the node
 agent publishes in their control files (kubeletplugin/agent/shares.py computes the same layout);
 shares are each claim's GPU time in one run, from its launch count and the simulated kernel
-length. Large kernels hold 3 points here; tiny ones depend on how fast a loaded CI machine can
-launch, so their bound is looser here and 3 points in hack/bench-share."""
+length. Both large and tiny kernels hold 3.5 points here (misses of at most 1.7 on a quiet
+machine; tiny ones depend on how fast a loaded CI machine can launch)."""
 import mmap
 import struct
 import threading
@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from kubeletplugin.agent.shares import PERIOD_US
 from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER
 from tests.support import CPU_TIMED
 from tests.support.hook import kv
@@ -20,7 +21,7 @@ LARGE_US = 2650  # a 4096x4096 fp32 matmul on the H100
 TINY_US = 50
 
 
-def slots(limits, period_us=20000):
+def slots(limits, period_us=PERIOD_US):
     out, start = [], 0
     for limit in limits:
         length = period_us * limit // 100
@@ -51,23 +52,29 @@ def run_claims(make_claim, limits, kernel_us, seconds=SECONDS):
 
 
 # Issue 29: on the simulator calibrated to the H100's context switch and slice ends (a context
-# that gets work waits for the next one), busy claims' slots overlap and each handover costs, so
-# these shares miss the design's bounds (3 points for large kernels) by what docs/compute.md
-# shows: 24.9 / 66.7 (30/70 large), 25.2 / 67.6 (mixed), 15.8-16.6 / 25.0-26.0 / 46.1-46.7
-# (20/30/50), 30.0 / 61.0-63.0 (tiny). The bounds below are what today's pacing holds there, with
-# 2 points of margin: they catch a regression; issue 29's pacing is to bring them to 2.
+# that gets work waits for the next one), the slots kept busy claims apart only once each slot
+# began on an idle GPU and drained before it ended (docs/compute.md, "the slot handover"; 200 ms
+# period). Before: 24.9 / 66.7 (30/70 large), 25.2 / 67.6 (mixed), 15.8-16.6 / 25.0-26.0 /
+# 46.1-46.7 (20/30/50), 30.0 / 61.0-63.0 (tiny), held by bounds of 7 and 11. Measured since, on a
+# quiet machine (two runs each): 29.4 / 68.3-68.9, 29.1-29.2 / 69.0-69.3, 18.7-18.8 / 28.7-28.8 /
+# 48.4-49.1, 29.6-29.7 / 68.8-69.0; together 96.0-98.6 %: misses of at most 1.7 points, bounded
+# here at about twice that (the CPU of a loaded CI machine moves the launch-bound ones most).
 @pytest.mark.parametrize("limits,kernel_us,bound", [
-    ([30, 70], [LARGE_US, LARGE_US], 7),
-    ([30, 70], [LARGE_US, TINY_US], 7),
-    ([20, 30, 50], [LARGE_US] * 3, 7),
-    ([30, 70], [TINY_US, TINY_US], 11),
+    ([30, 70], [LARGE_US, LARGE_US], 3.5),
+    ([30, 70], [LARGE_US, TINY_US], 3.5),
+    ([20, 30, 50], [LARGE_US] * 3, 3.5),
+    ([30, 70], [TINY_US, TINY_US], 3.5),
 ])
 @CPU_TIMED
 def test_shares_hold_and_the_gpu_stays_busy(make_claim, limits, kernel_us, bound):
     shares, outs = run_claims(make_claim, limits, kernel_us)
+    print(f"limits {limits}, kernels {kernel_us} us: shares {[round(x, 1) for x in shares]}, "
+          f"together {sum(shares):.1f}")
     for got, limit in zip(shares, limits, strict=True):
         assert abs(got - limit) <= bound, (shares, outs)
-    assert sum(shares) >= 90 - bound, (shares, outs)  # work conserving: time slicing alone does 100
+    # the GPU stays busy: time slicing alone does 89.6 % (a switch every slice), the slots lose a
+    # switch per slot and what is left of a slot after its last whole kernel
+    assert sum(shares) >= 92, (shares, outs)
 
 
 @CPU_TIMED

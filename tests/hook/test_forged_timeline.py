@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from kubeletplugin.agent.shares import PERIOD_US
 from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER, SIM_MPS_FILE, SIM_MPS_PIPE_ENV, sim_mps_server_text
 from tests.support import CPU_TIMED
 from tests.support.hook import kv
@@ -40,7 +41,6 @@ BOUND = 2.0  # points: the tenant never gets more than its share plus this
 # 71.2-71.7, so 5
 NEIGHBOUR_BOUND = 5.0
 FLOOR = 15.0  # the forger still runs: its own processes' cost samples count each other's slices
-PERIOD_US = 20_000
 
 
 def forge_while(claim, stop: threading.Event) -> None:
@@ -61,8 +61,8 @@ def run_pair(make_claim, tmp_path, strategy: str, procs: int, forge: bool) -> tu
     """The tenant's share (its processes together) and the neighbour's, percent, and the outputs."""
     tenant, neighbour = make_claim(compute=25, name="tenant"), make_claim(compute=75, name="neighbour")
     envs: list[dict] = [{}, {}]
-    for i, (c, limit, slot) in enumerate(((tenant, 25, (PERIOD_US, 0, 5000)),
-                                          (neighbour, 75, (PERIOD_US, 5000, 15000)))):
+    for i, (c, limit, slot) in enumerate(((tenant, 25, (PERIOD_US, 0, PERIOD_US // 4)),
+                                          (neighbour, 75, (PERIOD_US, PERIOD_US // 4, PERIOD_US * 3 // 4)))):
         c.write_control(limit * 10_000, slot=slot, procs=procs if c is tenant else 1)
         if strategy == "MPS":
             with open(c.limits, "a") as f:
