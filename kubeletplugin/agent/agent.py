@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
+from dra_driver.config import MPS
 from dra_driver.kube import BACKGROUND_API_TIMEOUT_S
 from dra_driver.log import get_logger
 from kubeletplugin.cdispec import SimDriver
@@ -31,7 +32,7 @@ from .mpswatch import MpsWatch
 from .procmap import ProcessMap
 from .regions import Region
 from .sampler import GpuSample, Sampler, load_simulated_nvml
-from .shares import Share, plan_gpu
+from .shares import MPS_PERIOD_US, PERIOD_US, Share, plan_gpu
 from .status import StatusWriter
 
 log = get_logger("agent")
@@ -187,6 +188,7 @@ class Agent:
             c.process_memory = [{} for _ in c.gpus]
             c.count_period(seconds)
         on_gpu: dict[str, list[Share]] = {}
+        time_sliced: set[str] = set()  # GPUs with a paced claim that is not MPS: the handover's period
         owners = self.procs.owners({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         for g in samples:
             for pid in set(g.process_memory) | set(g.process_util):
@@ -202,8 +204,10 @@ class Agent:
             for i, gpu in enumerate(c.gpus):
                 if gpu.compute_limit < 100:  # limit 100 is never paced
                     on_gpu.setdefault(gpu.uuid, []).append(c.shares[i])
+                    if c.sharing_strategy != MPS:
+                        time_sliced.add(gpu.uuid)
         for uuid, shares in on_gpu.items():  # from the regions: needs no NVML
-            total = plan_gpu(shares)
+            total = plan_gpu(shares, PERIOD_US if uuid in time_sliced else MPS_PERIOD_US)
             if total > 1.0 + 1e-9 and self._oversubscribed.get(uuid) != round(total, 3):
                 log.warning("GPU oversubscribed: the paced claims' compute limits sum to more than the GPU; "
                             "each gets its limit divided by the sum", gpu=uuid, percent=round(total * 100, 1))

@@ -10,7 +10,7 @@ from kubeletplugin.prepared import PreparedGpu
 
 from .control import Control
 from .regions import Region
-from .shares import PERIOD_US, Share, to_ppm
+from .shares import Share, to_ppm
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ClaimView:
         self.set_rate(i, to_ppm(s.rate))
         control = self.controls[i]
         if control is not None:
-            control.set_slot(PERIOD_US, s.start_us, s.length_us)
+            control.set_slot(s.period_us, s.start_us, s.length_us)
             if i < len(self.process_memory):  # how many share the claim's rate if its region is forged
                 control.procs = len(self.process_memory[i])
 

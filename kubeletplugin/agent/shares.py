@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 PPM = 1_000_000
 PERIOD_US = 200_000       # the slot period (docs/compute.md, "The slot handover": long against a kernel)
+MPS_PERIOD_US = 20_000    # a GPU of MPS claims only: the server holds each client to its SMs, no
+                          # handover to drain; at 200 ms four processes of a 25 % claim read 20-31 %
 BUSY = 0.01               # a claim that used at least 1 % of the GPU last period is busy
 
 
@@ -40,6 +42,7 @@ class Share:
     paced: bool = False     # the library slept launches of the claim in the last period
     start_us: int = 0       # its slot in the period
     length_us: int = 0
+    period_us: int = PERIOD_US  # the period its GPU's slots repeat in (plan_gpu)
 
     @property
     def busy(self) -> bool:
@@ -68,6 +71,7 @@ def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> float:
     busy = [s for s in ordered if s.busy]
     for s in ordered:
         s.rate = s.limit * scale
+        s.period_us = period_us
         if s.busy:
             later = [o.start_us for o in busy if o.start_us > s.start_us]
             end = later[0] if later else busy[0].start_us + period_us  # cyclic: s itself at the latest

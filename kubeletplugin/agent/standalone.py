@@ -19,7 +19,7 @@ from kubeletplugin.hooklayout import CONTROL_SIZE
 
 from .control import Control
 from .regions import Region
-from .shares import PERIOD_US, Share, plan_gpu, to_ppm
+from .shares import Share, plan_gpu, to_ppm
 
 log = get_logger("agent.standalone")
 
@@ -64,7 +64,7 @@ def tick(claims: list[RunDirClaim], seconds: float) -> None:
     for c in claims:
         for _, share, _, control in c.gpus:
             control.rate_ppm = to_ppm(share.rate)
-            control.set_slot(PERIOD_US, share.start_us, share.length_us)
+            control.set_slot(share.period_us, share.start_us, share.length_us)
 
 
 class ShareAgent:

@@ -9,6 +9,7 @@ CDI specs. Prepare refuses a claim whose strategy its GPU does not serve."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 from kubernetes import client
@@ -16,6 +17,8 @@ from kubernetes import client
 from dra_driver.config.strategies import GPU_MIXED, GPU_MPS, GPU_TIME_SLICED, GpuStrategies, gpu_serves
 from dra_driver.controller.slices import desired_devices, desired_slices
 from dra_driver.devicemodel import CAPACITY
+from kubeletplugin.agent.shares import MPS_PERIOD_US
+from kubeletplugin.hooklayout import CONTROL
 from playground.allocator import AllocationError
 from playground.allocator.core import allocate
 from playground.claims import NAMESPACE, gpushare_config, make_claim, opaque_config, result
@@ -125,6 +128,9 @@ def test_two_mps_claims_and_a_time_sliced_one_on_a_one_gpu_node(node_factory):
         # the simulator takes 13 %). Beside a busy time-sliced claim an MPS claim got 18.8 % of 25 %.
         assert all(0.80 * alone <= g <= alone + 0.02 for g in got), (alone, got)
         assert all(abs(g - 0.25) <= 0.06 for g in got)  # the share, as the simulator's calibration gives it
+        for ref in refs:  # a GPU of MPS claims only keeps the short period (no slot handover to drain)
+            with open(os.path.join(node.dirs.state, "claims", ref.uid, "control-0"), "rb") as f:
+                assert CONTROL["period_us"].read(f.read()) == MPS_PERIOD_US
     finally:
         for w in node.workloads:
             w.stop()
