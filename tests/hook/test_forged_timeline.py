@@ -13,9 +13,9 @@ writing 0 into the timeline; under TimeSlicing a claim's share is its GPU time, 
 claim a client of one simulated server at its share) its part of the two claims' work. Before:
 4 processes took 53 % (TimeSlicing) and 51 % (MPS), the neighbour fell to 58 % and 49 %. Now the
 forger gets no more than its share (2 points) and the neighbour keeps its own within what honest
-shares lose (NEIGHBOUR_BOUND); the forger itself gets less than its share
-(about 21 % with 4 processes under TimeSlicing before the slot handover, 17-19 % since: each process paces alone, so the claim's
-processes no longer take turns and their cost samples count each other's slices).
+shares lose (NEIGHBOUR_BOUND); the forger itself gets less than its share (about 21 % with 4
+processes under TimeSlicing before the slot handover, 17-19 % since: each process paces alone,
+so the claim's processes no longer take turns and their cost samples count each other's slices).
 """
 
 from __future__ import annotations
