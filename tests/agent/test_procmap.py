@@ -107,17 +107,24 @@ def test_host_process_maps_by_slot_or_run_dir_never_by_a_copy(tmp_path):
             proc.wait()
 
 
-def test_a_process_is_known_by_its_pidfd_until_it_exits(tmp_path):
-    """owners() reads a process's start time once and then only polls its pidfd: one that exited
-    is forgotten (its pidfd closed), so its pid, reused, is looked up afresh."""
+def claim_u1_with_a_process(tmp_path):
+    """Claim u1's limits file, a ProcessMap that knows it, and a host process of the claim (by
+    GPUSHARE_RUN_DIR) that runs `sleep`: (limits, map, process); the caller kills the process."""
     limits = tmp_path / "claims" / "u1" / "limits"
     limits.parent.mkdir(parents=True)
     limits.write_text("GPUSHARE_CLAIM_UID=u1\n")
     m = ProcessMap()
     m.update({"u1": str(limits)}, {})
     p = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(limits.parent)})
+    wait_exec(p, program="sleep")
+    return limits, m, p
+
+
+def test_a_process_is_known_by_its_pidfd_until_it_exits(tmp_path):
+    """owners() reads a process's start time once and then only polls its pidfd: one that exited
+    is forgotten (its pidfd closed), so its pid, reused, is looked up afresh."""
+    _, m, p = claim_u1_with_a_process(tmp_path)
     try:
-        wait_exec(p, program="sleep")
         assert m.owners({p.pid})[p.pid].uid == "u1"
         fd, _ = m._known[p.pid]
         assert m.owners({p.pid})[p.pid].uid == "u1"  # the same pidfd
@@ -212,14 +219,8 @@ def test_exiting_reads_the_flag_of_a_live_process_and_of_a_zombie():
 def test_a_mapped_process_follows_its_claim_going(tmp_path):
     """owners()'s one lookup per known pid (the mapped ones) is dropped with the claims it came
     from: the claim gone, its process maps nowhere; back, it maps again."""
-    limits = tmp_path / "claims" / "u1" / "limits"
-    limits.parent.mkdir(parents=True)
-    limits.write_text("GPUSHARE_CLAIM_UID=u1\n")
-    m = ProcessMap()
-    m.update({"u1": str(limits)}, {})
-    p = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPUSHARE_RUN_DIR": str(limits.parent)})
+    limits, m, p = claim_u1_with_a_process(tmp_path)
     try:
-        wait_exec(p, program="sleep")
         g = m.settle()
         assert m.owners({p.pid})[p.pid].uid == "u1" and m._mapped[p.pid].uid == "u1"
         assert m.settle() > g  # a new mapping moves the generation (the backstop looks again)
