@@ -230,6 +230,14 @@ static void note_paced(struct gpu_state *g, uint64_t from, uint64_t to)
     __atomic_store_n(&g->held_ns, to, __ATOMIC_RELAXED);
 }
 
+/* hold the launch from now until t for the share; t is the new now */
+static uint64_t hold_until(struct gpu_state *g, uint64_t now, uint64_t t)
+{
+    note_paced(g, now, t);
+    sleep_until(t);
+    return t;
+}
+
 /* mark the end of the work launched so far on s (nothing while a capture is active) */
 static void mark_drain(struct gpu_state *g, CUstream s, int ptsz, int captures)
 {
@@ -257,9 +265,7 @@ static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int capture
         uint64_t phase = slot_phase(now, start, period), opens = now - phase, end = opens + len;
         if (phase >= len) { /* the slot ended while the earlier work ran: the next one */
             uint64_t next = opens + period;
-            note_paced(g, now, next);
-            sleep_until(next);
-            now = next;
+            now = hold_until(g, now, next);
             continue;
         }
         uint64_t no = (now + period - start) / period;
@@ -301,9 +307,7 @@ static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int capture
         if (__atomic_load_n(&g->held_ns, __ATOMIC_RELAXED) + period < now) return now;
         /* it would end past the slot: the next slot, after the work queued now has run */
         mark_drain(g, s, ptsz, captures);
-        note_paced(g, now, opens + period);
-        sleep_until(opens + period);
-        now = opens + period;
+        now = hold_until(g, now, opens + period);
     }
 }
 
@@ -366,9 +370,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
                 if (in_slot || opens < wake) wake = opens;
             }
             if (handover) mark_drain(g, s, ptsz, captures);
-            note_paced(g, now, wake);
-            sleep_until(wake);
-            now = wake;
+            now = hold_until(g, now, wake);
             if (handover && slot_phase(now, start, period) < len) /* a new slot: its first launch */
                 now = slot_turn(g, s, ptsz, captures, now, start, len, period, cost);
         }
@@ -376,20 +378,16 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
             if (mine > now + tolerance) {
                 uint64_t wake = mine - tolerance;
                 if (slotted) { /* in the claim's slot, as its other launches (clean cost samples) */
-                    uint64_t phase = (wake % period + period - start) % period;
+                    uint64_t phase = slot_phase(wake, start, period);
                     if (phase >= len) wake += period - phase;
                 }
-                note_paced(g, now, wake);
-                sleep_until(wake);
-                now = wake;
+                now = hold_until(g, now, wake);
             }
         }
         if (handover) { /* the predicted end of this process's queued work; a marker every MARK_NS of it */
             uint64_t q = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
             if (in_slot && q > now + QUEUE_NS) { /* a shallow queue: its markers tell late work early */
-                note_paced(g, now, q - QUEUE_NS);
-                sleep_until(q - QUEUE_NS);
-                now = q - QUEUE_NS;
+                now = hold_until(g, now, q - QUEUE_NS);
             }
             if (!__atomic_load_n(&g->drain_pending, __ATOMIC_ACQUIRE) && q >= now + MARK_NS) mark_drain(g, s, ptsz, captures);
             __atomic_store_n(&g->qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
