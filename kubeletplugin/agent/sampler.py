@@ -119,12 +119,12 @@ class RunningProcesses:
             capacity = count.value * 2 + 5  # room for processes that start meanwhile (as pynvml)
         else:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        entries = _ENTRY.iter_unpack(memoryview(buf)[:count.value * _INFO_SIZE])
-        out: dict[int, int] = dict(entries)
+        answer = memoryview(buf)[:count.value * _INFO_SIZE]
+        out: dict[int, int] = dict(_ENTRY.iter_unpack(answer))
         if len(out) == count.value and _NOT_AVAILABLE not in out.values():
             return out  # one entry per pid, each with its bytes: the usual answer, built in C
         out = {}
-        for pid, used in _ENTRY.iter_unpack(memoryview(buf)[:count.value * _INFO_SIZE]):
+        for pid, used in _ENTRY.iter_unpack(answer):
             out[pid] = out.get(pid, 0) + (0 if used == _NOT_AVAILABLE else used)
         return out
 
