@@ -42,6 +42,7 @@ class Plan:
     gpus: tuple[PreparedGpu, ...]
     devices: tuple[PreparedDevice, ...]  # CDI device IDs not chosen yet
     sharing_strategy: str = gpuconfig.TIME_SLICING
+    priority: str = gpuconfig.BATCH
 
 
 def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, GpuInfo], partitions: int) -> Plan:
@@ -85,12 +86,14 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
     configs = _configs(allocation, driver)
     limits: list[PreparedGpu] = []
     strategies: dict[str, int | None] = {}  # strategy -> the config entry that chose it (None: default)
+    priorities: dict[str, int | None] = {}  # priority -> the config entry that chose it (None: default)
     for index in sorted(per_gpu):
         gpu, entry = gpus[index], per_gpu[index]
         memory = entry.memory + entry.shares * share_memory(gpu, partitions)
         compute = entry.compute + (share_compute(partitions, entry.shares) if entry.shares else 0)
         memory, compute = min(memory, gpu.memory_bytes), min(compute, FULL_COMPUTE)
         policy, strategy, chosen_by, limited_by, policy_by = "Hard", gpuconfig.TIME_SLICING, None, None, 0
+        priority, priority_by = gpuconfig.BATCH, None
         for n, requests, cfg in configs:
             if not requests or any(_request_matches(r, requests) for r in entry.requests):
                 memory, compute = cfg.apply(memory, compute)
@@ -99,8 +102,11 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
                     strategy, chosen_by = cfg.sharing_strategy, n
                 if cfg.compute_limit is not None:
                     limited_by = n
-        _check_merged(strategy, chosen_by, policy, policy_by, limited_by)
+                if cfg.priority is not None:
+                    priority, priority_by = cfg.priority, n
+        _check_merged(strategy, chosen_by, policy, policy_by, limited_by, priority, priority_by)
         strategies.setdefault(strategy, chosen_by)
+        priorities.setdefault(priority, priority_by)
         limits.append(PreparedGpu(gpu.index, gpu.uuid, gpu.minor, memory, max(1, compute), policy))
     if len(strategies) > 1:
         chosen = ", ".join(f"{s} ({_CONFIG.format(n) if n is not None else 'the default'})"
@@ -113,23 +119,26 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
         indexes = ", ".join(str(g.index) for g in limits)
         raise ClaimError(f"status.allocation.devices.results: sharingStrategy MPS "
                          f"({_CONFIG.format(strategies[strategy])}) serves one GPU per claim (got GPUs {indexes})")
-    return Plan(tuple(limits), tuple(devices), strategy)
+    # one priority per claim: its MPS client's priority (Latency needs MPS: one GPU per claim)
+    return Plan(tuple(limits), tuple(devices), strategy, next(iter(priorities), gpuconfig.BATCH))
 
 
 _CONFIG = "status.allocation.devices.config[{}]"
 
 
-def _check_merged(strategy: str, chosen_by: int | None, policy: str, policy_by: int, limited_by: int | None) -> None:
+def _check_merged(strategy: str, chosen_by: int | None, policy: str, policy_by: int, limited_by: int | None,
+                  priority: str, priority_by: int | None) -> None:
     """Configs that each hold alone may not hold together (a DeviceClass's strategy, a claim's
-    Burst): the same rule the decoder applies to one config, naming both entries."""
-    conflict = gpuconfig.strategy_conflict(strategy, policy, limited_by is not None)
+    Burst or Latency): the same rule the decoder applies to one config, naming both entries."""
+    conflict = gpuconfig.strategy_conflict(strategy, policy, limited_by is not None, priority)
     if conflict is None:
         return
     field_name, problem = conflict
-    at = policy_by if field_name == "computePolicy" else limited_by
-    value = policy if field_name == "computePolicy" else "set"
+    at, value = {"computePolicy": (policy_by, policy), "priority": (priority_by, priority)}.get(
+        field_name, (limited_by, "set"))
+    source = "by default" if chosen_by is None else f"from {_CONFIG.format(chosen_by)}"
     raise ClaimError(f"{_CONFIG.format(at)}.opaque.parameters.{field_name}: {problem} (got {show(value)}; "
-                     f"sharingStrategy {strategy} from {_CONFIG.format(chosen_by)})")
+                     f"sharingStrategy {strategy} {source})")
 
 
 @dataclass

@@ -115,7 +115,9 @@ def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: 
 
 
 def mps_edits(claim: PreparedClaim, state_dir: str, shm: bool = False) -> tuple[list[str], list[Mount]]:
-    """The GPU's MPS pipe folder at MPS's default path, and the client's own share.
+    """The GPU's MPS pipe folder at MPS's default path, and the client's own share and priority
+    (a Latency claim's streams NORMAL, a Batch claim's BELOW_NORMAL: the GPU dispatches a request's
+    blocks ahead of batch work where their SMs meet).
 
     The share env vars only let a tenant lower its share: the control daemon's limits for the
     server are the ceiling (kubeletplugin/mps.py sets them), and the library holds the claim's
@@ -131,7 +133,8 @@ def mps_edits(claim: PreparedClaim, state_dir: str, shm: bool = False) -> tuple[
     """
     gpu = claim.gpus[0]
     env = [f"{mpslayout.PIPE_ENV}={mpslayout.CONTAINER_PIPE_DIR}", f"{mpslayout.THREAD_ENV}={gpu.compute_limit}",
-           f"{mpslayout.PINNED_ENV}=0={mpslayout.mebibytes(gpu.memory_limit)}"]
+           f"{mpslayout.PINNED_ENV}=0={mpslayout.mebibytes(gpu.memory_limit)}",
+           f"{mpslayout.PRIORITY_ENV}={mpslayout.CLIENT_PRIORITY[claim.priority]}"]
     mounts = [Mount(mpslayout.pipe_dir(state_dir, gpu.uuid), mpslayout.CONTAINER_PIPE_DIR, _RO)]
     if shm:
         mounts.append(Mount(mpslayout.shm_dir(state_dir, gpu.uuid), "/dev/shm", _RW))

@@ -231,7 +231,7 @@ class Driver:
             devices.append(replace(device, cdi_device_ids=tuple(ids)))
         nodes = () if toolkit or self.backend.name != "nvml" else _nvidia_device_nodes(plan.gpus)
         prepared = PreparedClaim(ref.namespace, ref.name, ref.uid, plan.gpus, tuple(devices), nodes, self.host_library,
-                                 plan.sharing_strategy)
+                                 plan.sharing_strategy, plan.priority)
         return prepared, unmet_capacity(claim, self.driver_name, self.node_name, plan.gpus)
 
     def _warn_author(self, claim: PreparedClaim, message: str) -> None:

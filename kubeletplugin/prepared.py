@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dra_driver.config import COMPUTE_POLICIES, NONE, SHARING_STRATEGIES, TIME_SLICING
+from dra_driver.config import BATCH, COMPUTE_POLICIES, NONE, PRIORITIES, SHARING_STRATEGIES, TIME_SLICING
 from dra_driver.devicemodel import FULL_COMPUTE, cdi_device_name, parse_device_name
 from dra_driver.quantity import show
 
@@ -85,6 +85,7 @@ class PreparedClaim:
     device_nodes: tuple[str, ...] = ()  # written by us where no NVIDIA toolkit spec is found
     library: str | None = None  # the libgpushare.so build it was prepared with (None: older release)
     sharing_strategy: str = TIME_SLICING  # SHARING_STRATEGIES (docs/strategies.md)
+    priority: str = BATCH  # PRIORITIES: Latency only under MPS (its client's MPS priority)
 
     @property
     def injects_library(self) -> bool:
@@ -103,6 +104,8 @@ class PreparedClaim:
         doc["deviceNodes"] = list(self.device_nodes)
         if self.sharing_strategy != TIME_SLICING:  # TimeSlicing claims read back by earlier releases unchanged
             doc["sharingStrategy"] = self.sharing_strategy
+        if self.priority != BATCH:  # likewise: absent before claims could serve requests
+            doc["priority"] = self.priority
         return doc
 
     @classmethod
@@ -120,7 +123,8 @@ class PreparedClaim:
         nodes = d.strings("deviceNodes", lambda v: v.startswith("/dev/"), "a path under /dev/", optional=True)
         library = d.optional_text("library", lambda v: v.startswith("/"), "an absolute path")
         strategy = d.optional_text("sharingStrategy", lambda v: v in SHARING_STRATEGIES, ", ".join(SHARING_STRATEGIES))
-        return cls(namespace, name, uid, gpus, devices, nodes, library, strategy or TIME_SLICING)
+        priority = d.optional_text("priority", lambda v: v in PRIORITIES, " or ".join(PRIORITIES))
+        return cls(namespace, name, uid, gpus, devices, nodes, library, strategy or TIME_SLICING, priority or BATCH)
 
 
 def _gpu(d: _Fields) -> PreparedGpu:

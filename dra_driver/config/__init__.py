@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from . import v1alpha1
 from .errors import ConfigError
-from .strategies import MPS, NONE, SHARING_STRATEGIES, TIME_SLICING, strategy_conflict
+from .strategies import BATCH, LATENCY, MPS, NONE, PRIORITIES, SHARING_STRATEGIES, TIME_SLICING, strategy_conflict
 
 GROUP = "gpushare.dev"
 KIND = "GpuShareConfig"
@@ -46,6 +46,7 @@ class GpuShareConfig:
     compute_limit: int | None = None  # percent, 1..100
     compute_policy: str = "Hard"
     sharing_strategy: str | None = None  # SHARING_STRATEGIES; None: not chosen here
+    priority: str | None = None  # PRIORITIES; None: not chosen here (Batch by default)
 
     def apply(self, memory_bytes: int, compute_percent: int) -> tuple[int, int]:
         """Lower an allocation's limits by this config; never raises them."""
@@ -74,5 +75,5 @@ def decode(obj: Any) -> GpuShareConfig:
     return versioned.to_internal(GpuShareConfig)
 
 
-__all__ = ["ConfigError", "GpuShareConfig", "GROUP", "KIND", "COMPUTE_POLICIES", "MPS", "NONE", "SHARING_STRATEGIES",
-           "TIME_SLICING", "decode", "strategy_conflict"]
+__all__ = ["BATCH", "ConfigError", "GpuShareConfig", "GROUP", "KIND", "COMPUTE_POLICIES", "LATENCY", "MPS", "NONE",
+           "PRIORITIES", "SHARING_STRATEGIES", "TIME_SLICING", "decode", "strategy_conflict"]

@@ -18,8 +18,16 @@ MPS = "MPS"
 NONE = "None"
 SHARING_STRATEGIES = (TIME_SLICING, MPS, NONE)
 
+# `priority`: what a claim's work is. A Latency claim serves requests: it needs the GPU the moment a
+# request comes, which only MPS gives (its clients' kernels run at once; a time-sliced GPU makes a
+# request wait for the neighbour's slice end and a context switch: docs/compute.md, "Latency").
+BATCH = "Batch"
+LATENCY = "Latency"
+PRIORITIES = (BATCH, LATENCY)
 
-def strategy_conflict(strategy: str, compute_policy: str, compute_limit_set: bool) -> tuple[str, str] | None:
+
+def strategy_conflict(strategy: str, compute_policy: str, compute_limit_set: bool,
+                      priority: str = BATCH) -> tuple[str, str] | None:
     """(field, problem) when a config's fields cannot hold under `strategy`, else None."""
     if compute_policy == "Burst" and strategy != TIME_SLICING:
         why = ("the MPS server's active-thread percentage is a fixed ceiling" if strategy == MPS
@@ -28,6 +36,9 @@ def strategy_conflict(strategy: str, compute_policy: str, compute_limit_set: boo
     if compute_limit_set and strategy == NONE:
         return "computeLimit", (f"sharingStrategy {NONE} enforces no compute share (the application limits "
                                 f"itself); leave computeLimit out or choose {TIME_SLICING} or {MPS}")
+    if priority == LATENCY and strategy != MPS:
+        return "priority", (f"{LATENCY} needs sharingStrategy {MPS} (the DeviceClass mps.gpushare.dev): under "
+                            f"{strategy} a request waits for the other contexts' time slice and a context switch")
     return None
 
 

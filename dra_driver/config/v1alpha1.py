@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from ..quantity import QuantityError, parse_bytes
 from .errors import ConfigError
-from .strategies import SHARING_STRATEGIES, TIME_SLICING, strategy_conflict
+from .strategies import BATCH, PRIORITIES, SHARING_STRATEGIES, TIME_SLICING, strategy_conflict
 
 API_VERSION = "gpushare.dev/v1alpha1"
 
@@ -26,6 +26,7 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "computeLimit": (int,),
     "computePolicy": (str,),
     "sharingStrategy": (str,),
+    "priority": (str,),
 }
 
 
@@ -35,6 +36,7 @@ class GpuShareConfigV1alpha1:
     computeLimit: int | None = None
     computePolicy: str | None = None
     sharingStrategy: str | None = None  # unset: the DeviceClass's choice, else TimeSlicing
+    priority: str | None = None  # Batch or Latency; unset: the DeviceClass's choice, else Batch
 
     def normalize(self) -> None:
         """Fill defaults."""
@@ -51,15 +53,20 @@ class GpuShareConfigV1alpha1:
         if self.sharingStrategy is not None and self.sharingStrategy not in SHARING_STRATEGIES:
             raise ConfigError("sharingStrategy", self.sharingStrategy, "must be " + ", ".join(SHARING_STRATEGIES[:-1])
                               + " or " + SHARING_STRATEGIES[-1])
+        if self.priority is not None and self.priority not in PRIORITIES:
+            raise ConfigError("priority", self.priority, "must be " + " or ".join(PRIORITIES))
+        # a Latency claim usually leaves the strategy to its DeviceClass (mps.gpushare.dev): only a
+        # strategy named here conflicts with it here; Prepare checks the merged configs
+        priority = (self.priority or BATCH) if self.sharingStrategy is not None else BATCH
         conflict = strategy_conflict(self.sharingStrategy or TIME_SLICING, self.computePolicy or "Hard",
-                                     self.computeLimit is not None)
+                                     self.computeLimit is not None, priority)
         if conflict:
             field, problem = conflict
             raise ConfigError(field, getattr(self, field), problem)
 
     def to_internal(self, hub: Callable[..., _Hub]) -> _Hub:
         return hub(memory_limit=self.memoryLimit, compute_limit=self.computeLimit,
-                   compute_policy=self.computePolicy, sharing_strategy=self.sharingStrategy)
+                   compute_policy=self.computePolicy, sharing_strategy=self.sharingStrategy, priority=self.priority)
 
 
 def decode(obj: dict[str, Any]) -> GpuShareConfigV1alpha1:
@@ -72,7 +79,7 @@ def decode(obj: dict[str, Any]) -> GpuShareConfigV1alpha1:
                                 {str: "string", int: "integer"}[t] for t in _FIELDS[key])
             raise ConfigError(key, value, f"expected {names}")
     config = GpuShareConfigV1alpha1(computeLimit=obj.get("computeLimit"), computePolicy=obj.get("computePolicy"),
-                                    sharingStrategy=obj.get("sharingStrategy"))
+                                    sharingStrategy=obj.get("sharingStrategy"), priority=obj.get("priority"))
     if "memoryLimit" in obj:
         try:
             config.memoryLimit = parse_bytes(obj["memoryLimit"], "memoryLimit")

@@ -173,6 +173,13 @@ spec:
     assert ("spec.devices.config[0].opaque.parameters.memoryLimit: not a valid quantity "
             "(examples: 4Gi, 512Mi, 1500000000) (got '4Gx')") in out.stderr, out.stderr
     assert kube.run("get", "resourceclaim", "bad-config", check=False).returncode != 0
+    # a rule across two fields: a Latency claim that names a time-sliced strategy
+    latency = bad.replace("memoryLimit: 4Gx", "sharingStrategy: TimeSlicing\n          priority: Latency")
+    out = kube.run("apply", "-f", "-", input=latency, check=False)
+    assert out.returncode != 0, out.stdout
+    assert ("spec.devices.config[0].opaque.parameters.priority: Latency needs sharingStrategy MPS (the DeviceClass "
+            "mps.gpushare.dev): under TimeSlicing a request waits for the other contexts' time slice and a context "
+            "switch (got 'Latency')") in out.stderr, out.stderr
 
 
 def test_an_extended_resource_pod_gets_a_claim_from_the_real_scheduler(installed):

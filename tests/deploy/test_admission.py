@@ -73,6 +73,9 @@ GOOD = [
     {**HEAD, "sharingStrategy": "TimeSlicing", "computePolicy": "Burst", "computeLimit": 30},
     {**HEAD, "sharingStrategy": "MPS", "computeLimit": 30, "memoryLimit": "4Gi"},
     {**HEAD, "sharingStrategy": "None", "memoryLimit": "4Gi", "computePolicy": "Hard"},
+    {**HEAD, "priority": "Latency"},  # its strategy from the DeviceClass (mps.gpushare.dev); Prepare checks the merge
+    {**HEAD, "sharingStrategy": "MPS", "priority": "Latency", "computeLimit": 50},
+    {**HEAD, "sharingStrategy": "TimeSlicing", "priority": "Batch"},
 ]
 BAD = [
     {**HEAD, "memoryLimit": "-4Gi"},
@@ -102,6 +105,12 @@ BAD = [
     {**HEAD, "sharingStrategy": "None", "computePolicy": "Burst"},
     {**HEAD, "sharingStrategy": "MPS", "computePolicy": "Burst"},
     {**HEAD, "sharingStrategy": "None", "computeLimit": 30},
+    {**HEAD, "priority": "latency"},
+    {**HEAD, "priority": "High"},
+    {**HEAD, "priority": 0},
+    {**HEAD, "priority": None},
+    {**HEAD, "sharingStrategy": "TimeSlicing", "priority": "Latency"},
+    {**HEAD, "sharingStrategy": "None", "priority": "Latency"},
     {**HEAD, "memorylimit": "4Gi"},
     {**HEAD, "extra": None},
     {**HEAD, "apiVersion": "gpushare.dev/v9"},

@@ -115,3 +115,30 @@ def test_one_claim_of_each_strategy_on_one_gpu_gets_its_own_injection(api, kubel
                     "None": (False, None, None)}        # nothing injected
     for claim in claims:
         kubelet.unprepare(claim)
+
+
+def test_latency_claim_needs_mps_and_gets_normal_mps_priority_beside_batch(api, kubelet, dirs):
+    """`priority: Latency` (docs/compute.md, "Latency"): refused on a time-sliced claim naming the
+    field, its entry and where the strategy came from; under MPS its client's streams get MPS's
+    NORMAL priority, a Batch claim's BELOW_NORMAL, and the choice survives in prepared.json."""
+    _, error = prepare(api, kubelet, opaque_config(gpushare_config(priority="Latency")))
+    assert error == ("status.allocation.devices.config[0].opaque.parameters.priority: Latency needs sharingStrategy "
+                     "MPS (the DeviceClass mps.gpushare.dev): under TimeSlicing a request waits for the other "
+                     "contexts' time slice and a context switch (got 'Latency'; sharingStrategy TimeSlicing by "
+                     "default)")
+    _, error = prepare(api, kubelet, opaque_config(gpushare_config(sharingStrategy="None"), source="FromClass"),
+                       opaque_config(gpushare_config(priority="Latency")))
+    assert error.startswith("status.allocation.devices.config[1].opaque.parameters.priority: Latency needs "), error
+    assert error.endswith("(got 'Latency'; sharingStrategy None from status.allocation.devices.config[0])"), error
+    mps_class = opaque_config(gpushare_config(sharingStrategy="MPS"), source="FromClass")
+    latency, error = prepare(api, kubelet, mps_class, opaque_config(gpushare_config(priority="Latency")),
+                             results=[result("gpu-0-share-0")])
+    assert error == ""
+    batch, error = prepare(api, kubelet, mps_class, results=[result("gpu-0-share-1")])
+    assert error == ""
+    assert env_of(load_spec(dirs, latency.uid))["CUDA_MPS_CLIENT_PRIORITY"] == "0"
+    assert env_of(load_spec(dirs, batch.uid))["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+    for claim, priority in ((latency, "Latency"), (batch, "Batch")):
+        with open(os.path.join(dirs.state, "claims", claim.uid, "prepared.json")) as f:
+            assert PreparedClaim.from_json(json.load(f)).priority == priority
+        kubelet.unprepare(claim)
