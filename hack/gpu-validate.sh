@@ -18,7 +18,8 @@
 #      the 30-client's part of the pair's work within 3 points, the pair's work vs solo
 #      recorded (the H100: 75 %); two small-kernel inference clients (batch-1 MLP) at 50/50 do
 #      more than 1.5x one alone; a server at 30 holds a client whose variable says 100, a
-#      client at 10 gets 10; an inference client's p50/p99 beside a busy one
+#      client at 10 gets 10; an inference client's p50/p99 beside a busy one; `priority: Latency`:
+#      the client (CUDA_MPS_CLIENT_PRIORITY 0) beside a Batch matmul (1), p99 <= 1.5x alone
 #   7. issue 29 (also with --sim): the simulator's calibration figures (two busy contexts, a
 #      kernel's event pair beside a busy one, a client's latency, the launch rate) and the
 #      untuned share cases of hack/bench-share, with the probe
@@ -402,6 +403,18 @@ lat_mps=$(mps_run "$d" - serve 8); wait $nb
 mps_stop "$d"
 check "MPS 50/50: inference client beside a busy one (recorded)" 1 \
     "p50/p99 alone $(echo "$lat_alone" | val p50_ms)/$(echo "$lat_alone" | val p99_ms), MPS $(echo "$lat_mps" | val p50_ms)/$(echo "$lat_mps" | val p99_ms) ms"
+# priority: Latency (docs/compute.md, "Latency"): the client's streams NORMAL, a busy Batch
+# matmul client's BELOW_NORMAL, as the plugin's CDI spec sets them; the client's p99 against its
+# p99 alone on the GPU (target <= 1.5x), and the batch client's speed alone and beside it
+d="$WORK/mps-latency-option"; mps_start "$d" 50
+batch_alone=$(pct "$(CUDA_MPS_CLIENT_PRIORITY=1 mps_run "$d" - matmul 5)" "${SOLO[matmul]}")
+CUDA_MPS_CLIENT_PRIORITY=1 mps_run "$d" - matmul 10 > "$d/batch.rate" & nb=$!; sleep 1
+lat_opt=$(CUDA_MPS_CLIENT_PRIORITY=0 mps_run "$d" - serve 8); wait $nb
+mps_stop "$d"
+p99a=$(echo "$lat_alone" | val p99_ms); p99o=$(echo "$lat_opt" | val p99_ms)
+check "priority Latency, MPS 50/50: client p99 <= 1.5x alone beside a Batch matmul" \
+    "$(awk -v a="$p99o" -v b="$p99a" 'BEGIN { print ((a <= 1.5 * b) ? 1 : 0) }')" \
+    "p50/p99 alone $(echo "$lat_alone" | val p50_ms)/$p99a, beside $(echo "$lat_opt" | val p50_ms)/$p99o ms; batch ${batch_alone}% of solo alone, $(pct "$(cat "$d/batch.rate")" "${SOLO[matmul]}")% beside"
 
 # 7. issue 29, with the probe's spin kernels (so it runs with --sim too): what the simulator is
 # calibrated to (docs/compute.md, "The simulated GPU": no library), then the untuned cases of

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 
 from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec
-from dra_driver.config import MPS
+from dra_driver.config import LATENCY, MPS
 from kubeletplugin import mpslayout
 
 from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
@@ -132,9 +132,10 @@ def mps_edits(claim: PreparedClaim, state_dir: str, shm: bool = False) -> tuple[
     there) is the containers' /dev/shm, shared by every MPS claim of the GPU (docs/security.md).
     """
     gpu = claim.gpus[0]
+    client_priority = mpslayout.PRIORITY_NORMAL if claim.priority == LATENCY else mpslayout.PRIORITY_BELOW_NORMAL
     env = [f"{mpslayout.PIPE_ENV}={mpslayout.CONTAINER_PIPE_DIR}", f"{mpslayout.THREAD_ENV}={gpu.compute_limit}",
            f"{mpslayout.PINNED_ENV}=0={mpslayout.mebibytes(gpu.memory_limit)}",
-           f"{mpslayout.PRIORITY_ENV}={mpslayout.CLIENT_PRIORITY[claim.priority]}"]
+           f"{mpslayout.PRIORITY_ENV}={client_priority}"]
     mounts = [Mount(mpslayout.pipe_dir(state_dir, gpu.uuid), mpslayout.CONTAINER_PIPE_DIR, _RO)]
     if shm:
         mounts.append(Mount(mpslayout.shm_dir(state_dir, gpu.uuid), "/dev/shm", _RW))

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import os
 
-from dra_driver.config.strategies import BATCH, LATENCY
-
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 THREAD_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 PINNED_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-# MPS's client priority (NVIDIA's MPS guide, "CUDA_MPS_CLIENT_PRIORITY"): 0 NORMAL, 1 BELOW_NORMAL,
-# the default priority of the client's streams; a tenant may change its own (docs/security.md)
+# MPS's client priority (NVIDIA's MPS guide, "CUDA_MPS_CLIENT_PRIORITY"): the default priority of
+# the client's streams; a tenant may change its own (docs/security.md)
 PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"
-CLIENT_PRIORITY = {LATENCY: 0, BATCH: 1}
+PRIORITY_NORMAL, PRIORITY_BELOW_NORMAL = 0, 1
 
 # MPS's own default pipe folder; also where NVIDIA's DRA driver mounts the pipe folder.
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
