@@ -123,10 +123,14 @@ static uint32_t demand_now(struct sim_queue *q, uint64_t *left)
 
 /* MPS (calibration: docs/compute.md). Each client's kernel takes the SMs it asks for up to its
  * active-thread share (scaled down together when they ask for more than the GPU has) and runs
- * at (SMs it got) / (SMs it asked for) of its solo speed; kernels of clients running together
- * lose MPS_LOSS_PPM times the share of the SMs in use, to the memory system they share. The
- * H100 (2026-11-22): 30/70 clients of large matmuls did 75 % of solo work together. */
-#define MPS_LOSS_PPM 250000u
+ * at (SMs it got) / (SMs it asked for) of its solo speed, times MPS_HELD_PPM when it got fewer
+ * than it asked for; kernels of clients running together lose MPS_LOSS_PPM times the share of
+ * the SMs in use, to the memory system they share. The H100 (2026-11-22): 30/70 clients of large
+ * matmuls did 75 % of solo work together (0.82 x (1 - 0.085)), the 30-client 30.1 % of it. */
+#define MPS_LOSS_PPM 85000u
+/* a kernel held to fewer SMs than its grid asks for (by its client's share) runs at this part of
+ * (SMs got) / (SMs asked): the H100 ran a client at 30 % alone at 24.6 % of solo */
+#define MPS_HELD_PPM 820000u
 
 /* who of r's context runs now and at what rate (ppm GPU-ns per ns); left: GPU ns until its
  * demand changes. Returns how many. */
@@ -155,6 +159,7 @@ static int runners(int dev, int r, int *who, uint32_t *rate, uint64_t *left)
     for (int i = 0; i < n; i++) {
         uint64_t g = sum > SIM_FULL ? (uint64_t)got[i] * SIM_FULL / sum : got[i];
         uint64_t x = g * keep / ask[i];
+        if (g < ask[i]) x = x * MPS_HELD_PPM / SIM_FULL;
         rate[i] = x < 1 ? 1 : x > SIM_FULL ? SIM_FULL : (uint32_t)x;
     }
     return n;

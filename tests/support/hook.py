@@ -92,6 +92,12 @@ def kv(text: str) -> dict:
     return out
 
 
+# The simulated MPS (hook/sim/sim_sched.c): a kernel its client's share holds to fewer SMs than
+# its grid asks for runs at this part of them. The H100: a client at 30 % of the SMs alone ran
+# 4096 matmuls at 24.6 % of solo (docs/compute.md, "The simulated GPU").
+MPS_HELD = 0.82
+
+
 def throughput(out: dict, kernel_us: float) -> float:
     """GPU work a `gpushare-probe launch` did within its window, as a fraction of the GPU's solo
     speed (kernels of kernel_us each)."""
