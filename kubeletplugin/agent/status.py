@@ -34,7 +34,8 @@ def device_entries(driver: str, claim: PreparedClaim) -> Patch:
         entry: dict[str, Any] = {
             "driver": driver, "pool": d.pool_name, "device": d.device_name,
             "data": {"uuid": gpu.uuid, "memoryLimit": str(gpu.memory_limit), "computeLimit": gpu.compute_limit,
-                     "computePolicy": gpu.compute_policy, "sharingStrategy": claim.sharing_strategy}}
+                     "computePolicy": gpu.compute_policy, "sharingStrategy": claim.sharing_strategy,
+                     "priority": claim.priority}}
         if d.share_id:
             entry["shareID"] = d.share_id
         entries.append(entry)

@@ -94,7 +94,8 @@ def test_claim_status_written_and_cleared(node):
     d = devices[0]
     assert (d["driver"], d["pool"], d["device"]) == ("gpushare.dev", "node-a", "gpu-0")
     assert d["data"] == {"uuid": "GPU-5ea1c0de-0000-4000-8000-000000000000", "memoryLimit": str(512 * MiB),
-                         "computeLimit": 20, "computePolicy": "Hard", "sharingStrategy": "TimeSlicing"}
+                         "computeLimit": 20, "computePolicy": "Hard", "sharingStrategy": "TimeSlicing",
+                         "priority": "Batch"}
     node.kubelet.unprepare(ref)
     wait_for(lambda: not (node.read_claim(ref).get("status") or {}).get("devices"))
 
