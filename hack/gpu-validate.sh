@@ -475,6 +475,7 @@ untuned "30/70, 4 us kernels" 30:Hard:4 70:Hard:4
 untuned "bursty Hard 50 + steady Burst 50" 50:Hard:2650:--on-ms,50,--off-ms,50 50:Burst:2650
 untuned "3 tenants 20/30/50: 2.65 ms, 50 us, 4 us" 20:Hard:2650 30:Hard:50 50:Hard:4
 untuned "30/70, the 30 on 8 streams" 30:Hard:2650:--streams,8 70:Hard:2650
+untuned "Hard 10 of 12 ms kernels beside Hard 90" 10:Hard:12000 90:Hard:2650
 
 echo
 printf '%-52s %-4s %s\n' "check" "" "detail"
