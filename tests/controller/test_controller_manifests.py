@@ -9,7 +9,7 @@ from kubernetes import client
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FILES = [ROOT / "deploy/base/deviceclass.yaml", ROOT / "deploy/base/rbac.yaml",
-         *sorted((ROOT / "deploy/examples").glob("*.yaml"))]
+         *sorted((ROOT / "deploy/examples").glob("*.yaml")), *sorted((ROOT / "deploy/examples/mps").glob("*.yaml"))]
 VERSIONS = ["1.34", kubernetes_validate.utils.latest_version()]
 
 

@@ -18,8 +18,10 @@ from tests.support.playground import NODE, applied, meminfo, objects, playground
 
 ROOT = Path(__file__).parents[2]
 # Every example that runs beside the others on 2 GPUs: extended-resources/ takes a whole GPU or
-# needs partition mode (tests below and test_playground_partition.py run them).
-EXAMPLES = sorted(p for p in (ROOT / "deploy" / "examples").glob("**/*.yaml") if "extended-resources" not in p.parts)
+# needs partition mode (tests below and test_playground_partition.py run them), mps/ a GPU that
+# serves MPS claims (test_playground_mps.py).
+EXAMPLES = sorted(p for p in (ROOT / "deploy" / "examples").glob("**/*.yaml")
+                  if not {"extended-resources", "mps"} & set(p.parts))
 
 
 @pytest.fixture(scope="module")

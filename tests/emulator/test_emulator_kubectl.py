@@ -23,7 +23,7 @@ ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
 # The README's examples (deploy/examples/e2e is hack/e2e-kind.sh's scenario; no object of one
 # set has the name of another's, so both apply in one go: test_examples_and_e2e_apply_together).
-EXAMPLES = sorted((DEPLOY / "examples").glob("*.yaml"))
+EXAMPLES = sorted((DEPLOY / "examples").glob("*.yaml")) + sorted((DEPLOY / "examples" / "mps").glob("*.yaml"))
 
 
 @pytest.fixture(scope="module")
