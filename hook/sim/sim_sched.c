@@ -123,9 +123,10 @@ static uint32_t demand_now(struct sim_queue *q, uint64_t *left)
 
 /* MPS (calibration: docs/compute.md). Each client's kernel takes the SMs it asks for up to its
  * active-thread share (scaled down together when they ask for more than the GPU has) and runs
- * at (SMs it got) / (SMs it asked for) of its solo speed, times MPS_HELD_PPM when it got fewer
- * than it asked for; kernels of clients running together lose MPS_LOSS_PPM times the share of
- * the SMs in use, to the memory system they share. The H100 (2026-11-22): 30/70 clients of large
+ * at (SMs it got) / (SMs it asked for) of its solo speed, times MPS_HELD_PPM when its share is
+ * fewer SMs than it asked for (clients that only ask together for more than the GPU has are not
+ * held so); kernels of clients running together lose MPS_LOSS_PPM times the share of the SMs in
+ * use, to the memory system they share. The H100 (2026-11-22): 30/70 clients of large
  * matmuls did 75 % of solo work together (0.82 x (1 - 0.085)), the 30-client 30.1 % of it. */
 #define MPS_LOSS_PPM 85000u
 /* a kernel held to fewer SMs than its grid asks for (by its client's share) runs at this part of
@@ -159,7 +160,7 @@ static int runners(int dev, int r, int *who, uint32_t *rate, uint64_t *left)
     for (int i = 0; i < n; i++) {
         uint64_t g = sum > SIM_FULL ? (uint64_t)got[i] * SIM_FULL / sum : got[i];
         uint64_t x = g * keep / ask[i];
-        if (g < ask[i]) x = x * MPS_HELD_PPM / SIM_FULL;
+        if (got[i] < ask[i]) x = x * MPS_HELD_PPM / SIM_FULL; /* held by its share, not by the others */
         rate[i] = x < 1 ? 1 : x > SIM_FULL ? SIM_FULL : (uint32_t)x;
     }
     return n;
