@@ -83,6 +83,7 @@ CONTROL: dict[str, Field] = {
     "slot": Field(16, 8),            # start_us | length_us << 32, one aligned 64-bit store
     "period_us": Field(24, 4),
     "procs": Field(28, 4),           # the claim's processes on the GPU (agent's count); 0 = unknown
+    "lent_us": Field(32, 4),         # a Burst claim's lent span right before its slot; 0 = none
 }
 
 

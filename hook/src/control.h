@@ -21,6 +21,9 @@ struct gs_control {
     uint32_t procs;     /* 28: the claim's processes on this GPU as the agent sees them (NVML,
                                mapped from kernel facts); 0 = unknown. A process that finds the
                                claim's shared timeline forged paces itself at rate / procs */
+    uint32_t lent_us;   /* 32: a busy Burst claim's lent span, the lent_us right before its slot: the
+                               idle tail of the busy Hard claim's slot before it, where it launches
+                               while the GPU runs no other work (docs/compute.md); 0 = none */
 };
 
 _Static_assert(__builtin_offsetof(struct gs_control, version) == 8, "layout");
@@ -28,6 +31,7 @@ _Static_assert(__builtin_offsetof(struct gs_control, rate_ppm) == 12, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, slot) == 16, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, period_us) == 24, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, procs) == 28, "layout");
+_Static_assert(__builtin_offsetof(struct gs_control, lent_us) == 32, "layout");
 
 /* The agent's rate, or 0 (none yet, or a header this library does not know). The agent writes
  * magic and version before the first rate, so a rate seen here comes with its header. */
@@ -58,6 +62,14 @@ static inline uint32_t gs_control_procs(const struct gs_control *c)
     uint32_t n = __atomic_load_n(&c->procs, __ATOMIC_RELAXED);
     if (n == 0 || __atomic_load_n(&c->magic, __ATOMIC_RELAXED) != GS_CONTROL_MAGIC) return 1;
     return n > 4096 ? 4096 : n;
+}
+
+/* The claim's lent span right before its slot in ns, 0 = none. */
+static inline uint64_t gs_control_lent(const struct gs_control *c)
+{
+    uint64_t l = __atomic_load_n(&c->lent_us, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&c->magic, __ATOMIC_RELAXED) != GS_CONTROL_MAGIC) return 0;
+    return l * 1000;
 }
 
 #endif

@@ -45,11 +45,15 @@
 #define QUEUE_NS 10000000ull      /* in its slot a process queues at most this much work ahead */
 #define LATE_NS (2 * QUEUE_NS)      /* late work is looked for this long after a slot's first launch */
 #define DRAIN_POLL_NS 100000ull   /* how often a slot's first launch looks whether the earlier work ran */
+#define LENT_AHEAD_NS 500000ull   /* in a lent span a process queues this much beyond its running work */
+#define LENT_LATE_NS 1000000ull   /* a lent marker this late: another context has work on the GPU */
+#define LENT_SKIP_NS 5000000ull   /* then its next lent spans begin this much after where it saw that */
+#define LENT_DECAY_NS 4000000ull  /* and a span with no other work seen begins this much earlier */
 enum { KIND_KERNEL = 0, KIND_GRAPH = 1 };
 
 struct launch {
     struct gpu_state *g;  /* NULL: not paced */
-    int kind, ptsz, sampling;
+    int kind, ptsz, sampling, lent;
     uintptr_t key;
     CUstream stream;
 };
@@ -258,14 +262,15 @@ static void mark_drain(struct gpu_state *g, CUstream s, int ptsz, int captures)
 /* in the claim's slot, before booking: see the comment above. Returns the time it goes on at,
  * in a slot of the claim. */
 static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int captures, uint64_t now, uint64_t start,
-                          uint64_t len, uint64_t period, uint64_t cost)
+                          uint64_t len, uint64_t lent, uint64_t period, uint64_t cost)
 {
     int shared = len < period;
     for (;;) {
         uint64_t phase = slot_phase(now, start, period), opens = now - phase, end = opens + len;
-        if (phase >= len) { /* the slot ended while the earlier work ran: the next one */
-            uint64_t next = opens + period;
-            now = hold_until(g, now, next);
+        if (phase >= len) { /* the slot ended while the earlier work ran: the next one, or the lent span before it */
+            uint64_t next = opens + period - lent; /* the lent span may have begun */
+            now = next > now ? hold_until(g, now, next) : now;
+            if (lent) return now;
             continue;
         }
         uint64_t no = (now + period - start) / period;
@@ -305,16 +310,97 @@ static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int capture
         /* a claim under its share (this process not held back within the last period) is not
          * held: it launches at once, anywhere */
         if (__atomic_load_n(&g->held_ns, __ATOMIC_RELAXED) + period < now) return now;
-        /* it would end past the slot: the next slot, after the work queued now has run */
+        /* it would end past the slot: the next slot, or the lent span before it, after the work
+         * queued now has run */
         mark_drain(g, s, ptsz, captures);
-        now = hold_until(g, now, opens + period);
+        now = hold_until(g, now, opens + period - lent);
+        if (lent) return now;
     }
+}
+
+/* ------------------------------------------------------------------ the lent span
+ * A busy Burst claim whose slot follows a busy Hard claim's that the Hard claim leaves partly idle
+ * (it charged less GPU time than its slot holds) is lent the idle tail of that slot: lent_us right
+ * before its own slot (control file; the agent leaves a margin after the owner's GPU time). There
+ * it launches while the GPU runs no other work, never on its timeline: it keeps at most
+ * LENT_AHEAD_NS queued beyond its running work, a marker event after it. A marker LENT_LATE_NS
+ * later than it should have run means another context has work (the owner's: time slicing made
+ * our kernel wait): the process gives up the rest of the span, and its next spans begin
+ * LENT_SKIP_NS after where it saw that, LENT_DECAY_NS earlier for each span it sees no other work
+ * in. So the owner loses about a slice at most once a period, and where its work ends at the same
+ * place every period, not even that. Its work in the span runs on into its own slot, the same
+ * context: no switch. Returns 1 with *now set when the launch goes now in the lent span, 0 when it
+ * is not in it (then the usual rules apply). */
+static int lent_turn(struct gpu_state *g, uint64_t *nowp, uint64_t start, uint64_t lent, uint64_t period, uint64_t cost)
+{
+    uint64_t now = *nowp, lstart = (start + period - lent) % period;
+    for (;;) {
+        uint64_t phase = slot_phase(now, lstart, period);
+        if (phase >= lent) break;
+        uint64_t end = now - phase + lent, wait = 0; /* its own slot begins */
+        uint64_t no = (now + period - lstart) / period;
+        if (__atomic_exchange_n(&g->lent_span, no, __ATOMIC_RELAXED) != no && !__atomic_exchange_n(&g->lent_hit, 0, __ATOMIC_RELAXED)) {
+            uint64_t skip = __atomic_load_n(&g->lent_skip_ns, __ATOMIC_RELAXED);
+            __atomic_store_n(&g->lent_skip_ns, skip > LENT_DECAY_NS ? skip - LENT_DECAY_NS : 0, __ATOMIC_RELAXED);
+        }
+        uint64_t until = __atomic_load_n(&g->lent_until_ns, __ATOMIC_RELAXED), skip = __atomic_load_n(&g->lent_skip_ns, __ATOMIC_RELAXED);
+        if (until < now - phase + skip) until = now - phase + skip;
+        uint64_t q = __atomic_load_n(&g->lent_qend_ns, __ATOMIC_RELAXED);
+        if (q < now) q = now;
+        if (now < until) {
+            wait = until;
+        } else if (__atomic_load_n(&g->lent_pending, __ATOMIC_ACQUIRE)) {
+            uint64_t pred = __atomic_load_n(&g->lent_pred_ns, __ATOMIC_RELAXED);
+            if (real_cuEventQuery(g->lent_ev) != CUDA_ERROR_NOT_READY) {
+                __atomic_store_n(&g->lent_pending, 0, __ATOMIC_RELAXED);
+                continue;
+            }
+            if (now > pred + LENT_LATE_NS) { /* the GPU is not ours: the owner's turn, for the rest of the span */
+                uint64_t s = phase + LENT_SKIP_NS < lent ? phase + LENT_SKIP_NS : lent;
+                if (s > skip) __atomic_store_n(&g->lent_skip_ns, s, __ATOMIC_RELAXED);
+                __atomic_store_n(&g->lent_hit, 1, __ATOMIC_RELAXED);
+                __atomic_store_n(&g->lent_until_ns, end, __ATOMIC_RELAXED);
+                continue;
+            }
+            if (q > now + LENT_AHEAD_NS)
+                wait = pred + LENT_LATE_NS + 1 < q - LENT_AHEAD_NS ? pred + LENT_LATE_NS + 1 : q - LENT_AHEAD_NS;
+        } else if (q > now + LENT_AHEAD_NS) {
+            wait = q - LENT_AHEAD_NS;
+        }
+        if (!wait) {
+            __atomic_store_n(&g->lent_qend_ns, q + cost, __ATOMIC_RELAXED);
+            *nowp = now;
+            return 1;
+        }
+        if (wait > end) wait = end;
+        if (wait < now + DRAIN_POLL_NS && wait < end) wait = now + DRAIN_POLL_NS;
+        sleep_until(wait);
+        now = gs_now_ns();
+    }
+    *nowp = now;
+    return 0;
+}
+
+/* after a launch in the lent span: a marker after it, unless one is in flight */
+static void lent_mark(struct gpu_state *g, CUstream s, int ptsz)
+{
+    if (__atomic_load_n(&g->lent_pending, __ATOMIC_ACQUIRE) || capturing(s, ptsz)) return;
+    if (!g->lent_ev && real_cuEventCreate(&g->lent_ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->lent_ev = NULL;
+    if (g->lent_ev && record(g->lent_ev, s, ptsz) == CUDA_SUCCESS) {
+        __atomic_store_n(&g->lent_pred_ns, __atomic_load_n(&g->lent_qend_ns, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+        __atomic_store_n(&g->lent_pending, 1, __ATOMIC_RELEASE);
+        return;
+    }
+    if (g->lent_ev) real_cuEventDestroy_v2(g->lent_ev);
+    g->lent_ev = NULL;
+    __atomic_store_n(&g->lent_off, 1, __ATOMIC_RELAXED); /* an event of another context: no lent span */
 }
 
 static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr_t key)
 {
     L->g = NULL;
     L->sampling = 0;
+    L->lent = 0;
     ensure_cuda();
     if (g_launch_mode != LAUNCH_PACE) return;
     struct gpu_state *g = current_gpu();
@@ -337,60 +423,82 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
          * one context; several processes of a claim are contexts that slice its slot between
          * them, and each one's prediction would be wrong) */
         int in_slot = 0, handover = slotted && !g->mps && gs_control_procs(g->control) <= 1;
-        uint64_t floor = now;
-        if (slotted) { /* in the slot: up to the next slot's start, a period's worth */
-            if (handover && slot_phase(now, start, period) < len) now = slot_turn(g, s, ptsz, captures, now, start, len, period, cost);
-            uint64_t phase = slot_phase(now, start, period); /* since the slot began */
-            in_slot = phase < len;
-            next_slot = now + period - phase;
-            ahead = in_slot ? period - phase : OUT_BURST_NS;
-            if (in_slot) floor = now - phase; /* a late wake-up does not cost the claim its time */
-        }
-        uint64_t rate = rate_ppm(g);
-        uint64_t interval = cost * 1000000 / rate;
-        if (in_slot && __atomic_exchange_n(&g->switch_owed, 0, __ATOMIC_RELAXED)) interval += SWITCH_NS * 1000000 / rate;
-        uint64_t base = book_shared(g, now, floor, interval);
-        int forged = __atomic_load_n(&g->forged, __ATOMIC_RELAXED);
-        uint64_t alone = forged && g->control ? gs_control_procs(g->control) : 1;
-        /* forged: a GCRA of its own that may catch up a period it lost waiting for its slot */
-        uint64_t tolerance = slotted ? period : BURST_NS;
-        uint64_t mine = book(&g->my_tat_ns, now, forged && now > tolerance ? now - tolerance : floor, interval * alone);
-        if (mine > base) base = mine;
-        __atomic_add_fetch(&g->region.hdr->pace_gpu_ns, cost, __ATOMIC_RELAXED);
-        if (base > now + ahead) {
-            /* slotted: at the latest when a slot opens in which the booking fits (a period's worth
-             * from its start). Waking at the next slot whatever was booked let each waiting process
-             * launch once a period: a claim's processes together, or one whose launch costs more
-             * than a period of its rate, took more than the share (4 MPS clients of a 25 % claim:
-             * 46 % of the work beside a neighbour) */
-            uint64_t wake = base - ahead;
-            if (slotted) {
-                uint64_t opens = next_slot;
-                if (base > opens + period) opens += (base - opens - period + period - 1) / period * period;
-                if (in_slot || opens < wake) wake = opens;
-            }
-            if (handover) mark_drain(g, s, ptsz, captures);
-            now = hold_until(g, now, wake);
-            if (handover && slot_phase(now, start, period) < len) /* a new slot: its first launch */
-                now = slot_turn(g, s, ptsz, captures, now, start, len, period, cost);
-        }
-        if (forged) { /* the private bucket alone holds the claim: a plain GCRA, no slot shortcut */
-            if (mine > now + tolerance) {
-                uint64_t wake = mine - tolerance;
-                if (slotted) { /* in the claim's slot, as its other launches (clean cost samples) */
-                    uint64_t phase = slot_phase(wake, start, period);
-                    if (phase >= len) wake += period - phase;
+        uint64_t lent = handover && !captures && !__atomic_load_n(&g->lent_off, __ATOMIC_RELAXED)
+                        ? gs_control_lent(g->control) : 0;
+    again:
+        if (lent && lent_turn(g, &now, start, lent, period, cost)) { /* lent: not on the timeline */
+            L->lent = 1;
+            __atomic_add_fetch(&g->region.hdr->pace_gpu_ns, cost, __ATOMIC_RELAXED);
+        } else {
+            uint64_t floor = now;
+            if (slotted) { /* in the slot: up to the next slot's start, a period's worth */
+                if (handover && slot_phase(now, start, period) < len) {
+                    now = slot_turn(g, s, ptsz, captures, now, start, len, lent, period, cost);
+                    if (lent && slot_phase(now, start, period) >= len) goto again; /* it went on to the lent span */
                 }
+                uint64_t phase = slot_phase(now, start, period); /* since the slot began */
+                in_slot = phase < len;
+                next_slot = now + period - phase;
+                ahead = in_slot ? period - phase : OUT_BURST_NS;
+                if (in_slot) floor = now - phase; /* a late wake-up does not cost the claim its time */
+                if (lent) { /* a booking that would wait for the next slot waits, unbooked, for the lent
+                             * span before it */
+                    uint64_t old = __atomic_load_n(&g->region.hdr->pace_tat_ns, __ATOMIC_RELAXED);
+                    uint64_t mine = __atomic_load_n(&g->my_tat_ns, __ATOMIC_RELAXED);
+                    uint64_t est = old < now + TAT_SANE_NS && old > mine ? old : mine;
+                    if (est > now + ahead) {
+                        mark_drain(g, s, ptsz, captures);
+                        now = hold_until(g, now, now + slot_phase(start + period - lent, now % period, period));
+                        goto again;
+                    }
+                }
+            }
+            uint64_t rate = rate_ppm(g);
+            uint64_t interval = cost * 1000000 / rate;
+            if (in_slot && __atomic_exchange_n(&g->switch_owed, 0, __ATOMIC_RELAXED)) interval += SWITCH_NS * 1000000 / rate;
+            uint64_t base = book_shared(g, now, floor, interval);
+            int forged = __atomic_load_n(&g->forged, __ATOMIC_RELAXED);
+            uint64_t alone = forged && g->control ? gs_control_procs(g->control) : 1;
+            /* forged: a GCRA of its own that may catch up a period it lost waiting for its slot */
+            uint64_t tolerance = slotted ? period : BURST_NS;
+            uint64_t mine = book(&g->my_tat_ns, now, forged && now > tolerance ? now - tolerance : floor, interval * alone);
+            if (mine > base) base = mine;
+            __atomic_add_fetch(&g->region.hdr->pace_gpu_ns, cost, __ATOMIC_RELAXED);
+            if (base > now + ahead) {
+                /* slotted: at the latest when a slot opens in which the booking fits (a period's worth
+                 * from its start). Waking at the next slot whatever was booked let each waiting process
+                 * launch once a period: a claim's processes together, or one whose launch costs more
+                 * than a period of its rate, took more than the share (4 MPS clients of a 25 % claim:
+                 * 46 % of the work beside a neighbour) */
+                uint64_t wake = base - ahead;
+                if (slotted) {
+                    uint64_t opens = next_slot;
+                    if (base > opens + period) opens += (base - opens - period + period - 1) / period * period;
+                    if (in_slot || opens < wake) wake = opens;
+                }
+                if (handover) mark_drain(g, s, ptsz, captures);
                 now = hold_until(g, now, wake);
+                if (handover && slot_phase(now, start, period) < len) /* a new slot: its first launch */
+                    now = slot_turn(g, s, ptsz, captures, now, start, len, lent, period, cost);
             }
-        }
-        if (handover) { /* the predicted end of this process's queued work; a marker every MARK_NS of it */
-            uint64_t q = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
-            if (in_slot && q > now + QUEUE_NS) { /* a shallow queue: its markers tell late work early */
-                now = hold_until(g, now, q - QUEUE_NS);
+            if (forged) { /* the private bucket alone holds the claim: a plain GCRA, no slot shortcut */
+                if (mine > now + tolerance) {
+                    uint64_t wake = mine - tolerance;
+                    if (slotted) { /* in the claim's slot, as its other launches (clean cost samples) */
+                        uint64_t phase = slot_phase(wake, start, period);
+                        if (phase >= len) wake += period - phase;
+                    }
+                    now = hold_until(g, now, wake);
+                }
             }
-            if (!__atomic_load_n(&g->drain_pending, __ATOMIC_ACQUIRE) && q >= now + MARK_NS) mark_drain(g, s, ptsz, captures);
-            __atomic_store_n(&g->qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
+            if (handover) { /* the predicted end of this process's queued work; a marker every MARK_NS of it */
+                uint64_t q = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
+                if (in_slot && q > now + QUEUE_NS) { /* a shallow queue: its markers tell late work early */
+                    now = hold_until(g, now, q - QUEUE_NS);
+                }
+                if (!__atomic_load_n(&g->drain_pending, __ATOMIC_ACQUIRE) && q >= now + MARK_NS) mark_drain(g, s, ptsz, captures);
+                __atomic_store_n(&g->qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
+            }
         }
     }
     if (captures || (cost && now < __atomic_load_n(&g->next_sample_ns, __ATOMIC_RELAXED)) ||
@@ -413,6 +521,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
 /* after the real launch, which returned rc: finish a sample begun by pace_begin; returns rc */
 static CUresult pace_end(struct launch *L, CUresult rc)
 {
+    if (L->lent && rc == CUDA_SUCCESS) lent_mark(L->g, L->stream, L->ptsz);
     if (!L->sampling) return rc;
     struct gpu_state *g = L->g;
     if (rc == CUDA_SUCCESS && record(g->ev1, L->stream, L->ptsz) == CUDA_SUCCESS) {

@@ -39,5 +39,7 @@ void gs_fork_child(void)
         g->ev0 = g->ev1 = NULL; /* events of the parent's contexts */
         g->drain_ev = NULL;
         g->drain_pending = 0;
+        g->lent_ev = NULL;
+        g->lent_pending = 0;
     }
 }

@@ -49,6 +49,16 @@ struct gpu_state {
     int drain_pending;         /* drain_ev is in flight: it marks the work launched before it */
     uint64_t drain_pred_ns;    /* when drain_ev should complete by qend_ns */
     CUevent drain_ev;
+    /* a Burst claim's lent span (pacing.c, lent_turn): */
+    uint64_t lent_qend_ns;     /* when its work launched in the lent span ends, the GPU its own */
+    uint64_t lent_pred_ns;     /* when lent_ev should complete, the GPU its own */
+    uint64_t lent_until_ns;    /* it found the GPU busy: no launch in the lent span before this */
+    uint64_t lent_skip_ns;     /* its lent spans begin this far in: where it found the GPU busy before */
+    uint64_t lent_span;        /* the lent span (period number) of its last launch there */
+    int lent_hit;              /* it found the GPU busy in that span */
+    int lent_pending;          /* lent_ev is in flight */
+    int lent_off;              /* lent_ev could not be recorded: the lent span is not used */
+    CUevent lent_ev;
 };
 
 extern struct gpu_state g_gpu[GS_MAX_GPUS] GS_HIDDEN; /* by limit slot; valid where g_gpu_open */

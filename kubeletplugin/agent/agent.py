@@ -139,6 +139,7 @@ class Agent:
                     if ctl is not None:
                         ctl.rate_ppm = 0
                         ctl.set_slot(0, 0, 0)
+                        ctl.lent_us = 0
                 c.close()
             self.claims.clear()
             self.claims_generation += 1

@@ -43,6 +43,7 @@ class ClaimView:
         control = self.controls[i]
         if control is not None:
             control.set_slot(s.period_us, s.start_us, s.length_us)
+            control.lent_us = s.lent_us
             if i < len(self.process_memory):  # how many share the claim's rate if its region is forged
                 control.procs = len(self.process_memory[i])
 

@@ -15,8 +15,8 @@ import struct
 
 from kubeletplugin.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTROL_VERSION
 
-_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US, _PROCS = (
-    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us", "procs"))
+_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US, _PROCS, _LENT_US = (
+    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us", "procs", "lent_us"))
 
 
 class Control:
@@ -77,3 +77,16 @@ class Control:
         n = max(0, min(n, 0xFFFFFFFF))
         if self.procs != n:
             self._words[_PROCS // 4] = n
+
+    @property
+    def lent_us(self) -> int:
+        """A busy Burst claim's lent span, right before its slot: the idle tail of the busy Hard claim's
+        slot before it, where its library launches while the GPU runs no other work
+        (docs/compute.md); 0 = none."""
+        return self._words[_LENT_US // 4]
+
+    @lent_us.setter
+    def lent_us(self, us: int) -> None:
+        us = max(0, min(us, 0xFFFFFFFF))
+        if self.lent_us != us:
+            self._words[_LENT_US // 4] = us

@@ -16,6 +16,13 @@ busy from the GPU time its library charged in the last period (the region: a cla
 claim to be busier than it is, which costs the Burst neighbours their borrowed time, never the
 claim's own share). So borrowed time is handed back at the first period in which the owner is
 busy again. Burst claims are laid out last, so the unallocated rest of the period follows them.
+
+The lent span: a busy Hard claim that charges less GPU time than its slot holds (a bursty one)
+leaves the slot's tail idle, and the busy Burst claim whose slot follows is lent that tail, less
+a margin (`lent_us`, right before its slot), where its library launches only while the GPU runs
+no other work and gives the span up at the first sign of the owner's. A tenant that forges its
+charged time higher lends nothing (it takes borrowed time from its Burst neighbour only); one
+that forges it lower lets the neighbour try more of its own slot, which costs only itself.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ PERIOD_US = 200_000       # the slot period (docs/compute.md, "The slot handover
 MPS_PERIOD_US = 20_000    # a GPU of MPS claims only: the server holds each client to its SMs, no
                           # handover to drain; at 200 ms four processes of a 25 % claim read 20-31 %
 BUSY = 0.01               # a claim that used at least 1 % of the GPU last period is busy
+LEND_MARGIN_US = 20_000   # lent: the idle tail of a Hard slot, after the owner's GPU time and this
+USED_WEIGHT = 0.25        # the weight of the last period in Share.used
 
 
 @dataclass(eq=False)
@@ -39,10 +48,12 @@ class Share:
     rate: float = 0.0       # the rate written last period, 0..1 (0: not written yet)
     measured: float = 0.0   # NVML's share in the last period (sampled: for metrics), 0..1
     charged: float = 0.0    # GPU time its library charged in the last period, 0..1
+    used: float = -1.0      # charged, averaged over the last periods (plan_gpu; -1: none yet)
     paced: bool = False     # the library slept launches of the claim in the last period
     start_us: int = 0       # its slot in the period
     length_us: int = 0
     period_us: int = PERIOD_US  # the period its GPU's slots repeat in (plan_gpu)
+    lent_us: int = 0        # a busy Burst claim's lent span right before its slot (plan_gpu)
 
     @property
     def busy(self) -> bool:
@@ -69,6 +80,8 @@ def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> float:
         s.start_us, s.length_us = start, min(period_us - start, round(s.limit * scale * period_us))
         start += s.length_us
     busy = [s for s in ordered if s.busy]
+    for s in ordered:  # a bursty claim's charged time swings with how many bursts fell in one period
+        s.used = s.charged if s.used < 0 else s.used + (s.charged - s.used) * USED_WEIGHT
     for s in ordered:
         s.rate = s.limit * scale
         s.period_us = period_us
@@ -78,6 +91,13 @@ def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> float:
             s.length_us = min(period_us, end - s.start_us)
             if s.burst:
                 s.rate = s.length_us / period_us
+    for s in ordered:  # lent: the idle tail of the busy Hard slot right before a busy Burst claim's
+        s.lent_us = 0
+        if s.burst and s.busy and len(busy) > 1:
+            before = busy[busy.index(s) - 1]  # cyclic: its slot ends where s's begins
+            if not before.burst:
+                idle = before.length_us - round(max(before.used, before.charged) * period_us) - LEND_MARGIN_US
+                s.lent_us = max(0, min(idle, before.length_us))
     return total
 
 

@@ -65,6 +65,7 @@ def tick(claims: list[RunDirClaim], seconds: float) -> None:
         for _, share, _, control in c.gpus:
             control.rate_ppm = to_ppm(share.rate)
             control.set_slot(share.period_us, share.start_us, share.length_us)
+            control.lent_us = share.lent_us
 
 
 class ShareAgent:
@@ -92,6 +93,7 @@ class ShareAgent:
             for _, _, region, control in c.gpus:
                 control.rate_ppm = 0
                 control.set_slot(0, 0, 0)
+                control.lent_us = 0
                 control.close()
                 region.close()
 

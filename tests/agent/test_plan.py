@@ -3,7 +3,7 @@ import signal
 import subprocess
 import sys
 
-from kubeletplugin.agent.shares import PERIOD_US, Share, plan_gpu
+from kubeletplugin.agent.shares import LEND_MARGIN_US, PERIOD_US, Share, plan_gpu
 from kubeletplugin.hooklayout import CONTROL, REGION_SIZE
 from tests.support import wait_for
 
@@ -44,6 +44,30 @@ def test_burst_claim_hands_back_when_the_other_is_busy():
 
 def test_idle_burst_claim_keeps_its_own_slot_and_burst_claims_go_last():
     assert layout([share(0.3, burst=True), share(0.7)]) == [(140000, 60000, 0.3), (0, 140000, 0.7)]
+
+
+def test_a_busy_burst_claim_is_lent_the_idle_tail_of_the_hard_slot_before_it():
+    """A busy Hard claim that charged less GPU time than its slot holds (a bursty one: 25 % in its
+    50 % slot) lends the slot's idle tail, less a margin, to the busy Burst claim whose slot follows
+    (`lent_us`, right before the Burst claim's slot: the library launches there while the GPU is
+    free of other work). Its charged time is averaged over the periods, the last one counting at
+    once when it is more; a Hard claim that uses its slot lends nothing, nor does an idle Burst
+    claim borrow (docs/compute.md, "the lent span")."""
+    hard, burst = Share(limit=0.5, burst=False, trusted=True, charged=0.25), share(0.5, burst=True, busy=True)
+    assert layout([hard, burst]) == [(0, 100000, 0.5), (100000, 100000, 0.5)]
+    assert (hard.lent_us, burst.lent_us) == (0, 100000 - 50000 - LEND_MARGIN_US)
+    hard.charged = 0.45  # two bursts in the last period: at once
+    plan_gpu([hard, burst])
+    assert burst.lent_us == 0
+    hard.charged = 0.25  # one again: the average (0.25, 0.30, 0.2875) keeps a longer part
+    plan_gpu([hard, burst])
+    assert burst.lent_us == 100000 - 57500 - LEND_MARGIN_US
+    hard.charged = 0.5  # it uses its slot
+    plan_gpu([hard, burst])
+    assert burst.lent_us == 0
+    idle = share(0.5, burst=True)
+    plan_gpu([Share(limit=0.5, burst=False, trusted=True, charged=0.1), idle])
+    assert idle.lent_us == 0
 
 
 def test_an_oversubscribed_gpu_gives_every_claim_its_part_and_says_so():

@@ -6,15 +6,20 @@ length. Both large and tiny kernels hold 3.5 points here (misses of at most 1.7 
 machine; tiny ones depend on how fast a loaded CI machine can launch)."""
 import mmap
 import struct
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from kubeletplugin.agent.shares import PERIOD_US
-from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER
-from tests.support import CPU_TIMED
+from kubeletplugin.hooklayout import CONTROL, HEADER_SIZE, REGION_HEADER
+from tests.support import CPU_TIMED, MiB, wait_for
 from tests.support.hook import kv
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SECONDS = 6
 LARGE_US = 2650  # a 4096x4096 fp32 matmul on the H100
@@ -158,3 +163,43 @@ def test_claim_under_its_share_is_not_paced(make_claim):
     assert after - warm == 0, (warm, after, paced)
     assert warm < 500, (warm, paced)
     assert float(paced["p50_ms"]) <= 1.2 * plain[0] + 0.05, (plain, paced)
+
+
+def run_with_agent(claims, probes):
+    """claims with the share agent (`gpushare-dra share-agent`, 0.25 s periods) writing their
+    slots, each running its probe arguments; returns each one's share of GPU time (percent)"""
+    agent = subprocess.Popen([sys.executable, "-m", "dra_driver.cli", "share-agent", "--interval", "0.25",
+                              "--log-level", "warning", *(str(c.root) for c in claims)], cwd=ROOT)
+    try:  # a library that starts before its control file has a slot runs without slots for its life
+        wait_for(lambda: all((c.root / "control" / "0").exists() and
+                             CONTROL["slot"].read((c.root / "control" / "0").read_bytes()) >> 32 for c in claims),
+                 timeout=30, what="the agent's slots")
+        procs = [c.popen("gpushare-probe", "launch", *args) for c, args in zip(claims, probes, strict=True)]
+        outs = [kv(p.communicate(timeout=120)[0]) for p in procs]
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+    return [float(o["launches"]) * LARGE_US / 1e6 / float(o["seconds"]) * 100 for o in outs], outs
+
+
+# A bursty Hard 50 (kernels of 2.65 ms for on_ms, waited for, then off_ms idle) beside a steady
+# Burst 50. The agent sees both busy in every period, so before the lent span neither slot covered
+# the other and the Burst claim borrowed nothing: with 50 ms on, 150 off the Hard claim used half
+# of its slot and the GPU was 73.5 % busy. The Burst claim now launches in the idle tail of the
+# Hard claim's slot while the GPU runs nothing else (docs/compute.md, "the lent span"): 83 %, the
+# Hard claim as before (24.5). A Hard claim whose bursts fill most of its slot (70 on, 130 off:
+# 34.1-34.4 % without lending) must keep what it gets: where its work reaches into the lent span,
+# the Burst claim gives the span up at the first sign of it and begins later next time.
+@pytest.mark.parametrize("on_ms,off_ms,hard_min,busy_min", [(50, 150, 22, 79), (70, 130, 31, 80)])
+@CPU_TIMED
+def test_a_burst_claim_borrows_the_idle_tail_of_a_bursty_hard_neighbours_slot(make_claim, on_ms, off_ms, hard_min,
+                                                                              busy_min):
+    hard = make_claim(compute=50, name="hard")
+    burst = make_claim(gpus=[{"memory": 64 * MiB, "compute": 50, "policy": "Burst"}], name="burst")
+    seconds = ["--seconds", SECONDS, "--kernel-us", LARGE_US]
+    (got_hard, got_burst), outs = run_with_agent([hard, burst], [
+        [*seconds, "--on-ms", on_ms, "--off-ms", off_ms], seconds])
+    print(f"bursty Hard 50 ({on_ms}/{off_ms} ms) + steady Burst 50: {got_hard:.1f} / {got_burst:.1f}, "
+          f"busy {got_hard + got_burst:.1f}")
+    assert got_hard >= hard_min, (got_hard, got_burst, outs)
+    assert got_hard + got_burst >= busy_min, (got_hard, got_burst, outs)
