@@ -20,6 +20,29 @@ from playground.emulator import ApiEmulator
 from playground.kubelet import Kubelet
 from tests.support.plugin import REAL_LIBRARY, Dirs, launch_plugin
 
+# `make test` runs the suite in two parts: what is marked `serial` alone, after the rest ran on
+# pytest-xdist workers (`-m "not serial" -n ...`). Serial: the suites that measure CPU or GPU time
+# over fixed windows on the simulator (they flake when another test shares the 2 cores), the real
+# cluster (one cluster, its own session fixtures), and every file with a CPU_TIMED test.
+# `pytest` alone runs everything, one test at a time, as before.
+SERIAL = (
+    "tests/hook/",
+    "tests/cluster/",
+    "tests/e2e/test_e2e.py",  # the demo's checks read each strategy's share of the simulated GPU
+    "tests/agent/test_short_holds.py",  # holds timed to the backstop's polls
+    "tests/agent/test_mps_daemon_attacks.py",  # Events within 2 s of the daemon's end (agent period 0.5 s)
+)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    timed = {item.path for item in items if item.get_closest_marker("flaky")}  # CPU_TIMED
+    for item in items:
+        where = os.path.relpath(item.path, _ROOT).replace(os.sep, "/")
+        if where.startswith(SERIAL) or item.path in timed:
+            item.add_marker(pytest.mark.serial)
+
 
 def _pytests(handler: logging.Handler) -> bool:
     return type(handler).__module__.startswith("_pytest")

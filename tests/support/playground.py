@@ -3,8 +3,10 @@ the e2e tests; containers run as host processes (`--runtime process`: fast, no p
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +20,9 @@ DEADLINE_S = 40  # a loaded machine; each wait takes a few seconds
 @contextlib.contextmanager
 def playground(work: Path, *flags: str):
     """(kubectl, the node's workdir) for a playground process on 2 x 80Gi simulated GPUs."""
-    kubeconfig, node_dir = work / "playground.kubeconfig", work / "node"
+    # The node's sockets are in its workdir and a unix socket's path has at most 107 bytes: under
+    # pytest-xdist a test's tmp_path (.../popen-gw1/test_...) is too long for them.
+    kubeconfig, node_dir = work / "playground.kubeconfig", Path(tempfile.mkdtemp(prefix="gspg"))
     # its log goes to a file: a pipe nobody reads while the tests run would fill and block it
     log = work / "playground.log"
     with open(log, "w") as log_file:
@@ -35,6 +39,7 @@ def playground(work: Path, *flags: str):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        shutil.rmtree(node_dir, ignore_errors=True)
 
 
 def wait_for(what: str, probe):
