@@ -16,8 +16,6 @@ import re
 import reprlib
 from decimal import Decimal, InvalidOperation
 
-from kubernetes.utils import parse_quantity
-
 _BINARY_SUFFIXES = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 
 MAX_CHARS = 64  # a real quantity is a few characters; 64 keeps every Decimal small
@@ -66,6 +64,8 @@ def parse_decimal(value: object, field: str) -> Decimal:
         raise QuantityError(field, value, "not a valid quantity (examples: 4Gi, 512Mi, 1500000000)")
     if m.group(2) is not None and abs(int(m.group(2))) > MAX_EXPONENT:
         raise QuantityError(field, value, f"exponent out of range (at most e{MAX_EXPONENT})")
+    from kubernetes.utils import parse_quantity  # here: the whole client is 0.5 s of every CLI start
+
     try:
         amount: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
     except (ValueError, InvalidOperation, TypeError):
