@@ -145,3 +145,8 @@ def test_sim_mps_server_text():
     assert L.sim_mps_server_text("gpu-0.a_b", 30).splitlines() == [
         "GPUSHARE_SIM_MPS_VERSION=1", "GPUSHARE_SIM_MPS_SERVER=gpu-0.a_b",
         "GPUSHARE_SIM_MPS_ACTIVE_THREAD_PERCENTAGE=30"]
+
+
+def test_the_simulated_mps_held_factor_is_the_simulators():
+    define = re.search(r"#define MPS_HELD_PPM (\d+)u", (SIM / "sim_sched.c").read_text())
+    assert define and int(define.group(1)) == round(L.SIM_MPS_HELD * 1_000_000), define

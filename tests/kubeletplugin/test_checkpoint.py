@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from kubeletplugin import checkpoint as ckpt
+from kubeletplugin.agent.shares import PERIOD_US
 from kubeletplugin.claimref import ClaimRef
 from kubeletplugin.hooklayout import CONTROL, CONTROL_SIZE, REGION_SIZE
 from playground.claims import make_claim, result
@@ -162,8 +163,8 @@ def test_reboot_zeroes_regions_but_keeps_claims(prepared, start_plugin, dirs):
     assert data[end:] == bytes(CONTROL_SIZE - end) and data[:8] in (bytes(8), b"GSCTRL01"), data[:32]
     if data[:8] == bytes(8) or CONTROL["rate_ppm"].read(data) == 0:  # zeroed; or opened by the agent, whose
         assert data[rate:end] == bytes(end - rate), data[:32]      # first period has not written it yet
-    else:  # written again by the agent: a rate and a slot of its 20 ms period
-        assert CONTROL["period_us"].read(data) == 20000, data[:32]
+    else:  # written again by the agent: a rate and a slot of its period (a time-sliced GPU's)
+        assert CONTROL["period_us"].read(data) == PERIOD_US, data[:32]
     assert kubelet.prepare(claim) == answer
 
 

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeletplugin.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTROL_VERSION
+from kubeletplugin.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTROL_VERSION, SIM_MPS_HELD
 
 from . import REPO
 
@@ -92,10 +92,7 @@ def kv(text: str) -> dict:
     return out
 
 
-# The simulated MPS (hook/sim/sim_sched.c): a kernel its client's share holds to fewer SMs than
-# its grid asks for runs at this part of them. The H100: a client at 30 % of the SMs alone ran
-# 4096 matmuls at 24.6 % of solo (docs/compute.md, "The simulated GPU").
-MPS_HELD = 0.82
+MPS_HELD = SIM_MPS_HELD  # the simulated MPS's held factor (kubeletplugin/hooklayout.py)
 
 
 def throughput(out: dict, kernel_us: float) -> float:
