@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,12 @@ def test_sim_mps_server_text():
 def test_the_simulated_mps_held_factor_is_the_simulators():
     define = re.search(r"#define MPS_HELD_PPM (\d+)u", (SIM / "sim_sched.c").read_text())
     assert define and int(define.group(1)) == round(L.SIM_MPS_HELD * 1_000_000), define
+
+
+def test_hooklayout_imports_with_the_standard_library_only():
+    """hack/gpu-validate.sh and the probe tools import it with a GPU machine's system python,
+    which has none of our dependencies: -S leaves every site-packages folder off the path."""
+    repo = SRC.parents[1]
+    code = f"import sys; sys.path.insert(0, {str(repo)!r}); import kubeletplugin.hooklayout"
+    run = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
