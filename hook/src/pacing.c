@@ -210,7 +210,7 @@ static uint64_t mps_scale(struct gpu_state *g)
  * a context switch, and each claim's cost samples count the other's slices. So (docs/compute.md,
  * "The chosen design"):
  *  - before it waits for a later slot, a process marks the end of the work it has launched
- *    (drain_ev); the first launch of its next slot waits until that work has run (polled), so
+ *    (the drain marker); the first launch of its next slot waits until that work has run (polled), so
  *    a claim never adds to work that still spills over from an earlier slot;
  *  - in its slot it keeps the predicted end of its queued work (qend_ns: the GPU its own from
  *    the slot's first launch on, after a switch), and a marker every MARK_NS of queued work:
@@ -243,20 +243,26 @@ static uint64_t hold_until(struct gpu_state *g, uint64_t now, uint64_t t)
 }
 
 /* mark the end of the work launched so far on s (nothing while a capture is active) */
+/* record m after the work queued on s, due at pred; 0 when no event could be recorded */
+static int marker_record(struct gs_marker *m, CUstream s, int ptsz, uint64_t pred)
+{
+    if (!m->ev && real_cuEventCreate(&m->ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) m->ev = NULL;
+    if (!m->ev) return 0;
+    if (record(m->ev, s, ptsz) == CUDA_SUCCESS) {
+        __atomic_store_n(&m->pred_ns, pred, __ATOMIC_RELAXED);
+        __atomic_store_n(&m->pending, 1, __ATOMIC_RELEASE);
+        return 1;
+    }
+    real_cuEventDestroy_v2(m->ev); /* an event of another context: a new one next time */
+    m->ev = NULL;
+    __atomic_store_n(&m->pending, 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
 static void mark_drain(struct gpu_state *g, CUstream s, int ptsz, int captures)
 {
-    uint64_t pred = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
     if (captures || capturing(s, ptsz)) return;
-    if (!g->drain_ev && real_cuEventCreate(&g->drain_ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->drain_ev = NULL;
-    if (!g->drain_ev) return;
-    if (record(g->drain_ev, s, ptsz) == CUDA_SUCCESS) {
-        __atomic_store_n(&g->drain_pred_ns, pred, __ATOMIC_RELAXED);
-        __atomic_store_n(&g->drain_pending, 1, __ATOMIC_RELEASE);
-    } else { /* an event of another context: a new one next time */
-        real_cuEventDestroy_v2(g->drain_ev);
-        g->drain_ev = NULL;
-        __atomic_store_n(&g->drain_pending, 0, __ATOMIC_RELAXED);
-    }
+    marker_record(&g->drain, s, ptsz, __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED));
 }
 
 /* in the claim's slot, before booking: see the comment above. Returns the time it goes on at,
@@ -275,15 +281,15 @@ static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int capture
         }
         uint64_t no = (now + period - start) / period;
         if (__atomic_exchange_n(&g->cur_slot, no, __ATOMIC_RELAXED) != no) { /* the slot's first launch */
-            while (__atomic_load_n(&g->drain_pending, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g_captures, __ATOMIC_RELAXED) &&
-                   real_cuEventQuery(g->drain_ev) == CUDA_ERROR_NOT_READY && now < end) {
+            while (__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g_captures, __ATOMIC_RELAXED) &&
+                   real_cuEventQuery(g->drain.ev) == CUDA_ERROR_NOT_READY && now < end) {
                 uint64_t t = now + DRAIN_POLL_NS < end ? now + DRAIN_POLL_NS : end;
                 note_paced(g, now, t);
                 sleep_until(t);
                 now = gs_now_ns();
             }
             if (now >= end) continue;
-            __atomic_store_n(&g->drain_pending, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&g->drain.pending, 0, __ATOMIC_RELAXED);
             __atomic_store_n(&g->qend_ns, now + (shared ? SWITCH_NS : 0), __ATOMIC_RELAXED);
             __atomic_store_n(&g->slot_began_ns, now, __ATOMIC_RELAXED);
             __atomic_store_n(&g->switch_owed, shared, __ATOMIC_RELAXED);
@@ -294,14 +300,14 @@ static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int capture
          * over from the previous slot is at most a queue's worth, while work that is late all
          * through the slot shares the GPU with contexts nobody paces (an MPS server, a claim of
          * another strategy), and holding it back would only cost the claim its share */
-        uint64_t pred = __atomic_load_n(&g->drain_pred_ns, __ATOMIC_RELAXED);
-        if (__atomic_load_n(&g->drain_pending, __ATOMIC_ACQUIRE) && now > pred && !captures &&
+        uint64_t pred = __atomic_load_n(&g->drain.pred_ns, __ATOMIC_RELAXED);
+        if (__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && now > pred && !captures &&
             now < __atomic_load_n(&g->slot_began_ns, __ATOMIC_RELAXED) + LATE_NS) {
-            if (real_cuEventQuery(g->drain_ev) == CUDA_ERROR_NOT_READY) {
+            if (real_cuEventQuery(g->drain.ev) == CUDA_ERROR_NOT_READY) {
                 __atomic_add_fetch(&g->qend_ns, now - pred, __ATOMIC_RELAXED);
-                __atomic_store_n(&g->drain_pred_ns, now, __ATOMIC_RELAXED);
+                __atomic_store_n(&g->drain.pred_ns, now, __ATOMIC_RELAXED);
             } else {
-                __atomic_store_n(&g->drain_pending, 0, __ATOMIC_RELAXED);
+                __atomic_store_n(&g->drain.pending, 0, __ATOMIC_RELAXED);
             }
         }
         uint64_t q = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
@@ -349,10 +355,10 @@ static int lent_turn(struct gpu_state *g, uint64_t *nowp, uint64_t start, uint64
         if (q < now) q = now;
         if (now < until) {
             wait = until;
-        } else if (__atomic_load_n(&g->lent_pending, __ATOMIC_ACQUIRE)) {
-            uint64_t pred = __atomic_load_n(&g->lent_pred_ns, __ATOMIC_RELAXED);
-            if (real_cuEventQuery(g->lent_ev) != CUDA_ERROR_NOT_READY) {
-                __atomic_store_n(&g->lent_pending, 0, __ATOMIC_RELAXED);
+        } else if (__atomic_load_n(&g->lent.pending, __ATOMIC_ACQUIRE)) {
+            uint64_t pred = __atomic_load_n(&g->lent.pred_ns, __ATOMIC_RELAXED);
+            if (real_cuEventQuery(g->lent.ev) != CUDA_ERROR_NOT_READY) {
+                __atomic_store_n(&g->lent.pending, 0, __ATOMIC_RELAXED);
                 continue;
             }
             if (now > pred + LENT_LATE_NS) { /* the GPU is not ours: the owner's turn, for the rest of the span */
@@ -384,16 +390,9 @@ static int lent_turn(struct gpu_state *g, uint64_t *nowp, uint64_t start, uint64
 /* after a launch in the lent span: a marker after it, unless one is in flight */
 static void lent_mark(struct gpu_state *g, CUstream s, int ptsz)
 {
-    if (__atomic_load_n(&g->lent_pending, __ATOMIC_ACQUIRE) || capturing(s, ptsz)) return;
-    if (!g->lent_ev && real_cuEventCreate(&g->lent_ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) g->lent_ev = NULL;
-    if (g->lent_ev && record(g->lent_ev, s, ptsz) == CUDA_SUCCESS) {
-        __atomic_store_n(&g->lent_pred_ns, __atomic_load_n(&g->lent_qend_ns, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-        __atomic_store_n(&g->lent_pending, 1, __ATOMIC_RELEASE);
-        return;
-    }
-    if (g->lent_ev) real_cuEventDestroy_v2(g->lent_ev);
-    g->lent_ev = NULL;
-    __atomic_store_n(&g->lent_off, 1, __ATOMIC_RELAXED); /* an event of another context: no lent span */
+    if (__atomic_load_n(&g->lent.pending, __ATOMIC_ACQUIRE) || capturing(s, ptsz)) return;
+    if (!marker_record(&g->lent, s, ptsz, __atomic_load_n(&g->lent_qend_ns, __ATOMIC_RELAXED)))
+        __atomic_store_n(&g->lent_off, 1, __ATOMIC_RELAXED); /* no marker: no lent span */
 }
 
 static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr_t key)
@@ -496,7 +495,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
                 if (in_slot && q > now + QUEUE_NS) { /* a shallow queue: its markers tell late work early */
                     now = hold_until(g, now, q - QUEUE_NS);
                 }
-                if (!__atomic_load_n(&g->drain_pending, __ATOMIC_ACQUIRE) && q >= now + MARK_NS) mark_drain(g, s, ptsz, captures);
+                if (!__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && q >= now + MARK_NS) mark_drain(g, s, ptsz, captures);
                 __atomic_store_n(&g->qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
             }
         }

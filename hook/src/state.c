@@ -37,9 +37,6 @@ void gs_fork_child(void)
         g->my_shared_ns = 0;
         g->mps_ctx = NULL;
         g->ev0 = g->ev1 = NULL; /* events of the parent's contexts */
-        g->drain_ev = NULL;
-        g->drain_pending = 0;
-        g->lent_ev = NULL;
-        g->lent_pending = 0;
+        g->drain = g->lent = (struct gs_marker){0}; /* markers of the parent's contexts */
     }
 }

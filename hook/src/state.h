@@ -15,6 +15,13 @@
 
 #define COST_ENTRIES 256 /* launch costs remembered per GPU: direct-mapped by kernel/graph */
 
+/* an event recorded after the work a process queued, and when that work should have run */
+struct gs_marker {
+    CUevent ev;
+    int pending;               /* ev is in flight */
+    uint64_t pred_ns;          /* when ev should complete, the GPU the claim's own */
+};
+
 struct gpu_state {
     int index;                 /* limit slot i */
     int failed;                /* fail closed: every allocation refused, 0 reported */
@@ -46,19 +53,15 @@ struct gpu_state {
     uint64_t slot_began_ns;    /* the first launch of its current slot */
     uint64_t held_ns;          /* when a launch of this process last waited for the claim's share */
     int switch_owed;           /* the slot's context switch is to be booked with the next launch */
-    int drain_pending;         /* drain_ev is in flight: it marks the work launched before it */
-    uint64_t drain_pred_ns;    /* when drain_ev should complete by qend_ns */
-    CUevent drain_ev;
+    struct gs_marker drain;    /* marks the work launched before a wait for a later slot; by qend_ns */
     /* a Burst claim's lent span (pacing.c, lent_turn): */
     uint64_t lent_qend_ns;     /* when its work launched in the lent span ends, the GPU its own */
-    uint64_t lent_pred_ns;     /* when lent_ev should complete, the GPU its own */
     uint64_t lent_until_ns;    /* it found the GPU busy: no launch in the lent span before this */
     uint64_t lent_skip_ns;     /* its lent spans begin this far in: where it found the GPU busy before */
     uint64_t lent_span;        /* the lent span (period number) of its last launch there */
     int lent_hit;              /* it found the GPU busy in that span */
-    int lent_pending;          /* lent_ev is in flight */
-    int lent_off;              /* lent_ev could not be recorded: the lent span is not used */
-    CUevent lent_ev;
+    int lent_off;              /* its marker could not be recorded: the lent span is not used */
+    struct gs_marker lent;     /* marks its work in the lent span; by lent_qend_ns */
 };
 
 extern struct gpu_state g_gpu[GS_MAX_GPUS] GS_HIDDEN; /* by limit slot; valid where g_gpu_open */
