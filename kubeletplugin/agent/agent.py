@@ -135,11 +135,9 @@ class Agent:
         self.status.stop()
         with self.lock:
             for c in self.claims.values():
-                for ctl in c.controls:  # nobody hands slots out now: back to the limit, no slot
+                for ctl in c.controls:
                     if ctl is not None:
-                        ctl.rate_ppm = 0
-                        ctl.set_slot(0, 0, 0)
-                        ctl.lent_us = 0
+                        ctl.unplan()
                 c.close()
             self.claims.clear()
             self.claims_generation += 1

@@ -48,9 +48,19 @@ class Control:
 
     @rate_ppm.setter
     def rate_ppm(self, ppm: int) -> None:
-        ppm = max(0, min(ppm, 1_000_000))
-        if self.rate_ppm != ppm:
-            self._words[_RATE_PPM // 4] = ppm
+        self._store(_RATE_PPM, ppm, 1_000_000)
+
+    def _store(self, offset: int, value: int, ceiling: int = 0xFFFFFFFF) -> None:
+        """One 32-bit field, clamped to 0..ceiling; written only when it changes."""
+        value = max(0, min(value, ceiling))
+        if self._words[offset // 4] != value:
+            self._words[offset // 4] = value
+
+    def unplan(self) -> None:
+        """Nobody hands slots out any more: back to the limit, no slot, no lent span."""
+        self.rate_ppm = 0
+        self.set_slot(0, 0, 0)
+        self.lent_us = 0
 
     @property
     def slot(self) -> tuple[int, int, int]:
@@ -74,9 +84,7 @@ class Control:
 
     @procs.setter
     def procs(self, n: int) -> None:
-        n = max(0, min(n, 0xFFFFFFFF))
-        if self.procs != n:
-            self._words[_PROCS // 4] = n
+        self._store(_PROCS, n)
 
     @property
     def lent_us(self) -> int:
@@ -87,6 +95,4 @@ class Control:
 
     @lent_us.setter
     def lent_us(self, us: int) -> None:
-        us = max(0, min(us, 0xFFFFFFFF))
-        if self.lent_us != us:
-            self._words[_LENT_US // 4] = us
+        self._store(_LENT_US, us)

@@ -91,9 +91,7 @@ class ShareAgent:
         self._thread.join()
         for c in self.claims:
             for _, _, region, control in c.gpus:
-                control.rate_ppm = 0
-                control.set_slot(0, 0, 0)
-                control.lent_us = 0
+                control.unplan()
                 control.close()
                 region.close()
 
