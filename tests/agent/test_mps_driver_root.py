@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -48,9 +47,15 @@ def driver_root(tmp_path):
     lib.mkdir(parents=True)
     for name, key in (("libcuda.so.1", "sim_cuda"), ("libnvidia-ml.so.1", "sim_nvml")):
         shutil.copy(native_paths()[key], lib / name)
+    # The stand-in and the system python, inside the root: the daemon's /tmp is a tmpfs of its own
+    # (kubeletplugin/mpsroot.py), which hides a checkout (and its venv) under /tmp. The stand-in
+    # needs the standard library only (-S: no site-packages).
+    stand_in = upper / "opt/gpushare-test"
+    for package in ("playground", "kubeletplugin"):
+        shutil.copytree(REPO / package, stand_in / package, ignore=shutil.ignore_patterns("__pycache__"))
     program = upper / "usr/bin/nvidia-cuda-mps-control"
     program.parent.mkdir(parents=True, exist_ok=True)
-    program.write_text(f"#!/bin/sh\ncd {REPO} && exec {sys.executable} -m playground.mpscontrol \"$@\"\n")
+    program.write_text("#!/bin/sh\ncd /opt/gpushare-test && exec python3 -S -m playground.mpscontrol \"$@\"\n")
     program.chmod(0o755)
     work.mkdir()
     root.mkdir()
