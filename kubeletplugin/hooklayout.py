@@ -53,7 +53,7 @@ REGION_HEADER: dict[str, Field] = {
     "reaped": Field(112, 8),
     "pace_tat_ns": Field(120, 8),
     "pace_rate_ppm": Field(128, 4),  # the node agent may write it (one aligned 32-bit store)
-    "reserved2": Field(132, 4),
+    "pace_kernel_us": Field(132, 4),  # the longest booked launch; the agent zeroes it (32-bit store)
     "pace_gpu_ns": Field(136, 8),
     "paced_ns": Field(144, 8),
     "oom_refusals": Field(152, 8),

@@ -166,6 +166,19 @@ static uint64_t book_shared(struct gpu_state *g, uint64_t now, uint64_t floor, u
     return base;
 }
 
+/* What the node agent reads of a launch: the claim's charged GPU time (a busy claim), and its
+ * longest launch since the agent last zeroed it (a slot holds whole kernels: the agent lengthens the
+ * GPU's slot period until a slot loses little after its last one). Tenant-writable: a forged length
+ * only stretches the period, which spaces the GPU's slots further apart, never moves a rate. */
+static void charge(struct gpu_state *g, uint64_t cost)
+{
+    struct gs_region_header *h = g->region.hdr;
+    __atomic_add_fetch(&h->pace_gpu_ns, cost, __ATOMIC_RELAXED);
+    uint32_t us = cost / 1000 > UINT32_MAX ? UINT32_MAX : (uint32_t)(cost / 1000);
+    uint32_t old = __atomic_load_n(&h->pace_kernel_us, __ATOMIC_RELAXED);
+    while (us > old && !__atomic_compare_exchange_n(&h->pace_kernel_us, &old, us, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+
 /* MPS (docs/strategies.md): kernels of the MPS server's clients run side by side, each on the
  * SMs the server gives its context, so a launch costs its GPU time times that part of the SMs:
  * an MPS claim's timeline counts SM-time. A lone client the server holds to the share then books
@@ -263,6 +276,32 @@ static void mark_drain(struct gpu_state *g, CUstream s, int ptsz, int captures)
 {
     if (captures || capturing(s, ptsz)) return;
     marker_record(&g->drain, s, ptsz, __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED));
+}
+
+/* The queue as it is, not as predicted: in its slot a process launches only while its pending
+ * drain marker is at most QUEUE_NS of work behind its queue's predicted end, and waits (polled,
+ * until the slot's end at most) for it to run otherwise. The prediction takes the GPU as the
+ * claim's own from the slot's first launch on; where it was not (the slot began behind another
+ * claim's work that spilled over by more than the late-work check sees, 20 ms), the queue grew
+ * past any bound, spilled into the next claim's slot, and that claim's slot began behind it in
+ * turn: at a 1 s period two claims at 30/70 settled with 100-190 ms queued each, the 70 at 62-65 %
+ * (static slots, 8 s runs, one in two). With the real queue bounded, what spills is at most a
+ * queue, which the late-work check sees. */
+static uint64_t queue_bound(struct gpu_state *g, uint64_t now, int captures, uint64_t end)
+{
+    while (!captures && __atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) &&
+           __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED) > __atomic_load_n(&g->drain.pred_ns, __ATOMIC_RELAXED) + QUEUE_NS) {
+        if (real_cuEventQuery(g->drain.ev) != CUDA_ERROR_NOT_READY) { /* it ran: the next launch marks the queue again */
+            __atomic_store_n(&g->drain.pending, 0, __ATOMIC_RELAXED);
+            break;
+        }
+        if (now >= end) break;
+        uint64_t t = now + DRAIN_POLL_NS < end ? now + DRAIN_POLL_NS : end;
+        note_paced(g, now, t);
+        sleep_until(t);
+        now = gs_now_ns();
+    }
+    return now;
 }
 
 /* in the claim's slot, before booking: see the comment above. Returns the time it goes on at,
@@ -427,7 +466,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
     again:
         if (lent && lent_turn(g, &now, start, lent, period, cost)) { /* lent: not on the timeline */
             L->lent = 1;
-            __atomic_add_fetch(&g->region.hdr->pace_gpu_ns, cost, __ATOMIC_RELAXED);
+            charge(g, cost);
         } else {
             uint64_t floor = now;
             if (slotted) { /* in the slot: up to the next slot's start, a period's worth */
@@ -462,7 +501,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
             uint64_t tolerance = slotted ? period : BURST_NS;
             uint64_t mine = book(&g->my_tat_ns, now, forged && now > tolerance ? now - tolerance : floor, interval * alone);
             if (mine > base) base = mine;
-            __atomic_add_fetch(&g->region.hdr->pace_gpu_ns, cost, __ATOMIC_RELAXED);
+            charge(g, cost);
             if (base > now + ahead) {
                 /* slotted: at the latest when a slot opens in which the booking fits (a period's worth
                  * from its start). Waking at the next slot whatever was booked let each waiting process
@@ -495,6 +534,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
                 if (in_slot && q > now + QUEUE_NS) { /* a shallow queue: its markers tell late work early */
                     now = hold_until(g, now, q - QUEUE_NS);
                 }
+                if (in_slot) now = queue_bound(g, now, captures, now - slot_phase(now, start, period) + len);
                 if (!__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && q >= now + MARK_NS) mark_drain(g, s, ptsz, captures);
                 __atomic_store_n(&g->qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
             }

@@ -36,7 +36,8 @@ struct gs_region_header {
     uint32_t pace_rate_ppm;  /* 128: refill rate, millionths of the GPU; 0 = derive from the
                                      compute limit. A node agent may write it (Hard policy: the
                                      library never exceeds the claim's limit whatever it says) */
-    uint32_t reserved2;      /* 132 */
+    uint32_t pace_kernel_us; /* 132: the longest launch the library booked since the node agent last
+                                     zeroed it, us (atomic max); the agent sizes the slot period by it */
     uint64_t pace_gpu_ns;    /* 136: estimated GPU time charged to the claim (diagnostics) */
     /* counters for the node agent's metrics: atomic adds, zero in a fresh region */
     uint64_t paced_ns;       /* 144: wall time launches slept to hold the compute share */
@@ -58,6 +59,7 @@ _Static_assert(sizeof(struct gs_slot) == GS_SLOT_SIZE, "slot size");
 _Static_assert(__builtin_offsetof(struct gs_region_header, holder) == 28, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, used) == 96, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, pace_rate_ppm) == 128, "layout");
+_Static_assert(__builtin_offsetof(struct gs_region_header, pace_kernel_us) == 132, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, paced_ns) == 144, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, oom_refusals) == 152, "layout");
 

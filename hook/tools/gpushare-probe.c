@@ -6,9 +6,11 @@
  *       A = alloc (default) | managed | async | pitch | vmm
  *   gpushare-probe [--device N] meminfo
  *   gpushare-probe [--device N] launch --seconds T [--kernel-us US] [--streams N] [--on-ms MS --off-ms MS]
+ *                  [--warmup W]
  *       kernels flat out, round robin over N streams (default 1: the legacy stream); --on-ms:
  *       bursty: bursts of MS of GPU work (at the kernel length asked for), each waited for, then
- *       --off-ms idle
+ *       --off-ms idle; --warmup: run W seconds first, counted in nothing printed (a claim's first
+ *       slot period, before its costs are known, moves a share measured over a few periods)
  *   gpushare-probe [--device N] time --count N [--kernel-us US]
  *       event-pair time of single kernels (median, p90), each waited for
  *   gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]
@@ -277,7 +279,7 @@ static int cmd_gpus(void)
 
 static double g_seconds = 1, g_kernel_us = 100, g_interval_us = 2400, g_request_us = 410;
 static int g_count = 50, g_kernels = 8, g_nodes = 10, g_record, g_grid, g_streams = 1;
-static double g_on_ms, g_off_ms;
+static double g_on_ms, g_off_ms, g_warmup;
 static double g_side_us;
 static const char *g_mode = "global";
 
@@ -296,6 +298,7 @@ static void parse_opts(int argc, char **argv)
         else if (!strcmp(argv[i], "--record")) g_record = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--streams")) g_streams = atoi(argv[i + 1]) < 1 ? 1 : atoi(argv[i + 1]) > 64 ? 64 : atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--on-ms")) g_on_ms = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--warmup")) g_warmup = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--off-ms")) g_off_ms = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--grid")) {
             g_grid = atoi(argv[i + 1]);
@@ -382,25 +385,29 @@ static int cmd_launch(int argc, char **argv)
     for (int i = 0; i < EVENTS; i++) CHECK(p_cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
     CUstream st[64] = {NULL}; /* blocking streams: the legacy stream's events wait for them all */
     for (int i = 1; i < g_streams; i++) CHECK(p_cuStreamCreate(&st[i], 0));
-    long long launches = 0, batches = 0, in_window = 0;
-    double t0 = now_s(), end = t0 + g_seconds;
+    long long launches = 0, batches = 0, in_window = 0, warm = 0; /* warm: launches of the warm-up */
+    int counting = 0;
+    double t0 = now_s() + g_warmup, end = t0 + g_seconds;
     while (g_on_ms > 0 && now_s() < end) { /* bursty: on-ms of GPU work, waited for, then idle */
         long long n = (long long)(g_on_ms * 1e3 / g_kernel_us + 0.5), i;
+        int counted = now_s() >= t0;
         for (i = 0; i < (n < 1 ? 1 : n) && now_s() < end; i++) CHECK(spin(st[i % g_streams], &cycles, g_kernel_us));
         CHECK(p_cuCtxSynchronize());
-        launches += i;
-        in_window += i;
+        launches += counted ? i : 0;
+        in_window += counted ? i : 0;
         double idle = now_s() + g_off_ms / 1e3;
         while (now_s() < idle && now_s() < end) usleep(500);
     }
     while (g_on_ms <= 0 && now_s() < end) {
+        if (!counting && now_s() >= t0) counting = 1, warm = launches; /* the warm-up's launches are not counted */
         for (int i = 0; i < 16; i++) CHECK(spin(st[(launches + i) % g_streams], &cycles, g_kernel_us));
         CHECK(p_cuEventRecord(ev[batches++ % EVENTS], NULL));
         launches += 16;
     }
     double window = now_s() - t0;
-    for (long long b = batches - 1; b >= 0 && b >= batches - EVENTS && !in_window; b--)
-        if (p_cuEventQuery(ev[b % EVENTS]) == CUDA_SUCCESS) in_window = (b + 1) * 16;
+    for (long long b = batches - 1; b >= 0 && b >= batches - EVENTS && (b + 1) * 16 > warm && !in_window; b--)
+        if (p_cuEventQuery(ev[b % EVENTS]) == CUDA_SUCCESS) in_window = (b + 1) * 16 - warm;
+    launches -= warm;
     CHECK(p_cuCtxSynchronize());
     double wall = now_s() - t0;
     printf("launches=%lld seconds=%.3f launches_per_s=%.1f kernel_us=%.1f busy_share=%.2f grid=%d"

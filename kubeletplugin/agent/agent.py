@@ -32,7 +32,7 @@ from .mpswatch import MpsWatch
 from .procmap import ProcessMap
 from .regions import Region
 from .sampler import GpuSample, Sampler, load_simulated_nvml
-from .shares import MPS_PERIOD_US, PERIOD_US, Share, plan_gpu
+from .shares import Share, plan_gpu
 from .status import StatusWriter
 
 log = get_logger("agent")
@@ -206,7 +206,7 @@ class Agent:
                     if c.sharing_strategy != MPS:
                         time_sliced.add(gpu.uuid)
         for uuid, shares in on_gpu.items():  # from the regions: needs no NVML
-            total = plan_gpu(shares, PERIOD_US if uuid in time_sliced else MPS_PERIOD_US)
+            total = plan_gpu(shares, mps_only=uuid not in time_sliced)
             if total > 1.0 + 1e-9 and self._oversubscribed.get(uuid) != round(total, 3):
                 log.warning("GPU oversubscribed: the paced claims' compute limits sum to more than the GPU; "
                             "each gets its limit divided by the sum", gpu=uuid, percent=round(total * 100, 1))

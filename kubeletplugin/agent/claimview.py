@@ -48,14 +48,16 @@ class ClaimView:
                 control.procs = len(self.process_memory[i])
 
     def count_period(self, seconds: float) -> None:
-        """Each share's charged GPU time and paced flag over the last period, from the regions."""
+        """Each share's charged GPU time, longest launch and paced flag over the last period, from
+        the regions."""
         paced_ns = [r.paced_ns if r else 0 for r in self.regions]
         charged_ns = [r.charged_ns if r else 0 for r in self.regions]
-        for s, now, before, c_now, c_before in zip(self.shares, paced_ns, self.paced_ns or paced_ns, charged_ns,
-                                                   self.charged_ns or charged_ns, strict=True):
+        kernel_us = [r.take_kernel_us() if r else 0 for r in self.regions]
+        for s, now, before, c_now, c_before, k in zip(self.shares, paced_ns, self.paced_ns or paced_ns, charged_ns,
+                                                      self.charged_ns or charged_ns, kernel_us, strict=True):
             s.measured = 0.0
             s.paced = now > before
-            s.charged = max(0, c_now - c_before) / 1e9 / seconds if seconds > 0 else 0.0
+            s.count(max(0, c_now - c_before) / 1e9 / seconds if seconds > 0 else 0.0, seconds, k)
         self.paced_ns, self.charged_ns = paced_ns, charged_ns
 
     def close(self) -> None:

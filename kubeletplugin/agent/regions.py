@@ -1,8 +1,9 @@
 """The usage regions (layout: kubeletplugin/hooklayout.py, from hook/src/region.h), seen by the node agent.
 
-The agent only reads the region, except for `pace_rate_ppm`, which the layout reserves for it
-(a 32-bit aligned store: the library reads it with one atomic load); it writes there only for
-claims without a control file (control.py; prepared by an older plugin). Everything read here is
+The agent only reads the region, except for two 32-bit fields the layout reserves for it (aligned
+stores: the library uses each with one atomic operation): `pace_rate_ppm`, written only for claims
+without a control file (control.py; prepared by an older plugin), and `pace_kernel_us`, zeroed
+after each read. Everything read here is
 tenant-writable, so it is treated as a claim's own report about itself, never as a limit.
 """
 
@@ -24,8 +25,8 @@ from kubeletplugin.hooklayout import (
 )
 
 _MAGIC, _VERSION, _USED, _SLOTS_HW = (REGION_HEADER[f].offset for f in ("magic", "version", "used", "slots_hw"))
-_PACE_RATE_PPM, _PACE_GPU_NS, _PACED_NS, _OOM_REFUSALS = (
-    REGION_HEADER[f].offset for f in ("pace_rate_ppm", "pace_gpu_ns", "paced_ns", "oom_refusals"))
+_PACE_RATE_PPM, _PACE_KERNEL_US, _PACE_GPU_NS, _PACED_NS, _OOM_REFUSALS = (
+    REGION_HEADER[f].offset for f in ("pace_rate_ppm", "pace_kernel_us", "pace_gpu_ns", "paced_ns", "oom_refusals"))
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,16 @@ class Region:
     @property
     def oom_refusals(self) -> int:
         return self._u64(_OOM_REFUSALS) if self.initialised else 0
+
+    def take_kernel_us(self) -> int:
+        """The longest launch the library booked since the last call, us (0: none), and zero it. A
+        launch between the read and the store is lost: the next one reports it again."""
+        if not self.initialised:
+            return 0
+        us: int = self._words[_PACE_KERNEL_US // 4]
+        if us:
+            self._words[_PACE_KERNEL_US // 4] = 0
+        return us
 
     @property
     def rate_ppm(self) -> int:

@@ -23,6 +23,17 @@ a margin (`lent_us`, right before its slot), where its library launches only whi
 no other work and gives the span up at the first sign of the owner's. A tenant that forges its
 charged time higher lends nothing (it takes borrowed time from its Burst neighbour only); one
 that forges it lower lets the neighbour try more of its own slot, which costs only itself.
+
+Long kernels: a slot holds whole kernels (the library drains a claim's work before its slot ends),
+so a claim loses what its slot has left after its last whole kernel: a Hard 10 claim of 12 ms
+kernels got one per 20 ms slot, 6.5 %. So the period of a time-sliced GPU is the shortest, in
+steps of PERIOD_US up to MAX_PERIOD_US, in which no busy claim's slot loses more than
+MAX_SLOT_LOSS of the GPU that way, reckoned with its longest launch (its library's
+`pace_kernel_us`). Every change of the period moves every slot of the GPU (the claims' queued work
+then meets: three tenants of 2.65 ms kernels lost 2-6 points while the first, inflated cost samples
+moved it), so it changes only on lengths each claim reported several times. A tenant that forges a
+longer kernel stretches the period for every claim of its GPU: their slots come further apart
+(latency, the Burst hand-back), their rates and so their shares stay.
 """
 
 from __future__ import annotations
@@ -36,6 +47,11 @@ MPS_PERIOD_US = 20_000    # a GPU of MPS claims only: the server holds each clie
 BUSY = 0.01               # a claim that used at least 1 % of the GPU last period is busy
 LEND_MARGIN_US = 20_000   # lent: the idle tail of a Hard slot, after the owner's GPU time and this
 USED_WEIGHT = 0.25        # the weight of the last period in Share.used
+MAX_SLOT_LOSS = 0.01      # of the GPU, after a busy claim's last whole kernel in its slot
+MAX_PERIOD_US = 1_000_000 # no longer than the node agent's default interval (1 s), in which a claim
+                          # that works once a period is seen busy; the share agent looks back a period
+SWITCH_US = 300           # each slot's first launch books a context switch (hook/src/pacing.c SWITCH_NS)
+KERNEL_REPORTS = 4        # a claim's kernel length: the shortest of its last reports of its longest launch
 
 
 @dataclass(eq=False)
@@ -54,13 +70,46 @@ class Share:
     length_us: int = 0
     period_us: int = PERIOD_US  # the period its GPU's slots repeat in (plan_gpu)
     lent_us: int = 0        # a busy Burst claim's lent span right before its slot (plan_gpu)
+    kernel_us: int = 0      # its longest launch of late (the library's pace_kernel_us; count)
+    _kernel_reports: tuple[int, ...] = ()  # the last KERNEL_REPORTS non-zero ones, newest first
+    charged_max: float = 0.0  # the most it charged in one of the agent's periods within its slot period
+    _recent: tuple[tuple[float, float], ...] = ()  # (seconds, charged) of those agent periods
 
     @property
     def busy(self) -> bool:
-        return self.charged >= BUSY or self.measured >= BUSY
+        return max(self.charged, self.charged_max, self.measured) >= BUSY
+
+    def count(self, charged: float, seconds: float, kernel_us: int) -> None:
+        """One agent period's report of the claim's library: the GPU time it charged (0..1 of the
+        period) and its longest launch since the last report (0: it launched nothing). A claim
+        whose slot period is longer than the agent's is busy in only some of its periods: it counts
+        as busy while it was in any of the last slot period's. Its kernel length is the shortest of
+        its last KERNEL_REPORTS reports (before that many, none)."""
+        self.charged = charged
+        recent, covered = [(seconds, charged)], seconds
+        for old in self._recent:
+            if covered >= self.period_us / 1e6:
+                break
+            recent.append(old)
+            covered += old[0]
+        self._recent = tuple(recent)
+        self.charged_max = max(c for _, c in recent)
+        if kernel_us:  # the first cost samples of a claim beside busy ones count their slices
+            # (6-9 ms for a 2.65 ms kernel, for about a second): a length counts once reported
+            # KERNEL_REPORTS times
+            self._kernel_reports = (kernel_us, *self._kernel_reports[:KERNEL_REPORTS - 1])
+            self.kernel_us = min(self._kernel_reports) if len(self._kernel_reports) == KERNEL_REPORTS else 0
 
 
-def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> float:
+def slot_loss(slot_us: float, kernel_us: int) -> float:
+    """What a slot of slot_us leaves after its switch and its last whole kernel_us kernel, in us. A
+    slot shorter than one kernel loses nothing so: its first launch always goes, and the claim's
+    timeline spaces its kernels over periods."""
+    room = slot_us - SWITCH_US
+    return room % kernel_us if room >= kernel_us else 0.0
+
+
+def plan_gpu(shares: list[Share], mps_only: bool = False) -> float:
     """Lay out the slots of the claims on one GPU (Hard ones first, in the given order) and set
     each claim's rate: its limit, or for a busy Burst claim its slot's part of the period. A busy
     claim's slot covers what follows it up to the next busy claim's slot (idle claims' slots, time
@@ -69,19 +118,36 @@ def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> float:
     stops a slot's work before the slot ends: a kernel that does not fit waits for the next slot),
     and a claim alone on the GPU has the whole period, with no context switch to leave room for.
 
+    The period: MPS_PERIOD_US where every paced claim is an MPS client (`mps_only`); else the
+    shortest multiple of PERIOD_US, at most MAX_PERIOD_US, in which no busy claim's slot shorter
+    than the period loses more than MAX_SLOT_LOSS of it after its last whole kernel.
+
     Returns the claims' limits together (1.0 = the whole GPU). Above 1 the GPU is oversubscribed
     (claims prepared past the allocator, e.g. by hand): every claim then gets its limit divided by
     that sum, in slot and rate, rather than the last ones a slot of no length; the caller reports it."""
     ordered = [s for s in shares if not s.burst] + [s for s in shares if s.burst]
     total = sum(s.limit for s in ordered)
     scale = 1.0 / total if total > 1.0 + 1e-9 else 1.0
+    for s in ordered:  # a bursty claim's charged time swings with how many bursts fell in one period
+        s.used = s.charged if s.used < 0 else s.used + (s.charged - s.used) * USED_WEIGHT
+    if mps_only:
+        _layout(ordered, scale, MPS_PERIOD_US)
+        return total
+    for period in range(PERIOD_US, MAX_PERIOD_US + 1, PERIOD_US):
+        _layout(ordered, scale, period)
+        if all(s.length_us == period or slot_loss(s.length_us, s.kernel_us) <= MAX_SLOT_LOSS * period
+               for s in ordered if s.busy and s.kernel_us):
+            break
+    return total
+
+
+def _layout(ordered: list[Share], scale: float, period_us: int) -> None:
+    """plan_gpu's slots, rates and lent spans in a period of period_us."""
     start = 0
     for s in ordered:
         s.start_us, s.length_us = start, min(period_us - start, round(s.limit * scale * period_us))
         start += s.length_us
     busy = [s for s in ordered if s.busy]
-    for s in ordered:  # a bursty claim's charged time swings with how many bursts fell in one period
-        s.used = s.charged if s.used < 0 else s.used + (s.charged - s.used) * USED_WEIGHT
     for s in ordered:
         s.rate = s.limit * scale
         s.period_us = period_us
@@ -98,7 +164,6 @@ def plan_gpu(shares: list[Share], period_us: int = PERIOD_US) -> float:
             if not before.burst:
                 idle = before.length_us - round(max(before.used, before.charged) * period_us) - LEND_MARGIN_US
                 s.lent_us = max(0, min(idle, before.length_us))
-    return total
 
 
 def to_ppm(rate: float) -> int:

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from dra_driver.config import MPS
 from dra_driver.flags import FromArgs
 from dra_driver.log import get_logger
 from dra_driver.runloop import serve
@@ -47,20 +48,24 @@ class RunDirClaim:
             share = Share(limit=limit / 100.0, burst=kv.get(f"GPUSHARE_COMPUTE_POLICY_{i}") == "Burst", trusted=True)
             self.gpus.append((kv.get(f"GPUSHARE_DEVICE_UUID_{i}", str(i)), share,
                               Region(os.path.join(root, "region", str(i))), Control(path)))
+        self.mps = kv.get("GPUSHARE_SHARING_STRATEGY") == MPS
         self.charged = [0] * len(self.gpus)
 
 
 def tick(claims: list[RunDirClaim], seconds: float) -> None:
     """One period: each claim's charged GPU time, then every GPU's slots and rates."""
     on_gpu: dict[str, list[Share]] = {}
+    time_sliced: set[str] = set()
     for c in claims:
         for j, (uuid, share, region, _) in enumerate(c.gpus):
             now = region.charged_ns
-            share.charged = max(0, now - c.charged[j]) / 1e9 / seconds
+            share.count(max(0, now - c.charged[j]) / 1e9 / seconds, seconds, region.take_kernel_us())
             c.charged[j] = now
             on_gpu.setdefault(uuid, []).append(share)
-    for shares in on_gpu.values():
-        plan_gpu(shares)
+            if not c.mps:
+                time_sliced.add(uuid)
+    for uuid, shares in on_gpu.items():  # as the node agent's period (agent.py)
+        plan_gpu(shares, mps_only=uuid not in time_sliced)
     for c in claims:
         for _, share, _, control in c.gpus:
             control.rate_ppm = to_ppm(share.rate)

@@ -3,8 +3,17 @@ import signal
 import subprocess
 import sys
 
-from kubeletplugin.agent.shares import LEND_MARGIN_US, PERIOD_US, Share, plan_gpu
-from kubeletplugin.hooklayout import CONTROL, REGION_SIZE
+from kubeletplugin.agent.shares import (
+    KERNEL_REPORTS,
+    LEND_MARGIN_US,
+    MAX_PERIOD_US,
+    MPS_PERIOD_US,
+    PERIOD_US,
+    Share,
+    plan_gpu,
+    slot_loss,
+)
+from kubeletplugin.hooklayout import CONTROL, REGION_HEADER, REGION_MAGIC, REGION_SIZE, REGION_VERSION
 from tests.support import wait_for
 
 
@@ -80,6 +89,57 @@ def test_an_oversubscribed_gpu_gives_every_claim_its_part_and_says_so():
     assert plan_gpu([share(0.3), share(0.7)]) == 1.0
 
 
+def long(limit, kernel_us, busy=True):
+    return Share(limit=limit, burst=False, trusted=True, charged=0.5 if busy else 0.0, kernel_us=kernel_us)
+
+
+def period(shares, mps_only=False):
+    plan_gpu(shares, mps_only=mps_only)
+    assert len({s.period_us for s in shares}) == 1
+    return shares[0].period_us
+
+
+def test_the_period_is_the_shortest_in_which_no_busy_slot_loses_more_than_one_percent():
+    """A slot holds whole kernels, so a Hard 10 claim of 12 ms kernels lost 7.7 of its 20 ms slot at
+    the 200 ms period (6.5 % of the GPU): the period is the shortest, in steps of PERIOD_US up to
+    MAX_PERIOD_US, in which no busy claim's slot loses more than 1 % of it after its switch (0.3 ms)
+    and its last whole kernel (docs/compute.md)."""
+    assert slot_loss(20_000, 12_000) == 7_700
+    assert slot_loss(2_000, 2650) == 0  # shorter than a kernel: paced over periods by its timeline
+    assert period([long(0.1, 12_000), long(0.9, 2650)]) == 400_000  # 39.7 ms: 3 kernels, 3.7 ms left
+    assert period([long(0.1, 2650), long(0.3, 2650), long(0.6, 2650)]) == PERIOD_US  # 1.15 / 1.4 / 0.45 ms
+    # an idle claim's kernels do not matter, and a busy claim whose slot covers the period drains nothing
+    assert period([long(0.1, 12_000, busy=False), long(0.9, 2650)]) == PERIOD_US
+    assert period([long(0.1, 5000), long(0.9, 2650)]) == 600_000  # 4.7 ms left of 20, 40 and 60
+    assert period([long(0.1, 16_620), long(0.9, 2650)]) == MAX_PERIOD_US  # no period is enough: the longest
+    # oversubscribed (limits summing to 2): each slot is half its limit
+    assert period([long(0.2, 12_000), long(0.8, 2650), long(1.0, 2650)]) == 400_000
+    assert period([long(0.1, 12_000), long(0.9, 2650)], mps_only=True) == MPS_PERIOD_US  # no handover to drain
+    assert period([share(0.3)]) == PERIOD_US
+
+
+def test_a_claim_busy_once_a_long_period_stays_busy_and_its_kernel_length_is_kept():
+    """With a 1 s period and the share agent's 0.25 s periods, a claim launches in one agent period
+    of four: it stays busy for a slot period after it charged time (else its slot, and with it the
+    period, would flip every agent period). Its kernel length is the smaller of its last two
+    reports, kept through agent periods without a launch: a first cost sample beside busy claims
+    counts their slices, and each change of the period moves every slot of the GPU."""
+    s = Share(limit=0.1, burst=False, trusted=True, period_us=1_000_000)
+    s.count(0.4, 0.25, 30_000)  # the first sample, inflated: no length yet
+    assert s.busy and s.kernel_us == 0
+    for _ in range(KERNEL_REPORTS - 1):
+        s.count(0.4, 0.25, 12_000)
+    for _ in range(3):
+        s.count(0.0, 0.25, 0)
+        assert s.busy and s.kernel_us == 12_000
+    s.count(0.0, 0.25, 0)  # a whole slot period without a launch
+    assert not s.busy
+    s.count(0.4, 0.25, 13_000)
+    assert s.busy and s.kernel_us == 12_000
+    s.count(0.4, 0.25, 1000)  # shorter kernels from now on
+    assert s.kernel_us == 1000
+
+
 def run_dirs(tmp_path, limits):
     """Claims laid out as GPUSHARE_RUN_DIR: a limits file and a zeroed region each."""
     dirs = []
@@ -112,6 +172,33 @@ def test_share_agent_writes_slots_into_run_dirs(tmp_path):
     assert [(g["rate_ppm"], g["slot"] & 0xFFFFFFFF, g["slot"] >> 32, g["period_us"]) for g in got] == [
         (300_000, 0, 60000, PERIOD_US), (500_000, 60000, 100000, PERIOD_US)]
     assert not (dirs[2] / "control").exists()  # limit 100: never paced
+
+
+def test_share_agent_sizes_the_period_by_the_longest_launch_the_library_reports(tmp_path):
+    """The library keeps its claim's longest booked launch in the region (`pace_kernel_us`, us); the
+    agent reads it each period, zeroes it, and lengthens the GPU's slot period for it."""
+    from kubeletplugin.agent.standalone import RunDirClaim, tick
+
+    dirs = run_dirs(tmp_path, [(10, "Hard"), (90, "Hard")])
+    for d in dirs:  # an initialised region, as the library leaves it, its claim busy
+        data = bytearray((d / "region" / "0").read_bytes())
+        REGION_HEADER["magic"].write(data, REGION_MAGIC)
+        REGION_HEADER["version"].write(data, REGION_VERSION)
+        (d / "region" / "0").write_bytes(data)
+    claims = [RunDirClaim(str(d)) for d in dirs]
+    tick(claims, 0.25)
+    assert control_fields(dirs[0])["period_us"] == PERIOD_US
+    for n in range(1, KERNEL_REPORTS + 1):  # a length counts once reported KERNEL_REPORTS times
+        assert control_fields(dirs[0])["period_us"] == PERIOD_US, n
+        for d, us in zip(dirs, (12_000, 2650), strict=True):
+            data = bytearray((d / "region" / "0").read_bytes())
+            REGION_HEADER["pace_kernel_us"].write(data, us)
+            REGION_HEADER["pace_gpu_ns"].write(data, n * 100_000_000)  # busy
+            (d / "region" / "0").write_bytes(data)
+        tick(claims, 0.25)
+    assert [control_fields(d)["period_us"] for d in dirs] == [400_000, 400_000]
+    assert [control_fields(d)["slot"] >> 32 for d in dirs] == [40_000, 360_000]
+    assert REGION_HEADER["pace_kernel_us"].read((dirs[0] / "region" / "0").read_bytes()) == 0  # taken
 
 
 def test_share_agent_zeroes_rates_and_slots_on_sigterm(tmp_path):

@@ -160,3 +160,11 @@ def test_hooklayout_imports_with_the_standard_library_only():
     code = f"import sys; sys.path.insert(0, {str(repo)!r}); import kubeletplugin.hooklayout"
     run = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+def test_the_agents_switch_cost_is_the_librarys():
+    """The agent reckons a slot's loss with the switch each slot's first launch books."""
+    from kubeletplugin.agent.shares import SWITCH_US
+
+    define = re.search(r"#define SWITCH_NS (\d+)ull", (SRC / "pacing.c").read_text())
+    assert define and int(define.group(1)) == SWITCH_US * 1000, define
