@@ -255,7 +255,6 @@ static uint64_t hold_until(struct gpu_state *g, uint64_t now, uint64_t t)
     return t;
 }
 
-/* mark the end of the work launched so far on s (nothing while a capture is active) */
 /* record m after the work queued on s, due at pred; 0 when no event could be recorded */
 static int marker_record(struct gs_marker *m, CUstream s, int ptsz, uint64_t pred)
 {
@@ -272,6 +271,7 @@ static int marker_record(struct gs_marker *m, CUstream s, int ptsz, uint64_t pre
     return 0;
 }
 
+/* mark the end of the work launched so far on s (nothing while a capture is active) */
 static void mark_drain(struct gpu_state *g, CUstream s, int ptsz, int captures)
 {
     if (captures || capturing(s, ptsz)) return;
@@ -287,11 +287,13 @@ static void mark_drain(struct gpu_state *g, CUstream s, int ptsz, int captures)
  * turn: at a 1 s period two claims at 30/70 settled with 100-190 ms queued each, the 70 at 62-65 %
  * (static slots, 8 s runs, one in two). With the real queue bounded, what spills is at most a
  * queue, which the late-work check sees. */
-static uint64_t queue_bound(struct gpu_state *g, uint64_t now, int captures, uint64_t end)
+/* wait, polled every DRAIN_POLL_NS and at most until end, for the pending drain marker to run (no
+ * event is asked about while a capture is active); returns the time, with the marker no longer
+ * pending if it ran */
+static uint64_t drain_wait(struct gpu_state *g, uint64_t now, uint64_t end)
 {
-    while (!captures && __atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) &&
-           __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED) > __atomic_load_n(&g->drain.pred_ns, __ATOMIC_RELAXED) + QUEUE_NS) {
-        if (real_cuEventQuery(g->drain.ev) != CUDA_ERROR_NOT_READY) { /* it ran: the next launch marks the queue again */
+    while (__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g_captures, __ATOMIC_RELAXED)) {
+        if (real_cuEventQuery(g->drain.ev) != CUDA_ERROR_NOT_READY) {
             __atomic_store_n(&g->drain.pending, 0, __ATOMIC_RELAXED);
             break;
         }
@@ -302,6 +304,14 @@ static uint64_t queue_bound(struct gpu_state *g, uint64_t now, int captures, uin
         now = gs_now_ns();
     }
     return now;
+}
+
+static uint64_t queue_bound(struct gpu_state *g, uint64_t now, int captures, uint64_t end)
+{
+    if (captures || !__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) ||
+        __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED) <= __atomic_load_n(&g->drain.pred_ns, __ATOMIC_RELAXED) + QUEUE_NS)
+        return now;
+    return drain_wait(g, now, end); /* when it ran, the next launch marks the queue again */
 }
 
 /* in the claim's slot, before booking: see the comment above. Returns the time it goes on at,
@@ -320,13 +330,7 @@ static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int capture
         }
         uint64_t no = (now + period - start) / period;
         if (__atomic_exchange_n(&g->cur_slot, no, __ATOMIC_RELAXED) != no) { /* the slot's first launch */
-            while (__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g_captures, __ATOMIC_RELAXED) &&
-                   real_cuEventQuery(g->drain.ev) == CUDA_ERROR_NOT_READY && now < end) {
-                uint64_t t = now + DRAIN_POLL_NS < end ? now + DRAIN_POLL_NS : end;
-                note_paced(g, now, t);
-                sleep_until(t);
-                now = gs_now_ns();
-            }
+            now = drain_wait(g, now, end);
             if (now >= end) continue;
             __atomic_store_n(&g->drain.pending, 0, __ATOMIC_RELAXED);
             __atomic_store_n(&g->qend_ns, now + (shared ? SWITCH_NS : 0), __ATOMIC_RELAXED);
