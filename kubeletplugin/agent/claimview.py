@@ -29,23 +29,18 @@ class ClaimView:
     charged_ns: list[int] = field(default_factory=list)                # per GPU: the region's, last period
     sharing_strategy: str = TIME_SLICING  # None: no region or control file, the backstop only
 
-    def set_rate(self, i: int, ppm: int) -> None:
-        """The library's refill rate for GPU i: the control file when there is one, else the region."""
-        target = self.controls[i] or self.regions[i]
-        if target is not None:
-            target.rate_ppm = ppm
-
     def apply(self, i: int) -> None:
-        """Write GPU i's planned rate and slot (a slot only where no tenant can write it), and the
-        count of the claim's processes on it (the library's answer to a forged region)."""
-        s = self.shares[i]
-        self.set_rate(i, to_ppm(s.rate))
-        control = self.controls[i]
-        if control is not None:
-            control.set_slot(s.period_us, s.start_us, s.length_us)
-            control.lent_us = s.lent_us
-            if i < len(self.process_memory):  # how many share the claim's rate if its region is forged
-                control.procs = len(self.process_memory[i])
+        """Write GPU i's plan into its control file (a slot only where no tenant can write it), with
+        the count of the claim's processes on it (the library's answer to a forged region); without
+        a control file, only the rate, into the region."""
+        s, control, region = self.shares[i], self.controls[i], self.regions[i]
+        if control is None:
+            if region is not None:
+                region.rate_ppm = to_ppm(s.rate)
+            return
+        control.plan(s)
+        if i < len(self.process_memory):  # how many share the claim's rate if its region is forged
+            control.procs = len(self.process_memory[i])
 
     def count_period(self, seconds: float) -> None:
         """Each share's charged GPU time, longest launch and paced flag over the last period, from
@@ -57,7 +52,7 @@ class ClaimView:
                                                       self.charged_ns or charged_ns, kernel_us, strict=True):
             s.measured = 0.0
             s.paced = now > before
-            s.count(max(0, c_now - c_before) / 1e9 / seconds if seconds > 0 else 0.0, seconds, k)
+            s.count(c_now - c_before, seconds, k)
         self.paced_ns, self.charged_ns = paced_ns, charged_ns
 
     def close(self) -> None:

@@ -15,6 +15,8 @@ import struct
 
 from kubeletplugin.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTROL_VERSION
 
+from .shares import Share, to_ppm
+
 _MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US, _PROCS, _LENT_US = (
     CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us", "procs", "lent_us"))
 
@@ -55,6 +57,12 @@ class Control:
         value = max(0, min(value, ceiling))
         if self._words[offset // 4] != value:
             self._words[offset // 4] = value
+
+    def plan(self, share: Share) -> None:
+        """The agent's plan for the claim on this GPU (shares.py): its rate, slot and lent span."""
+        self.rate_ppm = to_ppm(share.rate)
+        self.set_slot(share.period_us, share.start_us, share.length_us)
+        self.lent_us = share.lent_us
 
     def unplan(self) -> None:
         """Nobody hands slots out any more: back to the limit, no slot, no lent span."""

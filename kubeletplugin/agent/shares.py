@@ -79,13 +79,14 @@ class Share:
     def busy(self) -> bool:
         return max(self.charged, self.charged_max, self.measured) >= BUSY
 
-    def count(self, charged: float, seconds: float, kernel_us: int) -> None:
-        """One agent period's report of the claim's library: the GPU time it charged (0..1 of the
-        period) and its longest launch since the last report (0: it launched nothing). A claim
-        whose slot period is longer than the agent's is busy in only some of its periods: it counts
-        as busy while it was in any of the last slot period's. Its kernel length is the shortest of
-        its last KERNEL_REPORTS reports (before that many, none)."""
-        self.charged = charged
+    def count(self, charged_ns: int, seconds: float, kernel_us: int) -> None:
+        """One agent period's report of the claim's library: the GPU time it charged in the period
+        of `seconds` (its region's pace_gpu_ns less the last report's) and its longest launch since
+        the last report (0: it launched nothing). A claim whose slot period is longer than the
+        agent's is busy in only some of its periods: it counts as busy while it was in any of the
+        last slot period's. Its kernel length is the shortest of its last KERNEL_REPORTS reports
+        (before that many, none)."""
+        self.charged = charged = max(0, charged_ns) / 1e9 / seconds if seconds > 0 else 0.0
         recent, covered = [(seconds, charged)], seconds
         for old in self._recent:
             if covered >= self.period_us / 1e6:

@@ -20,7 +20,7 @@ from kubeletplugin.hooklayout import CONTROL_SIZE
 
 from .control import Control
 from .regions import Region
-from .shares import Share, plan_gpu, to_ppm
+from .shares import Share, plan_gpu
 
 log = get_logger("agent.standalone")
 
@@ -59,7 +59,7 @@ def tick(claims: list[RunDirClaim], seconds: float) -> None:
     for c in claims:
         for j, (uuid, share, region, _) in enumerate(c.gpus):
             now = region.charged_ns
-            share.count(max(0, now - c.charged[j]) / 1e9 / seconds, seconds, region.take_kernel_us())
+            share.count(now - c.charged[j], seconds, region.take_kernel_us())
             c.charged[j] = now
             on_gpu.setdefault(uuid, []).append(share)
             if not c.mps:
@@ -68,9 +68,7 @@ def tick(claims: list[RunDirClaim], seconds: float) -> None:
         plan_gpu(shares, mps_only=uuid not in time_sliced)
     for c in claims:
         for _, share, _, control in c.gpus:
-            control.rate_ppm = to_ppm(share.rate)
-            control.set_slot(share.period_us, share.start_us, share.length_us)
-            control.lent_us = share.lent_us
+            control.plan(share)
 
 
 class ShareAgent:

@@ -118,6 +118,9 @@ def test_the_period_is_the_shortest_in_which_no_busy_slot_loses_more_than_one_pe
     assert period([share(0.3)]) == PERIOD_US
 
 
+BOOKED_100MS = 100_000_000  # GPU ns charged in a 0.25 s agent period: 0.4 of it
+
+
 def test_a_claim_busy_once_a_long_period_stays_busy_and_its_kernel_length_is_kept():
     """With a 1 s period and the share agent's 0.25 s periods, a claim launches in one agent period
     of four: it stays busy for a slot period after it charged time (else its slot, and with it the
@@ -125,18 +128,18 @@ def test_a_claim_busy_once_a_long_period_stays_busy_and_its_kernel_length_is_kep
     reports, kept through agent periods without a launch: a first cost sample beside busy claims
     counts their slices, and each change of the period moves every slot of the GPU."""
     s = Share(limit=0.1, burst=False, trusted=True, period_us=1_000_000)
-    s.count(0.4, 0.25, 30_000)  # the first sample, inflated: no length yet
+    s.count(BOOKED_100MS, 0.25, 30_000)  # the first sample, inflated: no length yet
     assert s.busy and s.kernel_us == 0
     for _ in range(KERNEL_REPORTS - 1):
-        s.count(0.4, 0.25, 12_000)
+        s.count(BOOKED_100MS, 0.25, 12_000)
     for _ in range(3):
-        s.count(0.0, 0.25, 0)
+        s.count(0, 0.25, 0)
         assert s.busy and s.kernel_us == 12_000
-    s.count(0.0, 0.25, 0)  # a whole slot period without a launch
+    s.count(0, 0.25, 0)  # a whole slot period without a launch
     assert not s.busy
-    s.count(0.4, 0.25, 13_000)
+    s.count(BOOKED_100MS, 0.25, 13_000)
     assert s.busy and s.kernel_us == 12_000
-    s.count(0.4, 0.25, 1000)  # shorter kernels from now on
+    s.count(BOOKED_100MS, 0.25, 1000)  # shorter kernels from now on
     assert s.kernel_us == 1000
 
 
