@@ -4,18 +4,15 @@ agent publishes in their control files (kubeletplugin/agent/shares.py computes t
 shares are each claim's GPU time in one run, from its launch count and the simulated kernel
 length. Both large and tiny kernels hold 3.5 points here (misses of at most 1.7 on a quiet
 machine; tiny ones depend on how fast a loaded CI machine can launch)."""
-import mmap
-import struct
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from kubeletplugin.agent.shares import PERIOD_US
-from kubeletplugin.hooklayout import CONTROL, HEADER_SIZE, REGION_HEADER
+from kubeletplugin.hooklayout import CONTROL, REGION_HEADER
 from tests.support import CPU_TIMED, MiB, wait_for
 from tests.support.hook import kv
 
@@ -104,23 +101,9 @@ def test_forged_region_cannot_raise_the_share(make_claim):
     keeps its own bucket, so the claim stays at its limit."""
     [c] = start_claims(make_claim, [30])
     c.run("gpushare-probe", "meminfo")  # initialise the region
-    stop = threading.Event()
-
-    def forge():
-        with open(c.region(0), "r+b") as f, mmap.mmap(f.fileno(), HEADER_SIZE) as m:
-            while not stop.is_set():
-                struct.pack_into("<Q", m, REGION_HEADER["pace_tat_ns"].offset, 0)
-                struct.pack_into("<I", m, REGION_HEADER["pace_rate_ppm"].offset, 1_000_000)  # all of the GPU
-                time.sleep(0.0005)
-
-    t = threading.Thread(target=forge)
-    t.start()
-    try:
+    with c.forging({"pace_tat_ns": 0, "pace_rate_ppm": 1_000_000}, 0.0005):  # all of the GPU
         p = c.popen("gpushare-probe", "launch", "--seconds", 4, "--kernel-us", LARGE_US)
         out = kv(p.communicate(timeout=60)[0])
-    finally:
-        stop.set()
-        t.join()
     share = float(out["launches"]) * LARGE_US / 1e6 / float(out["seconds"]) * 100
     assert share <= 33, out
 
@@ -238,22 +221,9 @@ def test_a_forged_kernel_length_stretches_the_period_but_moves_no_share(make_cla
     grew to 100-190 ms and spilled into each other's slots."""
     forger, neighbour = make_claim(compute=30, name="forger"), make_claim(compute=70, name="neighbour")
     forger.run("gpushare-probe", "meminfo")  # initialise the region
-    stop = threading.Event()
-
-    def forge():
-        with open(forger.region(0), "r+b") as f, mmap.mmap(f.fileno(), HEADER_SIZE) as m:
-            while not stop.is_set():
-                struct.pack_into("<I", m, REGION_HEADER["pace_kernel_us"].offset, 20_000)
-                time.sleep(0.001)
-
-    t = threading.Thread(target=forge)
-    t.start()
-    try:
+    with forger.forging({"pace_kernel_us": 20_000}, 0.001):
         (got_forger, got_neighbour), outs = run_with_agent([forger, neighbour], [
             ["--seconds", 8, "--warmup", 2, "--kernel-us", LARGE_US]] * 2)
-    finally:
-        stop.set()
-        t.join()
     print(f"forged kernel length, 30/70: {got_forger:.1f} / {got_neighbour:.1f}, period {outs[0]['period_us']} us")
     assert outs[0]["period_us"] == outs[1]["period_us"] == 1_000_000, outs
     assert got_forger <= 33.5 and got_neighbour >= 66.5, (got_forger, got_neighbour, outs)

@@ -20,15 +20,13 @@ so the claim's processes no longer take turns and their cost samples count each 
 
 from __future__ import annotations
 
-import mmap
-import struct
-import threading
+import contextlib
 from pathlib import Path
 
 import pytest
 
 from kubeletplugin.agent.shares import MPS_PERIOD_US, PERIOD_US
-from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER, SIM_MPS_FILE, SIM_MPS_PIPE_ENV, sim_mps_server_text
+from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_PIPE_ENV, sim_mps_server_text
 from tests.support import CPU_TIMED
 from tests.support.hook import kv
 
@@ -45,13 +43,6 @@ NEIGHBOUR_BOUND = 5.0
 # slices: 4 honest processes of a 25 % claim read 15.0-20.1 (about 22 at 20 ms), 4 forging ones
 # 17.2-18.5; that shortfall is open (issue 29, docs/compute.md)
 FLOOR = 12.0
-
-
-def forge_while(claim, stop: threading.Event) -> None:
-    with open(claim.region(0), "r+b") as f, mmap.mmap(f.fileno(), HEADER_SIZE) as m:
-        while not stop.is_set():
-            struct.pack_into("<Q", m, REGION_HEADER["pace_tat_ns"].offset, 0)
-            stop.wait(0.0005)
 
 
 def pipe_dir(tmp_path: Path, name: str, percentage: int) -> Path:
@@ -74,11 +65,7 @@ def run_pair(make_claim, tmp_path, strategy: str, procs: int, forge: bool) -> tu
                 f.write("GPUSHARE_SHARING_STRATEGY=MPS\nGPUSHARE_SM_COUNT_0=132\n")
             envs[i] = {SIM_MPS_PIPE_ENV: str(pipe_dir(tmp_path, c.root.name, limit))}
     tenant.run("gpushare-probe", "meminfo", env=envs[0])  # the region initialised
-    stop = threading.Event()
-    forger = threading.Thread(target=forge_while, args=(tenant, stop))
-    if forge:
-        forger.start()
-    try:
+    with tenant.forging({"pace_tat_ns": 0}, 0.0005) if forge else contextlib.nullcontext():
         # a whole-GPU grid: an MPS client's default grid is its share's SMs (issue 27)
         argv = ("gpushare-probe", "launch", "--seconds", SECONDS, "--kernel-us", LARGE_US, "--grid", 132)
         running = [tenant.popen(*argv, env=envs[0]) for _ in range(procs)] + [neighbour.popen(*argv, env=envs[1])]
@@ -87,10 +74,6 @@ def run_pair(make_claim, tmp_path, strategy: str, procs: int, forge: bool) -> tu
             stdout, stderr = p.communicate(timeout=120)
             assert p.returncode == 0, stderr
             outs.append((kv(stdout), stderr))
-    finally:
-        stop.set()
-        if forge:
-            forger.join()
     work = [float(o["launches"]) * LARGE_US / 1e6 / float(o["seconds"]) * 100 for o, _ in outs]
     mine, theirs = sum(work[:procs]), work[-1]
     if strategy == "MPS":  # a claim's share under MPS: its part of the claims' work (docs/compute.md)

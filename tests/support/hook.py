@@ -4,12 +4,24 @@ driver (hook/build/sim) with libgpushare.so preloaded. The fixtures are in tests
 """
 from __future__ import annotations
 
+import contextlib
+import mmap
 import re
 import subprocess
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeletplugin.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTROL_VERSION, SIM_MPS_HELD
+from kubeletplugin.hooklayout import (
+    CONTROL,
+    CONTROL_MAGIC,
+    CONTROL_SIZE,
+    CONTROL_VERSION,
+    HEADER_SIZE,
+    REGION_HEADER,
+    SIM_MPS_HELD,
+)
 
 from . import REPO
 
@@ -53,6 +65,27 @@ class Claim:
                             ("slot", start | length << 32), ("period_us", period), ("procs", procs)):
             CONTROL[name].write(data, value)
         path.write_bytes(data)
+
+    @contextlib.contextmanager
+    def forging(self, values: dict[str, int], every_s: float, i: int = 0) -> Iterator[None]:
+        """A tenant of the claim writing `values` (region header fields, in order) into region i
+        every every_s seconds, while the block runs."""
+        stop = threading.Event()
+
+        def forge() -> None:
+            with open(self.region(i), "r+b") as f, mmap.mmap(f.fileno(), HEADER_SIZE) as m:
+                while not stop.is_set():
+                    for name, value in values.items():
+                        REGION_HEADER[name].write(m, value)  # an mmap takes slice stores as a bytearray does
+                    stop.wait(every_s)
+
+        t = threading.Thread(target=forge)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
 
     def run(self, *args, preload=True, env=None, timeout=60, check=True, build=None):
         b = build or self.build
