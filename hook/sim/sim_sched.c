@@ -315,17 +315,30 @@ int sim_done(int dev, uint64_t pos)
     return done;
 }
 
+/* under the lock: the earliest the queue can reach pos (done below it), if nothing else changes.
+ * Resident: when the rest has run alone. Waiting: when the resident runs dry or the slice ends,
+ * whichever is first, a switch, then the rest. A real driver spins on the completion; a wait
+ * that only looked again every so often read a request late by up to that step (a client's
+ * p99 beside a busy context by up to its request's length, with the CPU's own wake-up on top). */
+static uint64_t earliest_done(struct sim_sched *s, int dev, uint64_t done, uint64_t pos)
+{
+    int r = s->resident;
+    uint64_t t = s->t > s->switch_end ? s->t : s->switch_end;
+    if (r < 0 || same_ctx(r, me())) return t + (pos - done);
+    struct sim_queue *rq = queue_of(r, dev);
+    uint64_t dry = t + (rq->queued_ns - rq->done_ns), end = next_boundary(s->t);
+    return (dry < end ? dry : end) + sim->switch_ns + (pos - done);
+}
+
 void sim_wait(int dev, uint64_t pos)
 {
     for (;;) {
-        uint64_t now = sim_now_ns();
-        struct sim_sched *s = lock_dev(dev, now);
+        struct sim_sched *s = lock_dev(dev, sim_now_ns());
         uint64_t done = queue_of(me(), dev)->done_ns;
+        uint64_t at = done < pos ? earliest_done(s, dev, done, pos) : 0;
         pthread_mutex_unlock(&s->lock.m);
         if (done >= pos) return;
-        /* at the earliest when the rest runs alone; look again at least every slice */
-        uint64_t wait = pos - done < sim->slice_ns ? pos - done : sim->slice_ns;
-        sim_sleep_until(now + wait);
+        sim_sleep_until(at);
     }
 }
 
