@@ -12,7 +12,7 @@ import pytest
 
 from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_PIPE_ENV, sim_mps_server_text
 from tests.support import CPU_TIMED
-from tests.support.hook import kv, throughput
+from tests.support.hook import cpus_awake, kv, throughput
 
 LARGE_US = 2650  # one 4096 fp32 matmul on the H100, alone
 MPS_US = 500  # MPS throughput does not depend on the kernel's length here: shorter, for more kernels in 2 s
@@ -57,23 +57,18 @@ def test_a_client_beside_a_busy_context_waits_for_its_slice_end(make_claim):
     """The H100: an inference-like client (0.41 ms requests, 2.4 ms apart) beside a busy matmul
     process, no library: p99 2.91 ms (2.31x its solo p99 of 1.26 ms, which is the Python
     client's CPU jitter; the simulator's solo p99 is about 0.6 ms, so the absolute figure is the
-    one compared). A request that comes while the neighbour runs waits for the slice end.
-
-    A p99 of 3 s here is the 6th slowest of about 580 requests, and this machine's own wake-ups
-    put 5-13 of them 0.3-3 ms late in a run (measured 2026-11-26 on a quiet machine): the model
-    alone gives 2.8-3.0 ms, a run 2.8-3.7. Noise only adds, so every run must be at least the
-    H100's less 10 % (never kinder), and the quietest of at most four within 10 % of it."""
+    one compared). A request that comes while the neighbour runs waits for the slice end. The
+    CPUs kept awake, as the H100's driver kept its CPU awake spinning (cpus_awake): else this
+    machine's wake-ups, not the model, make the p99 (a CI run read 3.6-3.9 ms in every try)."""
     claim = make_claim()
-    n = busy_neighbour(claim, 15)
-    outs: list[dict] = []
-    try:
-        while len(outs) < 4 and not (outs and within(min(float(o["p99_ms"]) for o in outs), 2.91)):
-            outs.append(kv(claim.run("gpushare-probe", "serve", "--seconds", 3, preload=False).stdout))
-    finally:
-        n.kill()
-        n.communicate()
-    p99s = [float(o["p99_ms"]) for o in outs]
-    assert within(min(p99s), 2.91), outs  # the lowest: at least 2.62 ms for every run
+    with cpus_awake():
+        n = busy_neighbour(claim, 7)
+        try:
+            outs = [kv(claim.run("gpushare-probe", "serve", "--seconds", 3, preload=False).stdout) for _ in range(2)]
+        finally:
+            n.kill()
+            n.communicate()
+    assert within(min(float(o["p99_ms"]) for o in outs), 2.91), outs
 
 
 @CPU_TIMED
