@@ -1,8 +1,12 @@
 """ResourceClaim.status.devices: what each prepared claim got on this node.
 
-Prepare and Unprepare only queue the change; a thread writes it with a strategic merge patch
-of the status subresource (the list is keyed by driver/pool/device, so other drivers' entries
-stay), retrying with backoff. A failed write never fails Prepare.
+Prepare and Unprepare only queue the change; a thread writes it by server-side apply of the
+status subresource, with the driver's name as field manager: the list is a map keyed by
+driver, pool, device and shareID, so each driver owns its own entries; applying this node's
+entries of a claim replaces the ones it applied before, and applying none removes them. (A
+strategic merge patch cannot share the list: it has no patch strategy, so kube-apiserver
+replaces it whole, and a `$patch: delete` item was kept as an entry with no data.) A failed
+write is retried with backoff and never fails Prepare.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from kubeletplugin.prepared import PreparedClaim
 
 log = get_logger("agent.status")
 
-STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 RETRY_S = (1, 2, 5, 10, 30)
 
 
-Patch = list[dict[str, Any]]
+Entries = list[dict[str, Any]]  # this driver's status.devices entries of one claim
 
 
-def device_entries(driver: str, claim: PreparedClaim) -> Patch:
+def device_entries(driver: str, claim: PreparedClaim) -> Entries:
     """One status entry per prepared device, with the limits of its GPU in `data`."""
     entries = []
     for d in claim.devices:
@@ -46,10 +50,16 @@ class StatusWriter:
     def __init__(self, api: client.ApiClient, driver: str) -> None:
         self.resource_api = client.ResourceV1Api(api)
         self.driver = driver
-        self._pending: dict[str, tuple[str, str, Patch, int, float]] = {}  # uid -> ns, name, patch, tries, due
+        self._pending: dict[str, tuple[str, str, Entries, int, float]] = {}  # uid -> ns, name, entries, tries, due
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="agent-status", daemon=True)
+
+    @property
+    def pending(self) -> int:
+        """Claims whose last change is not written yet (retries included)."""
+        with self._cond:
+            return len(self._pending)
 
     @property
     def started(self) -> bool:
@@ -70,12 +80,11 @@ class StatusWriter:
         self._queue(claim, device_entries(self.driver, claim))
 
     def unprepared(self, claim: PreparedClaim) -> None:
-        self._queue(claim, [{**{k: e[k] for k in ("driver", "pool", "device")}, "$patch": "delete"}
-                            for e in device_entries(self.driver, claim)])
+        self._queue(claim, [])  # applying none removes what this driver applied
 
-    def _queue(self, claim: PreparedClaim, patch: Patch) -> None:
+    def _queue(self, claim: PreparedClaim, entries: Entries) -> None:
         with self._cond:  # a newer change of the same claim replaces an unwritten older one
-            self._pending[claim.uid] = (claim.namespace, claim.name, patch, 0, 0.0)
+            self._pending[claim.uid] = (claim.namespace, claim.name, entries, 0, 0.0)
             self._cond.notify()
 
     def _run(self) -> None:
@@ -86,34 +95,43 @@ class StatusWriter:
                     self._cond.wait(None if due is None else max(0.0, due - time.monotonic()))
                 if self._stop:
                     return
-                uid, (ns, name, patch, tries, _) = next((u, p) for u, p in self._pending.items()
+                uid, (ns, name, entries, tries, _) = next((u, p) for u, p in self._pending.items()
                                                         if p[4] <= time.monotonic())
-            ok = self._write(ns, name, uid, patch)
+            ok = self._write(ns, name, uid, entries)
             with self._cond:
                 pending = self._pending.get(uid)
-                if pending is not None and pending[2] is patch:  # not replaced meanwhile
+                if pending is not None and pending[2] is entries:  # not replaced meanwhile
                     if ok:
                         del self._pending[uid]
                     else:
                         delay = RETRY_S[min(tries, len(RETRY_S) - 1)]
-                        self._pending[uid] = (ns, name, patch, tries + 1, time.monotonic() + delay)
+                        self._pending[uid] = (ns, name, entries, tries + 1, time.monotonic() + delay)
 
     def _due(self) -> bool:
         now = time.monotonic()
         return any(p[4] <= now for p in self._pending.values())
 
-    def _write(self, ns: str, name: str, uid: str, patch: Patch) -> bool:
-        body = {"metadata": {"uid": uid}, "status": {"devices": patch}}  # uid: never patch a recreated claim
+    def _write(self, ns: str, name: str, uid: str, entries: Entries) -> bool:
+        """True when done: written, or nothing to write to (the claim is gone, recreated, or no
+        longer allocated these devices: the API server refuses the entries as invalid)."""
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": ns, "uid": uid},  # uid: never a recreated claim
+                "status": {"devices": entries}}
         try:
             resp: Any = self.resource_api.patch_namespaced_resource_claim_status(
-                name, ns, body, _content_type=STRATEGIC_MERGE, _request_timeout=BACKGROUND_API_TIMEOUT_S,
-                _preload_content=False)
+                name, ns, body, field_manager=self.driver, force=True, _content_type=APPLY_PATCH,
+                _request_timeout=BACKGROUND_API_TIMEOUT_S, _preload_content=False)
             resp.drain_conn()  # read to its end, never parsed: parsing cost more than the call
             log.debug("claim status written", claim=f"{ns}/{name}", uid=uid)
             return True
         except client.ApiException as e:
-            if e.status in (404, 409) and patch and patch[0].get("$patch") == "delete":
-                return True  # the claim is gone or recreated: nothing of ours to remove
+            if e.status == 404:
+                return True  # the claim is gone
+            if e.status == 422:  # recreated (its uid), or deallocated meanwhile (the devices): retrying cannot help
+                if entries:
+                    log.warning("claim status refused; not retried", claim=f"{ns}/{name}", uid=uid,
+                                error=api_error(e))
+                return True
             log.warning("writing claim status failed; will retry", claim=f"{ns}/{name}", uid=uid,
                         error=api_error(e))
         except Exception as e:  # connection refused, timeouts

@@ -1,6 +1,7 @@
 """JSON merge patch (RFC 7386) and JSON patch (RFC 6902)."""
 
 import copy
+import json
 
 from .errors import ApiError, bad_request
 
@@ -16,8 +17,15 @@ STRATEGIC_MERGE_KEYS = {
     ("metadata", "ownerReferences"): ("uid",),
     ("status", "conditions"): ("type",),
     ("status", "reservedFor"): ("uid",),
-    ("status", "devices"): ("driver", "pool", "device"),
     ("spec", "containers"): ("name",),
+}
+# Lists that server-side apply merges by key (x-kubernetes-list-type: map, with their
+# x-kubernetes-list-map-keys), item by item, each owned by the managers that applied it.
+# ResourceClaim status.devices is not in STRATEGIC_MERGE_KEYS: it has no patch strategy, so a
+# strategic merge patch replaces the whole list (kube-apiserver 1.37.2, 2026-11-26: a patch
+# with one driver's entry dropped another driver's); server-side apply is how drivers share it.
+APPLY_LIST_KEYS = {
+    ("status", "devices"): ("driver", "pool", "device", "shareID"),
 }
 # Pod-spec lists merge by key wherever a pod spec appears (a Pod, a workload's template).
 POD_SPEC_LIST_KEYS = {
@@ -29,10 +37,18 @@ POD_SPEC_LIST_KEYS = {
 }
 
 
-def _list_keys(path):
+def _list_keys(path, apply=False):
+    if apply and path in APPLY_LIST_KEYS:
+        return APPLY_LIST_KEYS[path]
     if path in STRATEGIC_MERGE_KEYS:
         return STRATEGIC_MERGE_KEYS[path]
     return POD_SPEC_LIST_KEYS.get(path[-1]) if "spec" in path[:-1] else None
+
+
+def list_item_key(item, key_fields) -> str:
+    """The fieldsV1 name of a keyed list's item: k:{"field":value,...} (its key fields set)."""
+    return "k:" + json.dumps({f: item[f] for f in key_fields if isinstance(item, dict) and f in item},
+                             sort_keys=True, separators=(",", ":"))
 
 
 def merge_patch(target, patch):
@@ -47,7 +63,7 @@ def merge_patch(target, patch):
     return result
 
 
-def _merge_list(current, patch, key_fields, path):
+def _merge_list(current, patch, key_fields, path, apply=False):
     if not key_fields:  # a set of scalars
         return list(current) + [v for v in patch if v not in current]
     def key(item):
@@ -61,12 +77,13 @@ def _merge_list(current, patch, key_fields, path):
         elif index is None:
             result.append(copy.deepcopy(item))
         else:
-            result[index] = strategic_merge_patch(result[index], item, path)
+            result[index] = strategic_merge_patch(result[index], item, path, apply)
     return result
 
 
-def strategic_merge_patch(target, patch, path=()):
-    """Merge patch, except that the lists in STRATEGIC_MERGE_KEYS merge by key."""
+def strategic_merge_patch(target, patch, path=(), apply=False):
+    """Merge patch, except that the lists in STRATEGIC_MERGE_KEYS merge by key (and, for a
+    server-side apply, those in APPLY_LIST_KEYS)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     if patch.get("$patch") == "replace":
@@ -83,11 +100,11 @@ def strategic_merge_patch(target, patch, path=()):
             continue
         if value is None or (isinstance(value, dict) and value.get("$patch") == "delete"):
             result.pop(key, None)
-        elif _list_keys(field_path) is not None and isinstance(value, list) \
+        elif _list_keys(field_path, apply) is not None and isinstance(value, list) \
                 and isinstance(result.get(key), list):
-            result[key] = _merge_list(result[key], value, _list_keys(field_path), field_path)
+            result[key] = _merge_list(result[key], value, _list_keys(field_path, apply), field_path, apply)
         else:
-            result[key] = strategic_merge_patch(result.get(key), value, field_path)
+            result[key] = strategic_merge_patch(result.get(key), value, field_path, apply)
     for key, order in patch.items():
         name = key.removeprefix("$setElementOrder/")
         if name != key and isinstance(result.get(name), list) and isinstance(order, list):

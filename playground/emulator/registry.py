@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from playground.emulator import admission, features
 
 from .errors import ApiError, FieldError, bad_request, conflict, invalid
-from .patch import APPLY_PATCH, apply_patch, strategic_merge_patch
+from .patch import APPLY_LIST_KEYS, APPLY_PATCH, apply_patch, list_item_key, strategic_merge_patch
 from .resources import BY_PATH, RESOURCE_TYPES
 from .selectors import Selection
 from .store import Store
@@ -61,11 +61,22 @@ def default_requests_from_limits(pod):
             resources["requests"] = {**resources["limits"], **(resources.get("requests") or {})}
 
 
+def _child(node, part):
+    """node[part]; a keyed list's item where part is ("k", its fieldsV1 key)."""
+    if isinstance(part, tuple):
+        keys = next(k for p, k in APPLY_LIST_KEYS.items() if p[-1] == part[2])
+        for item in node:
+            if list_item_key(item, keys) == part[1]:
+                return item
+        raise KeyError(part[1])
+    return node[part]
+
+
 def _parent(obj, path):
     """The dict or list that holds the value at path."""
     node = obj
     for part in path[:-1]:
-        node = node[part]
+        node = _child(node, part)
     return node
 
 
@@ -74,20 +85,45 @@ def _set_path(obj, path, value):
 
 
 def _drop_path(obj, path):
-    del _parent(obj, path)[path[-1]]
+    parent, last = _parent(obj, path), path[-1]
+    if isinstance(last, tuple):
+        parent.remove(_child(parent, last))
+    else:
+        del parent[last]
 
 
-def managed_fields(obj):
-    """fieldsV1 of an applied configuration: every field it sets (lists are atomic)."""
+def drop_deallocated_status_devices(new, old):
+    """A ResourceClaim status write drops the status.devices entries of devices the old
+    allocation held and the new one does not (dropDeallocatedStatusDevices,
+    pkg/registry/resource/resourceclaim/strategy.go): deallocating clears them."""
+    def allocated(claim):
+        results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or []
+        return {_device_id(r) for r in results}
+    gone = allocated(old) - allocated(new)
+    status = new.get("status") or {}
+    if gone and status.get("devices"):
+        new["status"] = {**status, "devices": [d for d in status["devices"] if _device_id(d) not in gone]}
+
+
+def _device_id(entry):
+    return tuple((entry or {}).get(f) or "" for f in ("driver", "pool", "device", "shareID"))
+
+
+def managed_fields(obj, path=()):
+    """fieldsV1 of an applied configuration: every field it sets; the items of a keyed list
+    (APPLY_LIST_KEYS) each under its key, other lists atomic."""
+    if isinstance(obj, list) and path in APPLY_LIST_KEYS:
+        return {list_item_key(item, APPLY_LIST_KEYS[path]): managed_fields(item, path + ("*",)) for item in obj}
     if not isinstance(obj, dict):
         return {}
-    return {f"f:{k}": managed_fields(v) for k, v in obj.items()
+    return {f"f:{k}": managed_fields(v, path + (k,)) for k, v in obj.items()
             if k not in ("apiVersion", "kind") and not (k == "metadata" and v is None)}
 
 
 def _paths(fields, prefix=()):
+    """The paths of a fieldsV1: a field by its name, a keyed list's item as ("k", key, list)."""
     for key, sub in fields.items():
-        path = prefix + (key[2:],)
+        path = prefix + ((("k", key, prefix[-1]),) if key.startswith("k:") else (key[2:],))
         yield path
         yield from _paths(sub, path)
 
@@ -219,6 +255,9 @@ class Registry:
             if rt.namespaced and metadata.get("namespace", namespace) != namespace:
                 raise bad_request("the namespace of the provided object does not match the "
                                   "namespace sent on the request")
+            if metadata.get("uid") and metadata["uid"] != old["metadata"]["uid"]:  # a recreated object
+                raise invalid(rt, rt.kind, name, [FieldError("metadata.uid", "Invalid", "field is immutable",
+                                                             metadata["uid"], True)])
             sent_rv = metadata.get("resourceVersion")
             if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
                 raise conflict(rt, name)
@@ -228,6 +267,10 @@ class Registry:
                 new.pop("status", None)
                 if "status" in body:
                     new["status"] = body["status"]
+                if "managedFields" in metadata:  # who applied which status fields (Registry.apply)
+                    new["metadata"] = {**old["metadata"], "managedFields": metadata["managedFields"]}
+                if rt.kind == "ResourceClaim":
+                    drop_deallocated_status_devices(new, old)
             else:
                 new = body
                 for name_ in SERVER_OWNED_METADATA:
@@ -322,7 +365,7 @@ class Registry:
                         if (m.get("manager"), m.get("operation"), m.get("subresource")) ==
                         (write.field_manager, "Apply", subresource)]
                 others = [m for m in old["metadata"].get("managedFields") or [] if m not in mine]
-                body = strategic_merge_patch(old, applied)
+                body = strategic_merge_patch(old, applied, apply=True)
                 kept = set(_paths(fields)).union(
                     *(_paths(m.get("fieldsV1") or {}) for m in others))
                 dropped = set(_paths(mine[0].get("fieldsV1") or {}) if mine else ()) - kept

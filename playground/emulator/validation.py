@@ -347,11 +347,27 @@ def pod_errors(pod):
     return errors
 
 
+def _claim_device_status_errors(status):
+    """status.devices: each entry names a device of the claim's allocation (validateDeviceStatus,
+    pkg/apis/resource/validation); a deallocated claim has none."""
+    def key(entry):
+        return tuple((entry or {}).get(f) or "" for f in ("driver", "pool", "device", "shareID"))
+    results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
+    allocated = {key(r) for r in results}
+    errors = []
+    for i, entry in enumerate(status.get("devices") or []):
+        if key(entry) not in allocated:
+            driver, pool, device, share = key(entry)
+            errors.append(FieldError(f"status.devices[{i}]", "Invalid", "must be an allocated device in the claim",
+                                     {"Driver": driver, "Pool": pool, "Device": device, "ShareID": share}, True))
+    return errors
+
+
 def semantic_errors(obj, rt):
     if rt.kind == "ResourceSlice":
         return resource_slice_errors(obj)
     if rt.kind == "ResourceClaim":
-        return _claim_spec_errors(obj.get("spec"), "spec")
+        return _claim_spec_errors(obj.get("spec"), "spec") + _claim_device_status_errors(obj.get("status") or {})
     if rt.kind == "ResourceClaimTemplate":
         return _claim_spec_errors((obj.get("spec") or {}).get("spec"), "spec.spec")
     if rt.kind == "DeviceClass":

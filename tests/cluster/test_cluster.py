@@ -11,8 +11,10 @@ import subprocess
 
 import pytest
 import yaml
+from kubernetes import config
 
 from tests.support import GiB, roots
+from tests.support.claimstatus import check_status_writer
 from tests.support.cluster import claim_manifest, claim_template
 
 # The fixture's cold start (a Go build of five binaries on 2 cores) is part of the first test's time.
@@ -96,9 +98,20 @@ def test_two_pods_of_one_claim_share_its_budget_allocated_by_the_real_scheduler(
         assert f"cu_total={4 * GiB}" in meminfo, meminfo
         assert f"nvml_total={4 * GiB}" in meminfo, meminfo
         assert [pod_phase(kube, p) for p in ("trainer-a", "trainer-b")] == ["Running", "Running"]
+        # The plugin's entry in the claim's status: what the device got, applied by the driver.
+        entries = kube.wait_until("the claim's status entry", lambda: kube.get("resourceclaim", "shared-gpu")
+                                  ["status"].get("devices"), timeout=30)
+        assert [(e["driver"], e["device"], e["data"]["memoryLimit"]) for e in entries] == \
+            [(DRIVER, results[0]["device"], str(4 * GiB))], entries
     finally:
         kube("delete", "-f", f"deploy/examples/{E2E}", "--ignore-not-found", "--wait=true", "--grace-period=1",
              timeout=180)
+
+
+def test_the_status_writer_shares_status_devices_with_other_drivers(cluster):
+    """The same scenario as tests/kubeletplugin/test_claim_status.py, here the judge: another
+    driver's status entry stays, ours go at Unprepare, a recreated claim gets none of ours."""
+    check_status_writer(config.new_client_from_config(config_file=cluster.kubeconfig))
 
 
 def test_the_real_kubelet_shows_the_device_health_in_the_pod_status(installed):
