@@ -11,6 +11,7 @@ their files are (ClaimPaths), plus plain values (driver and node name, the backe
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import time
@@ -32,8 +33,8 @@ from .mpswatch import MpsWatch
 from .procmap import ProcessMap
 from .regions import Region
 from .sampler import GpuSample, Sampler, load_simulated_nvml
-from .shares import Share, plan_gpu
-from .status import StatusWriter
+from .shares import MAX_SLOT_LOSS, Share, kernel_loss, plan_gpu
+from .status import Condition, StatusWriter, kernels_too_long
 
 log = get_logger("agent")
 
@@ -96,11 +97,12 @@ class Agent:
         self._reservations_at = 0.0
         self._tries: dict[str, int] = {}  # pod UID -> reservation reads while it was unknown
         self._oversubscribed: dict[str, float] = {}  # GPU UUID -> limits' sum last reported (0: not over)
+        self._too_long: dict[str, dict[int, Condition]] = {}  # claim uid -> host GPU index -> its condition
         self._thread = threading.Thread(target=self._run, name="agent", daemon=True)
 
     # ---- driver listener (kubeletplugin.driver.ClaimListener) --------------------------------------
     def claim_prepared(self, claim: PreparedClaim) -> None:
-        self.status.prepared(claim)
+        self.status.prepared(claim, self._too_long.get(claim.uid))
         self._dirty.set()
 
     def claim_unprepared(self, claim: PreparedClaim) -> None:
@@ -215,9 +217,35 @@ class Agent:
             for i, gpu in enumerate(c.gpus):
                 if gpu.compute_limit < 100:
                     c.apply(i)
+        self._report_kernels(claims, time_sliced)
         self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         with self.lock:
             self.gpus = samples
+
+    def _report_kernels(self, claims: dict[str, ClaimView], time_sliced: set[str]) -> None:
+        """The claims whose kernels are too long for their share on a time-sliced GPU (plan_gpu
+        found no period in which their slot loses at most MAX_SLOT_LOSS) say so in their status;
+        the condition goes at the first busy period that shows them fit. An idle claim keeps
+        what it had. Written only when it changes."""
+        for uid in set(self._too_long) - set(claims):
+            del self._too_long[uid]
+        for uid, c in claims.items():
+            had = self._too_long.get(uid, {})
+            now = dict(had)
+            for s, gpu in zip(c.shares, c.gpus, strict=True):
+                if not s.busy or gpu.compute_limit >= 100:
+                    continue
+                if gpu.uuid in time_sliced and kernel_loss(s) > MAX_SLOT_LOSS:
+                    now.setdefault(gpu.index, kernels_too_long(s, _rfc3339_now()))
+                else:
+                    now.pop(gpu.index, None)
+            if now.keys() != had.keys():
+                self._too_long[uid] = now
+                claim = self.source.prepared_claims().get(uid)
+                if claim is not None:
+                    log.info("claim's kernels too long for its share" if now else "claim's kernels fit its share",
+                             claim=f"{c.namespace}/{c.name}", gpus=sorted(now))
+                    self.status.prepared(claim, now)
 
     @staticmethod
     def _claim_gpu(claims: dict[str, ClaimView], uid: str | None, uuid: str) -> tuple[ClaimView, int] | None:
@@ -348,3 +376,7 @@ class Agent:
                         trusted=controls[i] is not None) for i, g in enumerate(claim.gpus)]
         return ClaimView(uid, claim.namespace, claim.name, claim.gpus, files.limits_path(uid), regions, controls,
                          shares, [{} for _ in claim.gpus], pods=pods, sharing_strategy=claim.sharing_strategy)
+
+
+def _rfc3339_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

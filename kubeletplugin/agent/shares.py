@@ -110,6 +110,15 @@ def slot_loss(slot_us: float, kernel_us: int) -> float:
     return room % kernel_us if room >= kernel_us else 0.0
 
 
+def kernel_loss(s: Share) -> float:
+    """The part of the GPU a busy claim's slot loses each period after its last whole kernel
+    (slot_loss over the period); 0 for an idle claim, a length not known yet, or a slot that
+    covers the period."""
+    if not (s.busy and s.kernel_us) or s.length_us >= s.period_us:
+        return 0.0
+    return slot_loss(s.length_us, s.kernel_us) / s.period_us
+
+
 def plan_gpu(shares: list[Share], mps_only: bool = False) -> float:
     """Lay out the slots of the claims on one GPU (Hard ones first, in the given order) and set
     each claim's rate: its limit, or for a busy Burst claim its slot's part of the period. A busy
@@ -136,9 +145,8 @@ def plan_gpu(shares: list[Share], mps_only: bool = False) -> float:
         return total
     for period in range(PERIOD_US, MAX_PERIOD_US + 1, PERIOD_US):
         _layout(ordered, scale, period)
-        if all(s.length_us == period or slot_loss(s.length_us, s.kernel_us) <= MAX_SLOT_LOSS * period
-               for s in ordered if s.busy and s.kernel_us):
-            break
+        if all(kernel_loss(s) <= MAX_SLOT_LOSS for s in ordered):
+            break  # else at MAX_PERIOD_US the agent says so in the claim's status (kernels_too_long)
     return total
 
 

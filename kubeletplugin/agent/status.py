@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
@@ -20,6 +21,8 @@ from kubernetes import client
 from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_error
 from dra_driver.log import get_logger
 from kubeletplugin.prepared import PreparedClaim
+
+from .shares import Share, kernel_loss, slot_loss
 
 log = get_logger("agent.status")
 
@@ -30,8 +33,27 @@ RETRY_S = (1, 2, 5, 10, 30)
 Entries = list[dict[str, Any]]  # this driver's status.devices entries of one claim
 
 
-def device_entries(driver: str, claim: PreparedClaim) -> Entries:
-    """One status entry per prepared device, with the limits of its GPU in `data`."""
+Condition = dict[str, str]  # a metav1.Condition of a device entry
+# The condition type: whether the claim gets its compute share on the entry's GPU.
+SHARE_HELD = "ComputeShareHeld"
+
+
+def kernels_too_long(share: Share, transition: str) -> Condition:
+    """The condition of a busy claim whose slot loses more than MAX_SLOT_LOSS of the GPU after its
+    last whole kernel, at the longest period (plan_gpu found none that holds it). transition:
+    when it became so (RFC 3339)."""
+    loss_ms = slot_loss(share.length_us, share.kernel_us) / 1000
+    return {"type": SHARE_HELD, "status": "False", "reason": "KernelsTooLong", "lastTransitionTime": transition,
+            "message": f"its longest kernels ({share.kernel_us / 1000:.1f} ms) leave {loss_ms:.1f} ms of its "
+                       f"{share.length_us / 1000:.1f} ms slot in each {share.period_us // 1000} ms period unused: "
+                       f"it gets about {100 * kernel_loss(share):.1f} % of the GPU less than its share of "
+                       f"{100 * share.limit:.0f} %. Shorter kernels, or a share that holds whole kernels, "
+                       "get all of it (docs/compute.md, 'The period follows the longest kernels')"}
+
+
+def device_entries(driver: str, claim: PreparedClaim, conditions: Mapping[int, Condition] | None = None) -> Entries:
+    """One status entry per prepared device, with the limits of its GPU in `data`, and the
+    condition of its GPU (by host index) where `conditions` has one."""
     entries = []
     for d in claim.devices:
         gpu = claim.gpu_of(d)
@@ -42,6 +64,8 @@ def device_entries(driver: str, claim: PreparedClaim) -> Entries:
                      "priority": claim.priority}}
         if d.share_id:
             entry["shareID"] = d.share_id
+        if conditions and gpu.index in conditions:
+            entry["conditions"] = [conditions[gpu.index]]
         entries.append(entry)
     return entries
 
@@ -76,8 +100,10 @@ class StatusWriter:
         if self.started:
             self._thread.join(timeout=5)
 
-    def prepared(self, claim: PreparedClaim) -> None:
-        self._queue(claim, device_entries(self.driver, claim))
+    def prepared(self, claim: PreparedClaim, conditions: Mapping[int, Condition] | None = None) -> None:
+        """Write the claim's entries; with `conditions` (host GPU index -> condition) on its
+        devices of those GPUs, and none on the others (applying without one removes it)."""
+        self._queue(claim, device_entries(self.driver, claim, conditions))
 
     def unprepared(self, claim: PreparedClaim) -> None:
         self._queue(claim, [])  # applying none removes what this driver applied
