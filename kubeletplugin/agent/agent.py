@@ -34,7 +34,7 @@ from .procmap import ProcessMap
 from .regions import Region
 from .sampler import GpuSample, Sampler, load_simulated_nvml
 from .shares import MAX_SLOT_LOSS, Share, kernel_loss, plan_gpu
-from .status import Condition, StatusWriter, kernels_too_long
+from .status import TOO_LONG, Condition, StatusWriter, kernels_too_long, oversubscribed
 
 log = get_logger("agent")
 
@@ -97,12 +97,12 @@ class Agent:
         self._reservations_at = 0.0
         self._tries: dict[str, int] = {}  # pod UID -> reservation reads while it was unknown
         self._oversubscribed: dict[str, float] = {}  # GPU UUID -> limits' sum last reported (0: not over)
-        self._too_long: dict[str, dict[int, Condition]] = {}  # claim uid -> host GPU index -> its condition
+        self._short: dict[str, dict[int, Condition]] = {}  # claim uid -> host GPU index -> why short of its share
         self._thread = threading.Thread(target=self._run, name="agent", daemon=True)
 
     # ---- driver listener (kubeletplugin.driver.ClaimListener) --------------------------------------
     def claim_prepared(self, claim: PreparedClaim) -> None:
-        self.status.prepared(claim, self._too_long.get(claim.uid))
+        self.status.prepared(claim, self._short.get(claim.uid))
         self._dirty.set()
 
     def claim_unprepared(self, claim: PreparedClaim) -> None:
@@ -217,34 +217,43 @@ class Agent:
             for i, gpu in enumerate(c.gpus):
                 if gpu.compute_limit < 100:
                     c.apply(i)
-        self._report_kernels(claims, time_sliced)
+        self._report_shares(claims, time_sliced)
         self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         with self.lock:
             self.gpus = samples
 
-    def _report_kernels(self, claims: dict[str, ClaimView], time_sliced: set[str]) -> None:
-        """The claims whose kernels are too long for their share on a time-sliced GPU (plan_gpu
-        found no period in which their slot loses at most MAX_SLOT_LOSS) say so in their status;
-        the condition goes at the first busy period that shows them fit. An idle claim keeps
-        what it had. Written only when it changes."""
-        for uid in set(self._too_long) - set(claims):
-            del self._too_long[uid]
+    def _report_shares(self, claims: dict[str, ClaimView], time_sliced: set[str]) -> None:
+        """ComputeShareHeld False in the status of each claim that does not get its compute share
+        on a GPU: the GPU oversubscribed (each paced claim gets its limit over the limits' sum), or
+        on a time-sliced GPU its kernels too long for its share (plan_gpu found no period in which
+        its slot loses at most MAX_SLOT_LOSS; judged in busy periods: an idle claim keeps what it
+        had). Written when a reason comes, changes or goes."""
+        for uid in set(self._short) - set(claims):
+            del self._short[uid]
+        when = _rfc3339_now()
         for uid, c in claims.items():
-            had = self._too_long.get(uid, {})
+            had = self._short.get(uid, {})
             now = dict(had)
             for s, gpu in zip(c.shares, c.gpus, strict=True):
-                if not s.busy or gpu.compute_limit >= 100:
+                old = now.get(gpu.index)
+                over = self._oversubscribed.get(gpu.uuid, 0.0) if gpu.compute_limit < 100 else 0.0
+                if over:
+                    cond = oversubscribed(s, over, when)
+                elif gpu.uuid in time_sliced and gpu.compute_limit < 100 and s.busy and kernel_loss(s) > MAX_SLOT_LOSS:
+                    cond = kernels_too_long(s, when)
+                elif old is not None and old["reason"] == TOO_LONG and not s.busy:
                     continue
-                if gpu.uuid in time_sliced and kernel_loss(s) > MAX_SLOT_LOSS:
-                    now.setdefault(gpu.index, kernels_too_long(s, _rfc3339_now()))
                 else:
                     now.pop(gpu.index, None)
-            if now.keys() != had.keys():
-                self._too_long[uid] = now
+                    continue
+                if old is None or old["reason"] != cond["reason"]:
+                    now[gpu.index] = cond
+            if {i: x["reason"] for i, x in now.items()} != {i: x["reason"] for i, x in had.items()}:
+                self._short[uid] = now
                 claim = self.source.prepared_claims().get(uid)
                 if claim is not None:
-                    log.info("claim's kernels too long for its share" if now else "claim's kernels fit its share",
-                             claim=f"{c.namespace}/{c.name}", gpus=sorted(now))
+                    log.info("claim's compute share", claim=f"{c.namespace}/{c.name}",
+                             short={i: x["reason"] for i, x in now.items()} or "held")
                     self.status.prepared(claim, now)
 
     @staticmethod

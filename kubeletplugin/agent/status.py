@@ -36,6 +36,7 @@ Entries = list[dict[str, Any]]  # this driver's status.devices entries of one cl
 Condition = dict[str, str]  # a metav1.Condition of a device entry
 # The condition type: whether the claim gets its compute share on the entry's GPU.
 SHARE_HELD = "ComputeShareHeld"
+TOO_LONG = "KernelsTooLong"
 
 
 def kernels_too_long(share: Share, transition: str) -> Condition:
@@ -43,12 +44,21 @@ def kernels_too_long(share: Share, transition: str) -> Condition:
     last whole kernel, at the longest period (plan_gpu found none that holds it). transition:
     when it became so (RFC 3339)."""
     loss_ms = slot_loss(share.length_us, share.kernel_us) / 1000
-    return {"type": SHARE_HELD, "status": "False", "reason": "KernelsTooLong", "lastTransitionTime": transition,
+    return {"type": SHARE_HELD, "status": "False", "reason": TOO_LONG, "lastTransitionTime": transition,
             "message": f"its longest kernels ({share.kernel_us / 1000:.1f} ms) leave {loss_ms:.1f} ms of its "
                        f"{share.length_us / 1000:.1f} ms slot in each {share.period_us // 1000} ms period unused: "
                        f"it gets about {100 * kernel_loss(share):.1f} % of the GPU less than its share of "
                        f"{100 * share.limit:.0f} %. Shorter kernels, or a share that holds whole kernels, "
                        "get all of it (docs/compute.md, 'The period follows the longest kernels')"}
+
+
+def oversubscribed(share: Share, total: float, transition: str) -> Condition:
+    """The condition of a claim on a GPU whose paced claims' compute limits sum to `total` > 1
+    (prepared past the allocator): plan_gpu gives each its limit over the sum."""
+    return {"type": SHARE_HELD, "status": "False", "reason": "GpuOversubscribed", "lastTransitionTime": transition,
+            "message": f"the compute limits of the paced claims on its GPU sum to {100 * total:.0f} %: each gets "
+                       f"its limit divided by that, this claim {100 * share.limit / total:.1f} % for its "
+                       f"{100 * share.limit:.0f} % (claims prepared past the scheduler's allocation)"}
 
 
 def device_entries(driver: str, claim: PreparedClaim, conditions: Mapping[int, Condition] | None = None) -> Entries:

@@ -1,5 +1,5 @@
-"""A claim whose kernels are too long for its share says so in its status (the node agent's
-_report_kernels, kubeletplugin/agent/status.py's kernels_too_long), against the API emulator."""
+"""A claim that does not get its compute share says why in its status (the node agent's
+_report_shares; the conditions: kubeletplugin/agent/status.py), against the API emulator."""
 from kubernetes import client
 
 from kubeletplugin.agent.agent import Agent
@@ -41,27 +41,37 @@ def test_a_claim_whose_kernels_are_too_long_for_its_share_says_so_in_its_status(
         # 16.62 ms kernels: no period up to 1 s holds whole ones in a 10 % slot without losing 1 %
         report(share, 16_620, neighbour)
         assert share.period_us == MAX_PERIOD_US and round(kernel_loss(share), 4) == 0.0166
-        agent._report_kernels({uid: view}, time_sliced={"GPU-0"})
+        agent._report_shares({uid: view}, time_sliced={"GPU-0"})
         (cond,) = wait_for(lambda: conditions(r), what="the condition")
         assert (cond["type"], cond["status"], cond["reason"]) == ("ComputeShareHeld", "False", "KernelsTooLong")
         assert "16.6 ms" in cond["message"] and "1.7 % of the GPU less than its share of 10 %" in cond["message"]
 
-        agent._report_kernels({uid: view}, time_sliced=set())  # an MPS GPU: no handover, no such loss
+        agent._report_shares({uid: view}, time_sliced=set())  # an MPS GPU: no handover, no such loss
         wait_for(lambda: DRIVER in entries(r, "default", "long-kernels") and not conditions(r),
                  what="none under MPS")
-        agent._report_kernels({uid: view}, time_sliced={"GPU-0"})
+        agent._report_shares({uid: view}, time_sliced={"GPU-0"})
         wait_for(lambda: conditions(r), what="the condition again")
 
         share.count(0, 1.0, 0)  # an idle period (its busy window is 1 s): the condition stays
         neighbour.count(0, 1.0, 0)
         plan_gpu([share, neighbour])
         assert not share.busy
-        agent._report_kernels({uid: view}, time_sliced={"GPU-0"})
-        assert agent._too_long[uid].keys() == {0}
+        agent._report_shares({uid: view}, time_sliced={"GPU-0"})
+        assert agent._short[uid].keys() == {0}
 
         report(share, 5000, neighbour)  # its kernels get shorter: a 600 ms period holds them
         assert kernel_loss(share) <= 0.01
-        agent._report_kernels({uid: view}, time_sliced={"GPU-0"})
+        agent._report_shares({uid: view}, time_sliced={"GPU-0"})
         wait_for(lambda: not conditions(r), what="the condition gone")
+
+        agent._oversubscribed["GPU-0"] = 1.5  # its GPU's paced claims' limits sum to 150 % (plan_gpu's answer)
+        agent._report_shares({uid: view}, time_sliced={"GPU-0"})
+        (cond,) = wait_for(lambda: conditions(r), what="the GPU oversubscribed")
+        assert (cond["reason"], cond["status"]) == ("GpuOversubscribed", "False")
+        assert "sum to 150 %" in cond["message"] and "this claim 6.7 % for its 10 %" in cond["message"], cond
+        agent._oversubscribed["GPU-0"] = 0.0
+        share.count(0, 1.0, 0)  # idle: an oversubscribed GPU's condition goes all the same
+        agent._report_shares({uid: view}, time_sliced={"GPU-0"})
+        wait_for(lambda: not conditions(r), what="the oversubscription's condition gone")
     finally:
         agent.status.stop()
