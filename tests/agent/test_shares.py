@@ -81,10 +81,10 @@ def test_burst_borrows_idle_time_and_hands_it_back(node):
     burst = [opaque_config(gpushare_config(computePolicy="Burst"))]
     a, ids_a = node.claim(compute=30, config=burst)
     b, ids_b = node.claim(compute=50)
-    node.run("a", ids_a, "launch", "--seconds", "8")
+    node.run("a", ids_a, "launch", "--seconds", "10")
     # alone on the GPU: the Burst claim takes the idle time
     wait_for(lambda: node.share(a).measured >= 0.8, timeout=4)
-    node.run("b", ids_b, "launch", "--seconds", "4")
+    node.run("b", ids_b, "launch", "--seconds", "6")
     # the other claim needs its share from the moment the agent sees it busy (its process start
     # under a loaded CI machine is not part of the hand-back time)
     wait_for(lambda: node.share(b).busy, timeout=10)
@@ -94,10 +94,16 @@ def test_burst_borrows_idle_time_and_hands_it_back(node):
     handed_back = time.monotonic() - seen_busy
     assert handed_back <= 2 * node.plugin.agent.interval + 0.5, handed_back
     # A keeps at most its share plus what B leaves idle (20 %); B, Hard with a control file,
-    # holds its share: the agent's trusted rate makes up for the contention
-    time.sleep(2 * node.plugin.agent.interval)
-    got_a, got_b = node.share(a).charged * 100, node.share(b).charged * 100  # NVML's are sampled
-    assert got_a <= 55 and got_b >= 45, (got_a, got_b)
+    # holds its share: the agent's trusted rate makes up for the contention. Over four agent
+    # periods (ten slot periods): one 0.5 s period holds 2.5 slot periods, and read alone it
+    # once gave 55.3 / 39.8 (NVML's shares are sampled: the charged ones are read)
+    time.sleep(node.plugin.agent.interval)
+    got = []
+    for _ in range(4):
+        time.sleep(node.plugin.agent.interval)
+        got.append((node.share(a).charged * 100, node.share(b).charged * 100))
+    got_a, got_b = (sum(g[i] for g in got) / len(got) for i in (0, 1))
+    assert got_a <= 55 and got_b >= 45, got
 
 
 def test_the_agent_tells_the_library_how_many_processes_share_the_claim(node):
