@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_PIPE_ENV, sim_mps_server_text
+from playground.simcpu import cpus_awake
 from tests.support import CPU_TIMED
-from tests.support.hook import cpus_awake, kv, throughput
+from tests.support.hook import kv, throughput
 
 LARGE_US = 2650  # one 4096 fp32 matmul on the H100, alone
 MPS_US = 500  # MPS throughput does not depend on the kernel's length here: shorter, for more kernels in 2 s
@@ -58,7 +59,7 @@ def test_a_client_beside_a_busy_context_waits_for_its_slice_end(make_claim):
     process, no library: p99 2.91 ms (2.31x its solo p99 of 1.26 ms, which is the Python
     client's CPU jitter; the simulator's solo p99 is about 0.6 ms, so the absolute figure is the
     one compared). A request that comes while the neighbour runs waits for the slice end. The
-    CPUs kept awake, as the H100's driver kept its CPU awake spinning (cpus_awake): else this
+    CPUs kept awake, as the H100's driver kept its CPU awake spinning (playground/simcpu.py): else this
     machine's wake-ups, not the model, make the p99 (a CI run read 3.6-3.9 ms in every try)."""
     claim = make_claim()
     with cpus_awake():

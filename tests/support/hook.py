@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,27 +31,6 @@ UUID_PREFIX = "GPU-5ea1c0de-0000-4000-8000-"
 
 def sim_uuid(i: int) -> str:
     return f"{UUID_PREFIX}{i:012x}"
-
-
-# one spinner per CPU at idle priority (SCHED_IDLE): it runs only when nothing else wants the CPU
-_SPINNER = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"
-
-
-@contextlib.contextmanager
-def cpus_awake() -> Iterator[None]:
-    """Keep every CPU from halting while the block runs, as a real driver's synchronize does: it
-    spins on the completion (cudaDeviceScheduleAuto, with fewer contexts than CPUs), where the
-    simulated driver sleeps. A halted CPU of this virtual machine wakes a sleeper 0.3-3 ms late,
-    now and then: a client's p99 beside a busy context read 3.7-3.9 ms so, 2.76-2.78 ms with the
-    CPUs kept awake (2026-11-26, three runs each). The spinners take no time from the processes
-    measured: an idle-priority thread gives way at once."""
-    spinners = [subprocess.Popen([sys.executable, "-c", _SPINNER]) for _ in range(os.cpu_count() or 1)]
-    try:
-        yield
-    finally:
-        for p in spinners:
-            p.kill()
-            p.wait()
 
 
 def make_hook(*targets: str) -> None:
