@@ -103,11 +103,16 @@ def api_error(exc: client.ApiException) -> str:
     return f"HTTP {exc.status} {status_reason(exc)}" + (f": {message}" if message else "")
 
 
+def rfc3339_now() -> str:
+    """Now as the API's timestamps write it (metav1.Time: seconds, UTC)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def warning_event(involved: dict[str, str], reason: str, message: str, *, namespace: str, component: str,
                   reporting_component: str, host: str, name: str | None = None, event_type: str = "Warning") -> JSON:
     """A Warning (or `event_type`) Event body about `involved` (an object reference), where
     `kubectl describe` shows it. Named `name`, or by the server after the object (`<involved name>.<suffix>`)."""
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = rfc3339_now()
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"namespace": namespace, **({"name": name} if name else {"generateName": f"{involved['name']}."})},

@@ -11,7 +11,6 @@ their files are (ClaimPaths), plus plain values (driver and node name, the backe
 
 from __future__ import annotations
 
-import datetime
 import json
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from dra_driver.config import MPS
-from dra_driver.kube import BACKGROUND_API_TIMEOUT_S
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, rfc3339_now
 from dra_driver.log import get_logger
 from kubeletplugin.cdispec import SimDriver
 from kubeletplugin.prepared import PreparedClaim
@@ -230,23 +229,26 @@ class Agent:
         had). Written when a reason comes, changes or goes."""
         for uid in set(self._short) - set(claims):
             del self._short[uid]
-        when = _rfc3339_now()
+        when = rfc3339_now()
         for uid, c in claims.items():
             had = self._short.get(uid, {})
             now = dict(had)
             for s, gpu in zip(c.shares, c.gpus, strict=True):
                 old = now.get(gpu.index)
-                over = self._oversubscribed.get(gpu.uuid, 0.0) if gpu.compute_limit < 100 else 0.0
-                if over:
+                over = self._oversubscribed.get(gpu.uuid, 0.0)
+                if gpu.compute_limit >= 100:  # not paced: it has the whole GPU's time
+                    cond = None
+                elif over:
                     cond = oversubscribed(s, over, when)
-                elif gpu.uuid in time_sliced and gpu.compute_limit < 100 and s.busy and kernel_loss(s) > MAX_SLOT_LOSS:
+                elif gpu.uuid in time_sliced and kernel_loss(s) > MAX_SLOT_LOSS:  # 0 while idle
                     cond = kernels_too_long(s, when)
                 elif old is not None and old["reason"] == TOO_LONG and not s.busy:
                     continue
                 else:
+                    cond = None
+                if cond is None:
                     now.pop(gpu.index, None)
-                    continue
-                if old is None or old["reason"] != cond["reason"]:
+                elif old is None or old["reason"] != cond["reason"]:
                     now[gpu.index] = cond
             if {i: x["reason"] for i, x in now.items()} != {i: x["reason"] for i, x in had.items()}:
                 self._short[uid] = now
@@ -385,7 +387,3 @@ class Agent:
                         trusted=controls[i] is not None) for i, g in enumerate(claim.gpus)]
         return ClaimView(uid, claim.namespace, claim.name, claim.gpus, files.limits_path(uid), regions, controls,
                          shares, [{} for _ in claim.gpus], pods=pods, sharing_strategy=claim.sharing_strategy)
-
-
-def _rfc3339_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

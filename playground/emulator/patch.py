@@ -24,8 +24,9 @@ STRATEGIC_MERGE_KEYS = {
 # ResourceClaim status.devices is not in STRATEGIC_MERGE_KEYS: it has no patch strategy, so a
 # strategic merge patch replaces the whole list (kube-apiserver 1.37.2, 2026-11-26: a patch
 # with one driver's entry dropped another driver's); server-side apply is how drivers share it.
+CLAIM_DEVICE_KEYS = ("driver", "pool", "device", "shareID")  # one device of a claim (and of its status)
 APPLY_LIST_KEYS = {
-    ("status", "devices"): ("driver", "pool", "device", "shareID"),
+    ("status", "devices"): CLAIM_DEVICE_KEYS,
 }
 # Pod-spec lists merge by key wherever a pod spec appears (a Pod, a workload's template).
 POD_SPEC_LIST_KEYS = {

@@ -14,7 +14,7 @@ from .patch import APPLY_LIST_KEYS, APPLY_PATCH, apply_patch, list_item_key, str
 from .resources import BY_PATH, RESOURCE_TYPES
 from .selectors import Selection
 from .store import Store
-from .validation import field_path
+from .validation import allocated_device_ids, claim_device_id, field_path
 
 # Name suffix alphabet and length of generateName, as in k8s.io/apiserver (no vowels).
 GENERATE_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -96,17 +96,10 @@ def drop_deallocated_status_devices(new, old):
     """A ResourceClaim status write drops the status.devices entries of devices the old
     allocation held and the new one does not (dropDeallocatedStatusDevices,
     pkg/registry/resource/resourceclaim/strategy.go): deallocating clears them."""
-    def allocated(claim):
-        results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or []
-        return {_device_id(r) for r in results}
-    gone = allocated(old) - allocated(new)
+    gone = allocated_device_ids(old) - allocated_device_ids(new)
     status = new.get("status") or {}
     if gone and status.get("devices"):
-        new["status"] = {**status, "devices": [d for d in status["devices"] if _device_id(d) not in gone]}
-
-
-def _device_id(entry):
-    return tuple((entry or {}).get(f) or "" for f in ("driver", "pool", "device", "shareID"))
+        new["status"] = {**status, "devices": [d for d in status["devices"] if claim_device_id(d) not in gone]}
 
 
 def managed_fields(obj, path=()):

@@ -17,6 +17,7 @@ from playground.emulator import admission
 from ..allocator.cel import compile_error
 from ..names import DNS_LABEL, DNS_SUBDOMAIN, is_extended_resource_name
 from .errors import FieldError, bad_request
+from .patch import CLAIM_DEVICE_KEYS
 
 SCHEMA_ROOT = pathlib.Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
 
@@ -347,17 +348,25 @@ def pod_errors(pod):
     return errors
 
 
-def _claim_device_status_errors(status):
+def claim_device_id(entry):
+    """An allocation result's or a status.devices entry's device: its CLAIM_DEVICE_KEYS values."""
+    return tuple((entry or {}).get(f) or "" for f in CLAIM_DEVICE_KEYS)
+
+
+def allocated_device_ids(claim):
+    """The devices of a ResourceClaim's allocation (none when it is not allocated)."""
+    results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or []
+    return {claim_device_id(r) for r in results}
+
+
+def _claim_device_status_errors(claim):
     """status.devices: each entry names a device of the claim's allocation (validateDeviceStatus,
     pkg/apis/resource/validation); a deallocated claim has none."""
-    def key(entry):
-        return tuple((entry or {}).get(f) or "" for f in ("driver", "pool", "device", "shareID"))
-    results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
-    allocated = {key(r) for r in results}
+    allocated = allocated_device_ids(claim)
     errors = []
-    for i, entry in enumerate(status.get("devices") or []):
-        if key(entry) not in allocated:
-            driver, pool, device, share = key(entry)
+    for i, entry in enumerate((claim.get("status") or {}).get("devices") or []):
+        if claim_device_id(entry) not in allocated:
+            driver, pool, device, share = claim_device_id(entry)
             errors.append(FieldError(f"status.devices[{i}]", "Invalid", "must be an allocated device in the claim",
                                      {"Driver": driver, "Pool": pool, "Device": device, "ShareID": share}, True))
     return errors
@@ -367,7 +376,7 @@ def semantic_errors(obj, rt):
     if rt.kind == "ResourceSlice":
         return resource_slice_errors(obj)
     if rt.kind == "ResourceClaim":
-        return _claim_spec_errors(obj.get("spec"), "spec") + _claim_device_status_errors(obj.get("status") or {})
+        return _claim_spec_errors(obj.get("spec"), "spec") + _claim_device_status_errors(obj)
     if rt.kind == "ResourceClaimTemplate":
         return _claim_spec_errors((obj.get("spec") or {}).get("spec"), "spec.spec")
     if rt.kind == "DeviceClass":
