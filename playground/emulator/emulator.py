@@ -105,5 +105,8 @@ class ApiEmulator:
     def reset_requests(self):
         self.requests_log.reset()
 
+    def wait_quiet(self, quiet_s=0.5, timeout=10.0):
+        return self.requests_log.wait_quiet(quiet_s, timeout)
+
     def count_requests(self, method=None, path_contains=None, writes_only=False):
         return self.requests_log.count(method, path_contains, writes_only)
