@@ -32,9 +32,12 @@ SERIAL = (
     "tests/agent/test_short_holds.py",  # holds timed to the backstop's polls
     "tests/agent/test_mps_daemon_attacks.py",  # Events within 2 s of the daemon's end (agent period 0.5 s)
 )
+# In SERIAL's folders but timing nothing: they run beside the rest.
+NOT_SERIAL = ("tests/hook/test_sanitizers.py",)  # builds and runs the library under ASan, TSan, valgrind
 # On xdist workers (`--dist loadfile --no-loadscope-reorder`) these files start first, so that none
 # of them is still running alone at the end: test_crash.py is about a fifth of the parallel part.
-FIRST = ("tests/kubeletplugin/test_crash.py", "tests/dra_driver/test_cli.py",
+FIRST = ("tests/agent/test_image_matrix.py", "tests/kubeletplugin/test_crash.py", "tests/hook/test_sanitizers.py",
+         "tests/dra_driver/test_cli.py",
          "tests/controller/test_controller_reconcile.py", "tests/deploy/test_admission.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     timed = {item.path for item in items if item.get_closest_marker("flaky")}  # CPU_TIMED
     where = {item: os.path.relpath(item.path, _ROOT).replace(os.sep, "/") for item in items}
     for item in items:
-        if where[item].startswith(SERIAL) or item.path in timed:
+        if (where[item].startswith(SERIAL) and not where[item].startswith(NOT_SERIAL)) or item.path in timed:
             item.add_marker(pytest.mark.serial)
     if hasattr(config, "workerinput"):  # the same order in every worker, as xdist requires
         items.sort(key=lambda item: FIRST.index(where[item]) if where[item] in FIRST else len(FIRST))
