@@ -57,6 +57,7 @@ REGION_HEADER: dict[str, Field] = {
     "pace_gpu_ns": Field(136, 8),
     "paced_ns": Field(144, 8),
     "oom_refusals": Field(152, 8),
+    "pace_turn": Field(160, 8),      # token << 40 | lapse (ns >> 10): whose turn it is in the claim's slot
 }
 
 # struct gs_slot (slot i is at HEADER_SIZE + i * SLOT_SIZE), every field in order
@@ -84,6 +85,7 @@ CONTROL: dict[str, Field] = {
     "period_us": Field(24, 4),
     "procs": Field(28, 4),           # the claim's processes on the GPU (agent's count); 0 = unknown
     "lent_us": Field(32, 4),         # a Burst claim's lent span right before its slot; 0 = none
+    "unpaced": Field(36, 4),         # 1 = contexts nobody paces share the GPU: no slot handover
 }
 
 

@@ -24,6 +24,9 @@ struct gs_control {
     uint32_t lent_us;   /* 32: a busy Burst claim's lent span, the lent_us right before its slot: the
                                idle tail of the busy Hard claim's slot before it, where it launches
                                while the GPU runs no other work (docs/compute.md); 0 = none */
+    uint32_t unpaced;   /* 36: 1 = contexts nobody paces share the GPU (a claim of strategy None, an
+                               MPS server): slots do not keep the claims apart there, so the
+                               library paces without the slot handover (docs/compute.md) */
 };
 
 _Static_assert(__builtin_offsetof(struct gs_control, version) == 8, "layout");
@@ -32,6 +35,7 @@ _Static_assert(__builtin_offsetof(struct gs_control, slot) == 16, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, period_us) == 24, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, procs) == 28, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, lent_us) == 32, "layout");
+_Static_assert(__builtin_offsetof(struct gs_control, unpaced) == 36, "layout");
 
 /* The agent's rate, or 0 (none yet, or a header this library does not know). The agent writes
  * magic and version before the first rate, so a rate seen here comes with its header. */
@@ -62,6 +66,13 @@ static inline uint32_t gs_control_procs(const struct gs_control *c)
     uint32_t n = __atomic_load_n(&c->procs, __ATOMIC_RELAXED);
     if (n == 0 || __atomic_load_n(&c->magic, __ATOMIC_RELAXED) != GS_CONTROL_MAGIC) return 1;
     return n > 4096 ? 4096 : n;
+}
+
+/* 1 when contexts nobody paces share the claim's GPU, as the agent says. */
+static inline int gs_control_unpaced(const struct gs_control *c)
+{
+    return __atomic_load_n(&c->unpaced, __ATOMIC_RELAXED) == 1 &&
+           __atomic_load_n(&c->magic, __ATOMIC_RELAXED) == GS_CONTROL_MAGIC;
 }
 
 /* The claim's lent span right before its slot in ns, 0 = none. */

@@ -27,6 +27,7 @@ static struct gpu_state *open_slot(int i)
     g->mps = g_limits.mps;
     g->sm_count = g_limits.gpu[i].sm_count;
     pthread_mutex_init(&g->sample_lock, NULL);
+    pthread_mutex_init(&g->turn_lock, NULL);
     char path[4200];
     snprintf(path, sizeof path, "%s/region/%d", g_limits.dir, i);
     g->failed = gs_region_open(&g->region, g_limits.mode == GS_MODE_ENV ? NULL : path) != 0;

@@ -42,6 +42,10 @@ struct gs_region_header {
     /* counters for the node agent's metrics: atomic adds, zero in a fresh region */
     uint64_t paced_ns;       /* 144: wall time launches slept to hold the compute share */
     uint64_t oom_refusals;   /* 152: allocations refused because the claim was at its limit */
+    /* the turn of a claim's time-sliced processes in its slot (pacing.c, turn_take): one word,
+     * compare-and-swap only: the holder's token << 40 | when the turn lapses (CLOCK_MONOTONIC ns
+     * >> 10); token 0 = given back, its holder's work ending then */
+    uint64_t pace_turn;      /* 160 */
 };
 
 struct gs_slot {
@@ -62,6 +66,7 @@ _Static_assert(__builtin_offsetof(struct gs_region_header, pace_rate_ppm) == 128
 _Static_assert(__builtin_offsetof(struct gs_region_header, pace_kernel_us) == 132, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, paced_ns) == 144, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, oom_refusals) == 152, "layout");
+_Static_assert(__builtin_offsetof(struct gs_region_header, pace_turn) == 160, "layout");
 
 /* Per-process view of one region. The region is tenant-writable: what this process holds is
  * kept here too (`mine`), and the shared lock is waited for at most GS_LOCK_WAIT_NS. */

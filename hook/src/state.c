@@ -32,6 +32,8 @@ void gs_fork_child(void)
         struct gpu_state *g = &g_gpu[i];
         if (!g->failed) gs_region_forget_slot(&g->region);
         pthread_mutex_init(&g->sample_lock, NULL);
+        pthread_mutex_init(&g->turn_lock, NULL);
+        g->turn_mine = 0; /* the child has a token of its own, and holds no turn */
         g->pending = 0;
         g->my_tat_ns = 0;
         g->my_shared_ns = 0;

@@ -54,6 +54,10 @@ struct gpu_state {
     uint64_t held_ns;          /* when a launch of this process last waited for the claim's share */
     int switch_owed;           /* the slot's context switch is to be booked with the next launch */
     struct gs_marker drain;    /* marks the work launched before a wait for a later slot; by qend_ns */
+    /* turns of a claim's processes in its slot (pacing.c, turn_take): */
+    pthread_mutex_t turn_lock; /* this process's threads take, renew and check its turn one at a time */
+    uint64_t turn_mine;        /* the turn word this process last wrote into the region; 0 = none */
+    int turn_off;              /* someone else wrote its turn: it takes no turns (no handover) */
     /* a Burst claim's lent span (pacing.c, lent_turn): */
     uint64_t lent_qend_ns;     /* when its work launched in the lent span ends, the GPU its own */
     uint64_t lent_until_ns;    /* it found the GPU busy: no launch in the lent span before this */

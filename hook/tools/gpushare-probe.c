@@ -280,6 +280,8 @@ static int cmd_gpus(void)
 static double g_seconds = 1, g_kernel_us = 100, g_interval_us = 2400, g_request_us = 410;
 static int g_count = 50, g_kernels = 8, g_nodes = 10, g_record, g_grid, g_streams = 1;
 static double g_on_ms, g_off_ms, g_warmup;
+static int g_mark_every = 16;
+static double g_window_at; /* CLOCK_MONOTONIC seconds the window starts at; 0 = now + warm-up */
 static double g_side_us;
 static const char *g_mode = "global";
 
@@ -300,6 +302,14 @@ static void parse_opts(int argc, char **argv)
         else if (!strcmp(argv[i], "--on-ms")) g_on_ms = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--warmup")) g_warmup = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--off-ms")) g_off_ms = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--window-at")) g_window_at = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--mark-every")) {
+            g_mark_every = atoi(argv[i + 1]);
+            if (g_mark_every < 1 || g_mark_every > 16) {
+                fprintf(stderr, "bad --mark-every %s: kernels between the window's events, 1 to 16\n", argv[i + 1]);
+                exit(64);
+            }
+        }
         else if (!strcmp(argv[i], "--grid")) {
             g_grid = atoi(argv[i + 1]);
             if (g_grid < 1) {
@@ -377,9 +387,11 @@ static int cmd_launch(int argc, char **argv)
         float ms = time_one();
         if (ms < best) best = ms;
     }
-    /* an event after every 16 kernels: at the window's end, the newest one complete tells how
-     * many kernels ran within the window (the rest were queued and run after it). Not after
-     * every kernel: the simulated driver timestamps 32 events in flight per process */
+    /* an event after every --mark-every kernels (16): at the window's end, the newest one
+     * complete tells how many kernels ran within the window (the rest were queued and run after
+     * it), up to mark-every - 1 short. Not after every kernel by default: the simulated driver
+     * timestamps 32 events in flight per process, and an unpaced process queues 1024 kernels;
+     * paced processes queue a few, and several of them side by side each lose up to a batch */
     enum { EVENTS = 128 }; /* more than a driver queues (1024 kernels) */
     static CUevent ev[EVENTS];
     for (int i = 0; i < EVENTS; i++) CHECK(p_cuEventCreate(&ev[i], CU_EVENT_DEFAULT));
@@ -387,7 +399,8 @@ static int cmd_launch(int argc, char **argv)
     for (int i = 1; i < g_streams; i++) CHECK(p_cuStreamCreate(&st[i], 0));
     long long launches = 0, batches = 0, in_window = 0, warm = 0; /* warm: launches of the warm-up */
     int counting = 0;
-    double t0 = now_s() + g_warmup, end = t0 + g_seconds;
+    /* --window-at: several processes (a claim's) count over one window, not each over its own */
+    double t0 = g_window_at > 0 ? g_window_at : now_s() + g_warmup, end = t0 + g_seconds;
     while (g_on_ms > 0 && now_s() < end) { /* bursty: on-ms of GPU work, waited for, then idle */
         long long n = (long long)(g_on_ms * 1e3 / g_kernel_us + 0.5), i;
         int counted = now_s() >= t0;
@@ -400,13 +413,13 @@ static int cmd_launch(int argc, char **argv)
     }
     while (g_on_ms <= 0 && now_s() < end) {
         if (!counting && now_s() >= t0) counting = 1, warm = launches; /* the warm-up's launches are not counted */
-        for (int i = 0; i < 16; i++) CHECK(spin(st[(launches + i) % g_streams], &cycles, g_kernel_us));
+        for (int i = 0; i < g_mark_every; i++) CHECK(spin(st[(launches + i) % g_streams], &cycles, g_kernel_us));
         CHECK(p_cuEventRecord(ev[batches++ % EVENTS], NULL));
-        launches += 16;
+        launches += g_mark_every;
     }
     double window = now_s() - t0;
-    for (long long b = batches - 1; b >= 0 && b >= batches - EVENTS && (b + 1) * 16 > warm && !in_window; b--)
-        if (p_cuEventQuery(ev[b % EVENTS]) == CUDA_SUCCESS) in_window = (b + 1) * 16 - warm;
+    for (long long b = batches - 1; b >= 0 && b >= batches - EVENTS && (b + 1) * g_mark_every > warm && !in_window; b--)
+        if (p_cuEventQuery(ev[b % EVENTS]) == CUDA_SUCCESS) in_window = (b + 1) * g_mark_every - warm;
     launches -= warm;
     CHECK(p_cuCtxSynchronize());
     double wall = now_s() - t0;
@@ -534,6 +547,7 @@ static int run(int argc, char **argv, int i)
                     "       gpushare-probe [--device N] meminfo\n"
                     "       gpushare-probe gpus\n"
                     "       gpushare-probe [--device N] launch --seconds T [--kernel-us US] [--streams N] [--on-ms MS --off-ms MS]\n"
+                    "           [--warmup S | --window-at CLOCK_MONOTONIC_S] [--mark-every K]\n"
                     "       gpushare-probe [--device N] time --count N [--kernel-us US]\n"
                     "       gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]\n"
                     "       gpushare-probe [--device N] graph --seconds T [--kernel-us US] [--nodes N] [--mode M]\n"

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
-from dra_driver.config import MPS
+from dra_driver.config import MPS, NONE
 from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, rfc3339_now
 from dra_driver.log import get_logger
 from kubeletplugin.cdispec import SimDriver
@@ -189,6 +189,7 @@ class Agent:
             c.count_period(seconds)
         on_gpu: dict[str, list[Share]] = {}
         time_sliced: set[str] = set()  # GPUs with a paced claim that is not MPS: the handover's period
+        unpaced: set[str] = set()  # GPUs with a context nobody paces in time (None, an MPS server): no handover
         owners = self.procs.owners({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         for g in samples:
             for pid in set(g.process_memory) | set(g.process_util):
@@ -202,11 +203,15 @@ class Agent:
         for uid in sorted(claims):  # the same order every period: slots stay put
             c = claims[uid]
             for i, gpu in enumerate(c.gpus):
+                if c.sharing_strategy in (NONE, MPS):
+                    unpaced.add(gpu.uuid)
                 if gpu.compute_limit < 100:  # limit 100 is never paced
                     on_gpu.setdefault(gpu.uuid, []).append(c.shares[i])
                     if c.sharing_strategy != MPS:
                         time_sliced.add(gpu.uuid)
         for uuid, shares in on_gpu.items():  # from the regions: needs no NVML
+            for s in shares:
+                s.unpaced = uuid in unpaced
             total = plan_gpu(shares, mps_only=uuid not in time_sliced)
             if total > 1.0 + 1e-9 and self._oversubscribed.get(uuid) != round(total, 3):
                 log.warning("GPU oversubscribed: the paced claims' compute limits sum to more than the GPU; "

@@ -17,8 +17,8 @@ from kubeletplugin.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTR
 
 from .shares import Share, to_ppm
 
-_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US, _PROCS, _LENT_US = (
-    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us", "procs", "lent_us"))
+_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US, _PROCS, _LENT_US, _UNPACED = (
+    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us", "procs", "lent_us", "unpaced"))
 
 
 class Control:
@@ -59,16 +59,19 @@ class Control:
             self._words[offset // 4] = value
 
     def plan(self, share: Share) -> None:
-        """The agent's plan for the claim on this GPU (shares.py): its rate, slot and lent span."""
+        """The agent's plan for the claim on this GPU (shares.py): its rate, slot, lent span, and
+        whether contexts nobody paces share the GPU."""
         self.rate_ppm = to_ppm(share.rate)
         self.set_slot(share.period_us, share.start_us, share.length_us)
         self.lent_us = share.lent_us
+        self.unpaced = share.unpaced
 
     def unplan(self) -> None:
         """Nobody hands slots out any more: back to the limit, no slot, no lent span."""
         self.rate_ppm = 0
         self.set_slot(0, 0, 0)
         self.lent_us = 0
+        self.unpaced = False
 
     @property
     def slot(self) -> tuple[int, int, int]:
@@ -104,3 +107,14 @@ class Control:
     @lent_us.setter
     def lent_us(self, us: int) -> None:
         self._store(_LENT_US, us)
+
+    @property
+    def unpaced(self) -> bool:
+        """Contexts nobody paces share the GPU (a claim of strategy None, an MPS server): the
+        library then paces without the slot handover, which only keeps paced claims apart
+        (docs/compute.md)."""
+        return self._words[_UNPACED // 4] == 1
+
+    @unpaced.setter
+    def unpaced(self, on: bool) -> None:
+        self._store(_UNPACED, int(on))

@@ -70,6 +70,7 @@ class Share:
     length_us: int = 0
     period_us: int = PERIOD_US  # the period its GPU's slots repeat in (plan_gpu)
     lent_us: int = 0        # a busy Burst claim's lent span right before its slot (plan_gpu)
+    unpaced: bool = False   # contexts nobody paces share its GPU: no slot handover (the agent)
     kernel_us: int = 0      # its longest launch of late (the library's pace_kernel_us; count)
     _kernel_reports: tuple[int, ...] = ()  # the last KERNEL_REPORTS non-zero ones, newest first
     charged_max: float = 0.0  # the most it charged in one of the agent's periods within its slot period

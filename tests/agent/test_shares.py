@@ -120,3 +120,22 @@ def test_the_agent_tells_the_library_how_many_processes_share_the_claim(node):
         wait_for(lambda: control.procs == 3, timeout=15, what="procs == 3 in the control file")
     finally:
         control.close()
+
+
+def test_control_file_says_when_contexts_nobody_paces_share_the_gpu(node):
+    """A claim of strategy None (no library) or MPS (its server is one context that keeps no
+    slot) on the GPU: the agent tells the time-sliced claims' libraries, which then pace without
+    the slot handover (docs/compute.md); when it goes, they pace with it again."""
+    from kubeletplugin.agent.control import Control
+
+    ref, _ = node.claim(compute=25)
+    control = Control(node.plugin.driver.files.control_path(ref.uid, 0))
+    try:
+        time.sleep(2 * node.plugin.agent.interval)
+        assert control.unpaced is False  # only paced claims on the GPU
+        other, _ = node.claim(compute=25, config=[opaque_config(gpushare_config(sharingStrategy="None"))])
+        wait_for(lambda: control.unpaced is True, timeout=10, what="unpaced in the control file")
+        node.kubelet.unprepare(other)
+        wait_for(lambda: control.unpaced is False, timeout=10, what="unpaced cleared")
+    finally:
+        control.close()
