@@ -17,7 +17,6 @@ the three roots first (about 30 s each here), a warm one reuses them.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
@@ -29,29 +28,12 @@ from tests.support.hook import kv
 
 pytestmark = pytest.mark.podman
 
-CDI_ROOT = "/var/run/cdi"  # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi
 LIMIT = 256 * MiB
 KILL_BOUND_S = 5.0  # as tests/agent/test_backstop_podman.py: the promise is 200 ms, CI is loaded
 INACTIVE = "the claim's library is not active in this program"
 
-if os.geteuid() != 0 or PodmanRunner.available() or roots.why_not():
-    pytest.skip(f"image matrix: {roots.why_not() or PodmanRunner.available() or 'needs root'}",
-                allow_module_level=True)
-
-
-@pytest.fixture
-def claimed(node_factory):
-    """A node and one claim of 256Mi at compute 50; unprepared at the end."""
-    node = node_factory(cdi_root=CDI_ROOT)
-    ref, ids = node.claim(memory="256Mi", compute=50)
-    yield node, ids
-    node.kubelet.unprepare(ref)
-
-
-def run(runner: PodmanRunner, ids: list[str], argv: list[str]):
-    proc = runner.run(ids, argv)
-    assert proc.returncode == 0, f"{argv}: exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
-    return proc
+if roots.podman_why_not():
+    pytest.skip(f"image matrix: {roots.podman_why_not()}", allow_module_level=True)
 
 
 def processes(node, enforcement: str) -> float:
@@ -61,12 +43,12 @@ def processes(node, enforcement: str) -> float:
 
 
 @pytest.mark.parametrize("suite", sorted(roots.GLIBC_SUITES))
-def test_glibc_image_holds_the_claim(claimed, suite):
-    node, ids = claimed
+def test_glibc_image_holds_the_claim(image_claim, suite):
+    node, ids = image_claim
     runner = PodmanRunner(rootfs=str(roots.glibc_root(suite)))
     try:
         # the shell starts under the preloaded library, on the root's own glibc
-        proc = run(runner, ids, ["/bin/sh", "-c", 'echo "preload=$LD_PRELOAD"; cat /etc/ld.so.preload; '
+        proc = roots.run_ok(runner, ids, ["/bin/sh", "-c", 'echo "preload=$LD_PRELOAD"; cat /etc/ld.so.preload; '
                                  "ldd --version | head -n 1; " + roots.PROBE + " meminfo"])
         assert f") {roots.GLIBC_SUITES[suite]}\n" in proc.stdout, proc.stdout  # ldd (Debian GLIBC ...) 2.31
         assert "preload=/usr/local/gpushare/lib/libgpushare.so" in proc.stdout
@@ -74,7 +56,7 @@ def test_glibc_image_holds_the_claim(claimed, suite):
         assert int(info["cu_total"]) == LIMIT and int(info["nvml_total"]) == LIMIT, info
 
         # OOM exactly at the limit
-        out = kv(run(runner, ids, [roots.PROBE, "alloc", "--chunk", "64Mi", "--max", "1Gi"]).stdout)
+        out = kv(roots.run_ok(runner, ids, [roots.PROBE, "alloc", "--chunk", "64Mi", "--max", "1Gi"]).stdout)
         assert out["result"] == "oom" and int(out["allocated"]) == LIMIT, out
 
         # one budget across containers: a second container gets what the first left
@@ -84,19 +66,19 @@ def test_glibc_image_holds_the_claim(claimed, suite):
         assert int(holder.read_until("allocated=", timeout=60)["allocated"]) == 192 * MiB
         # the agent sees which enforcement holds the process: the library took a slot
         wait_for(lambda: processes(node, "library") == 1 and processes(node, "backstop") == 0, timeout=20)
-        out = kv(run(runner, ids, [roots.PROBE, "alloc", "--chunk", "32Mi", "--max", "1Gi"]).stdout)
+        out = kv(roots.run_ok(runner, ids, [roots.PROBE, "alloc", "--chunk", "32Mi", "--max", "1Gi"]).stdout)
         assert out["result"] == "oom" and int(out["allocated"]) == 64 * MiB, out
         holder.stop()
     finally:
         runner.close()
 
 
-def test_musl_image_runs_and_the_backstop_holds_its_memory(claimed):
-    node, ids = claimed
+def test_musl_image_runs_and_the_backstop_holds_its_memory(image_claim):
+    node, ids = image_claim
     runner = PodmanRunner(rootfs=str(roots.musl_root()))
     try:
         # starts, exits 0, says once that the library is not active; memory queries unchanged
-        proc = run(runner, ids, [roots.PROBE, "meminfo"])
+        proc = roots.run_ok(runner, ids, [roots.PROBE, "meminfo"])
         assert proc.stderr.count(INACTIVE) == 1, proc.stderr
         info = kv(proc.stdout)
         assert int(info["cu_total"]) > LIMIT, info  # the whole simulated GPU: no limit in queries

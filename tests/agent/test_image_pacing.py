@@ -8,21 +8,23 @@ from __future__ import annotations
 import pytest
 
 from playground.containers import PodmanRunner
-from tests.agent.test_image_matrix import claimed, run  # noqa: F401 (claimed is a fixture); skips as it does
 from tests.support import CPU_TIMED, roots
 from tests.support.hook import kv
 
 pytestmark = pytest.mark.podman
 
+if roots.podman_why_not():
+    pytest.skip(f"image pacing: {roots.podman_why_not()}", allow_module_level=True)
+
 
 @CPU_TIMED
 @pytest.mark.parametrize("suite", sorted(roots.GLIBC_SUITES))
-def test_glibc_image_paces_the_claim(claimed, suite):  # noqa: F811 (the fixture imported above)
-    _, ids = claimed
+def test_glibc_image_paces_the_claim(image_claim, suite):
+    _, ids = image_claim
     runner = PodmanRunner(rootfs=str(roots.glibc_root(suite)))
     try:
         # unpaced, the probe keeps the simulated GPU busy all the time
-        out = kv(run(runner, ids, [roots.PROBE, "launch", "--seconds", "4"]).stdout)
+        out = kv(roots.run_ok(runner, ids, [roots.PROBE, "launch", "--seconds", "4"]).stdout)
         assert 35 <= float(out["busy_share"]) <= 65, out
     finally:
         runner.close()

@@ -70,6 +70,25 @@ def mirror() -> str | None:
     return os.environ.get("GPUSHARE_DEBIAN_MIRROR") or apt_mirror()
 
 
+PODMAN_CDI_ROOT = "/var/run/cdi"  # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi
+
+
+def podman_why_not() -> str | None:
+    """None when claims can run in these roots under podman here, else why not (tests skip)."""
+    from playground.containers import PodmanRunner  # the runner only where a test asks
+
+    if os.geteuid() != 0:
+        return "needs root"
+    return why_not() or PodmanRunner.available()
+
+
+def run_ok(runner, ids: list[str], argv: list[str]) -> subprocess.CompletedProcess:
+    """argv in a container of the claim's CDI devices (a PodmanRunner on a root); it must exit 0."""
+    proc = runner.run(ids, argv)
+    assert proc.returncode == 0, f"{argv}: exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
+    return proc
+
+
 def why_not() -> str | None:
     """None when roots can be built here, else why not (the tests skip with it)."""
     if os.geteuid() != 0:
