@@ -329,7 +329,7 @@ static uint64_t queue_bound(struct gpu_state *g, uint64_t now, int captures, uin
  * work ends.
  * Forged turns: an honest process takes a turn only when it was given back or has lapsed, and
  * writes no token but its own. So a process that finds its turn gone before the lapse it wrote,
- * its token with a lapse it did not write, or a lapse further ahead than a period, knows that
+ * its token with a lapse it did not write, or a lapse more than TAT_SANE_NS ahead, knows that
  * someone else writes the word: from then on (one log line) it takes no turns and paces as such a
  * claim's processes did before (no handover; the timeline and its own bucket hold the share). A
  * forged turn once let a claim's processes overlap in its slot and spill into the neighbour's
@@ -346,15 +346,18 @@ static uint32_t turn_holder(uint64_t w) { return (uint32_t)(w >> TURN_SHIFT); }
 static uint64_t turn_until(uint64_t w) { return (w & TURN_MASK) << 10; }
 
 /* this process among the claim's: of its pid and pid namespace (the claim's containers may each
- * have a pid 1), 24 bits, never 0; a fork child gets its own */
-static uint32_t turn_token(void)
+ * have a pid 1), 24 bits, never 0. Made once per process (not a getpid and a stat per launch:
+ * threads may race to make it, with the same value); a fork child's is made anew (gs_fork_child) */
+static uint32_t turn_token(struct gpu_state *g)
 {
-    static uint64_t pidns; /* read once (threads may race to read it: same value) */
+    uint32_t token = __atomic_load_n(&g->turn_me, __ATOMIC_RELAXED);
+    if (token) return token;
     struct stat st;
-    if (!__atomic_load_n(&pidns, __ATOMIC_RELAXED) && gs_stat("/proc/self/ns/pid", &st) == 0)
-        __atomic_store_n(&pidns, st.st_ino, __ATOMIC_RELAXED);
-    uint64_t x = ((uint64_t)getpid() << 32 ^ __atomic_load_n(&pidns, __ATOMIC_RELAXED)) * 0x9E3779B97F4A7C15ull;
-    return (uint32_t)(x >> TURN_SHIFT) | 1;
+    uint64_t pidns = gs_stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+    uint64_t x = ((uint64_t)getpid() << 32 ^ pidns) * 0x9E3779B97F4A7C15ull;
+    token = (uint32_t)(x >> TURN_SHIFT) | 1;
+    __atomic_store_n(&g->turn_me, token, __ATOMIC_RELAXED);
+    return token;
 }
 
 /* under turn_lock: w, just read, is not what an honest claim could have written: say so once. The
@@ -375,8 +378,7 @@ static int turn_forged(struct gpu_state *g, uint32_t me, uint64_t w)
 
 /* this process's turn in the slot that ends at end, waited for (at most until end). Returns the
  * time; *got: 1 when it holds the turn; *free: when the previous holder's work ends, *was: the
- * lapse its word said (both 0: it held
- * the turn already) */
+ * lapse its word said (both 0: it held the turn already) */
 static uint64_t turn_take(struct gpu_state *g, uint32_t me, uint64_t now, uint64_t end, uint64_t period,
                           int *got, uint64_t *free, uint64_t *was)
 {
@@ -386,25 +388,24 @@ static uint64_t turn_take(struct gpu_state *g, uint32_t me, uint64_t now, uint64
     for (;;) {
         pthread_mutex_lock(&g->turn_lock);
         uint64_t w = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-        if (g->turn_off || turn_forged(g, me, w)) {
+        if (__atomic_load_n(&g->turn_off, __ATOMIC_RELAXED) || turn_forged(g, me, w)) {
             pthread_mutex_unlock(&g->turn_lock);
             return now;
         }
-        if (turn_holder(w) == me && turn_until(w) >= now) {
+        int ours = turn_holder(w) == me;
+        if (ours && turn_until(w) >= now) {
             *got = 1;
-        } else if (turn_holder(w) == me) { /* ours, lapsed while it waited: renewed unless taken meanwhile */
+        } else if (ours || turn_holder(w) == 0 || turn_until(w) < now) {
+            /* ours lapsed while it waited (renewed unless taken meanwhile), or given back, or lapsed:
+             * until the slot's end, renewed lower at its launches */
             uint64_t mine = turn_word(me, end);
             if (__atomic_compare_exchange_n(word, &w, mine, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
                 g->turn_mine = mine;
                 *got = 1;
-            }
-        } else if (turn_holder(w) == 0 || turn_until(w) < now) { /* given back, or lapsed */
-            uint64_t mine = turn_word(me, end); /* until the slot's end; renewed lower at its launches */
-            if (__atomic_compare_exchange_n(word, &w, mine, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-                g->turn_mine = mine;
-                *got = 1;
-                *free = turn_until(w) > now && turn_until(w) < now + period ? turn_until(w) : now;
-                *was = turn_until(w);
+                if (!ours) { /* another's: the GPU is busy until its work ends */
+                    *free = turn_until(w) > now && turn_until(w) < now + period ? turn_until(w) : now;
+                    *was = turn_until(w);
+                }
             }
         }
         pthread_mutex_unlock(&g->turn_lock);
@@ -422,7 +423,7 @@ static void turn_renew(struct gpu_state *g, uint32_t me, uint64_t until, int giv
     uint64_t *word = &g->region.hdr->pace_turn;
     pthread_mutex_lock(&g->turn_lock);
     uint64_t w = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-    if (!g->turn_off && !turn_forged(g, me, w) && turn_holder(w) == me) {
+    if (!__atomic_load_n(&g->turn_off, __ATOMIC_RELAXED) && !turn_forged(g, me, w) && turn_holder(w) == me) {
         uint64_t next = turn_word(give ? 0 : me, until);
         if (__atomic_compare_exchange_n(word, &w, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             g->turn_mine = next;
@@ -606,7 +607,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
         int handover_here = slotted && !g->mps && !gs_control_unpaced(g->control);
         int several = handover_here && gs_control_procs(g->control) > 1;
         int forged_turn = several && __atomic_load_n(&g->turn_off, __ATOMIC_RELAXED);
-        uint32_t me = several && !forged_turn ? turn_token() : 0; /* turns (above) */
+        uint32_t me = several && !forged_turn ? turn_token(g) : 0; /* turns (above) */
         int in_slot = 0, handover = handover_here && !forged_turn;
         uint64_t lent = handover && !several && !captures && !__atomic_load_n(&g->lent_off, __ATOMIC_RELAXED)
                         ? gs_control_lent(g->control) : 0;

@@ -33,7 +33,8 @@ void gs_fork_child(void)
         if (!g->failed) gs_region_forget_slot(&g->region);
         pthread_mutex_init(&g->sample_lock, NULL);
         pthread_mutex_init(&g->turn_lock, NULL);
-        g->turn_mine = 0; /* the child has a token of its own, and holds no turn */
+        g->turn_me = 0;   /* the child has a token of its own, */
+        g->turn_mine = 0; /* and holds no turn */
         g->pending = 0;
         g->my_tat_ns = 0;
         g->my_shared_ns = 0;

@@ -56,6 +56,7 @@ struct gpu_state {
     struct gs_marker drain;    /* marks the work launched before a wait for a later slot; by qend_ns */
     /* turns of a claim's processes in its slot (pacing.c, turn_take): */
     pthread_mutex_t turn_lock; /* this process's threads take, renew and check its turn one at a time */
+    uint32_t turn_me;          /* this process's token (turn_token); 0 = not made yet */
     uint64_t turn_mine;        /* the turn word this process last wrote into the region; 0 = none */
     int turn_off;              /* someone else wrote its turn: it takes no turns (no handover) */
     /* a Burst claim's lent span (pacing.c, lent_turn): */
