@@ -243,6 +243,7 @@ class PodmanRunner:
     """podman + runc with our CDI devices: the runtime applies the spec."""
 
     kind = "podman"
+    CDI_ROOT = "/var/run/cdi"  # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi
 
     @staticmethod
     def available() -> str | None:

@@ -108,8 +108,9 @@ class SimulatedNode:
 
     @property
     def cdi_root(self) -> str:
-        # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi.
-        return "/var/run/cdi" if self.runtime == "podman" else os.path.join(self.workdir, "cdi")
+        from .containers import PodmanRunner
+
+        return PodmanRunner.CDI_ROOT if self.runtime == "podman" else os.path.join(self.workdir, "cdi")
 
     @property
     def state_dir(self) -> str:

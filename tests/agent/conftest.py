@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubeletplugin.claimref import ClaimRef
 from playground.claims import make_claim, result
-from playground.containers import ProcessRunner
+from playground.containers import PodmanRunner, ProcessRunner
 from playground.kubelet import Kubelet
-from tests.support import BUILD, roots, wait_for
+from tests.support import BUILD, wait_for
 from tests.support.plugin import Dirs, launch_plugin
 
 
@@ -143,7 +143,7 @@ def image_claim(node_factory):
     """For the images users run (test_image_matrix.py, test_image_pacing.py): a node whose CDI
     specs podman reads, and one claim of 256Mi at compute 50, unprepared at the end; (node, the
     claim's CDI device ids)."""
-    node = node_factory(cdi_root=roots.PODMAN_CDI_ROOT)
+    node = node_factory(cdi_root=PodmanRunner.CDI_ROOT)
     ref, ids = node.claim(memory="256Mi", compute=50)
     yield node, ids
     node.kubelet.unprepare(ref)

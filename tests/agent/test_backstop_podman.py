@@ -27,7 +27,6 @@ from tests.support import BUILD, podman_busybox_why_not, wait_for
 
 pytestmark = pytest.mark.podman
 
-CDI_ROOT = "/var/run/cdi"
 PRIVATE_LOADER = "/lib64/ld-private.so"
 # Under a loaded 2-core CI machine; the promise is 200 ms (the measured figure is printed).
 KILL_BOUND_S = 5.0
@@ -91,7 +90,7 @@ def prepare(node, memory="256Mi", pod: str | None = None):
 
 
 def test_private_loader_in_var_run_link_image_is_killed(node_factory, runner):
-    node = node_factory(cdi_root=CDI_ROOT)
+    node = node_factory(cdi_root=PodmanRunner.CDI_ROOT)
     node.refs = []
     try:
         ref, ids = prepare(node)
@@ -110,7 +109,7 @@ def test_private_loader_in_var_run_link_image_is_killed(node_factory, runner):
 def test_pod_container_is_found_by_cgroup_and_the_pod_gets_an_event(node_factory, runner):
     """A container in a kubelet-style pod cgroup (`pod<uid>`): the claim's reservedFor names the
     pod, so the process maps by cgroup, and the Event goes to the pod as well."""
-    node = node_factory(cdi_root=CDI_ROOT)
+    node = node_factory(cdi_root=PodmanRunner.CDI_ROOT)
     node.refs = []
     pod_uid = str(uuid.uuid4())
     try:
@@ -134,7 +133,7 @@ def test_repeated_10ms_holds_between_polls_are_caught(node_factory, runner):
     kills the whole container (every process of its cgroup; the loop's shell among them), so there
     is exactly one violation: a second would be a hold after that kill (a tenant surviving it) or
     one episode counted twice."""
-    node = node_factory(cdi_root=CDI_ROOT)
+    node = node_factory(cdi_root=PodmanRunner.CDI_ROOT)
     node.refs = []
     try:
         ref, ids = prepare(node)

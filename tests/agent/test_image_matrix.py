@@ -32,8 +32,9 @@ LIMIT = 256 * MiB
 KILL_BOUND_S = 5.0  # as tests/agent/test_backstop_podman.py: the promise is 200 ms, CI is loaded
 INACTIVE = "the claim's library is not active in this program"
 
-if roots.podman_why_not():
-    pytest.skip(f"image matrix: {roots.podman_why_not()}", allow_module_level=True)
+WHY_NOT = roots.podman_why_not()
+if WHY_NOT:
+    pytest.skip(f"image matrix: {WHY_NOT}", allow_module_level=True)
 
 
 def processes(node, enforcement: str) -> float:

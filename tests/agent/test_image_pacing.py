@@ -13,8 +13,9 @@ from tests.support.hook import kv
 
 pytestmark = pytest.mark.podman
 
-if roots.podman_why_not():
-    pytest.skip(f"image pacing: {roots.podman_why_not()}", allow_module_level=True)
+WHY_NOT = roots.podman_why_not()
+if WHY_NOT:
+    pytest.skip(f"image pacing: {WHY_NOT}", allow_module_level=True)
 
 
 @CPU_TIMED

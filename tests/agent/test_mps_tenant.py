@@ -133,7 +133,7 @@ def test_a_container_that_rewrites_every_variable_gets_its_share_and_budget(node
     plumbing (where its driver and state are, which a real driver's install provides) stays. The
     library still loads (/etc/ld.so.preload), reads the read-only limits file and holds both the
     25 % and the 256Mi budget."""
-    node = node_factory(cdi_root="/var/run/cdi")
+    node = node_factory(cdi_root=PodmanRunner.CDI_ROOT)
     runner = PodmanRunner(PROBE)
     refs = []
     try:
