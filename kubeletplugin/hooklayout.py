@@ -58,6 +58,7 @@ REGION_HEADER: dict[str, Field] = {
     "paced_ns": Field(144, 8),
     "oom_refusals": Field(152, 8),
     "pace_turn": Field(160, 8),      # token << 40 | lapse (ns >> 10): whose turn it is in the claim's slot
+    "pace_qend_ns": Field(168, 8),   # the predicted end of the claim's queued work (the fill relay reads it)
 }
 
 # struct gs_slot (slot i is at HEADER_SIZE + i * SLOT_SIZE), every field in order
@@ -86,6 +87,8 @@ CONTROL: dict[str, Field] = {
     "procs": Field(28, 4),           # the claim's processes on the GPU (agent's count); 0 = unknown
     "lent_us": Field(32, 4),         # a Burst claim's lent span right before its slot; 0 = none
     "unpaced": Field(36, 4),         # 1 = contexts nobody paces share the GPU: no slot handover
+    "owner_busy_until_ns": Field(40, 8),  # a filling Burst claim: the Hard claims have work until then
+    "relay_seen_ns": Field(48, 8),   # when the agent's fill relay last looked; 0 = no relay
 }
 
 

@@ -27,6 +27,11 @@ struct gs_control {
     uint32_t unpaced;   /* 36: 1 = contexts nobody paces share the GPU (a claim of strategy None, an
                                MPS server): slots do not keep the claims apart there, so the
                                library paces without the slot handover (docs/compute.md) */
+    uint64_t owner_busy_until_ns; /* 40: a filling Burst claim (lent_us = period_us): the GPU's Hard
+                               claims have work until about then (CLOCK_MONOTONIC), as the agent's
+                               relay sees their launches; one 64-bit store */
+    uint64_t relay_seen_ns;       /* 48: when the relay last looked (CLOCK_MONOTONIC); a relay not seen
+                               for GS_RELAY_STALE_NS is none */
 };
 
 _Static_assert(__builtin_offsetof(struct gs_control, version) == 8, "layout");
@@ -36,6 +41,10 @@ _Static_assert(__builtin_offsetof(struct gs_control, period_us) == 24, "layout")
 _Static_assert(__builtin_offsetof(struct gs_control, procs) == 28, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, lent_us) == 32, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, unpaced) == 36, "layout");
+_Static_assert(__builtin_offsetof(struct gs_control, owner_busy_until_ns) == 40, "layout");
+_Static_assert(__builtin_offsetof(struct gs_control, relay_seen_ns) == 48, "layout");
+
+#define GS_RELAY_STALE_NS 50000000ull /* the agent's relay looks every millisecond */
 
 /* The agent's rate, or 0 (none yet, or a header this library does not know). The agent writes
  * magic and version before the first rate, so a rate seen here comes with its header. */
@@ -81,6 +90,17 @@ static inline uint64_t gs_control_lent(const struct gs_control *c)
     uint64_t l = __atomic_load_n(&c->lent_us, __ATOMIC_RELAXED);
     if (__atomic_load_n(&c->magic, __ATOMIC_RELAXED) != GS_CONTROL_MAGIC) return 0;
     return l * 1000;
+}
+
+/* A filling Burst claim: until when the GPU's Hard claims have work, as the agent's relay says. 1
+ * with *until set; 0 when no relay runs (none seen for GS_RELAY_STALE_NS at now). */
+static inline int gs_control_owner_busy(const struct gs_control *c, uint64_t now, uint64_t *until)
+{
+    uint64_t seen = __atomic_load_n(&c->relay_seen_ns, __ATOMIC_ACQUIRE);
+    if (seen == 0 || seen + GS_RELAY_STALE_NS < now || __atomic_load_n(&c->magic, __ATOMIC_RELAXED) != GS_CONTROL_MAGIC)
+        return 0;
+    *until = __atomic_load_n(&c->owner_busy_until_ns, __ATOMIC_RELAXED);
+    return 1;
 }
 
 #endif

@@ -504,6 +504,29 @@ static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int capture
     }
 }
 
+/* ------------------------------------------------------------------ borrowed time
+ * A Burst claim launching in time another claim may need (the lent span, the fill: below) keeps at
+ * most LENT_AHEAD_NS queued beyond its running work, a marker event after it, so that it gives the
+ * GPU up within a kernel. borrow_wait: at now, with its queue predicted to end at q (>= now), 0 when
+ * the launch may go; else when to look again, or BORROW_LATE when its marker is LENT_LATE_NS later
+ * than it should have run: another context has work (time slicing made our kernel wait) */
+#define BORROW_LATE UINT64_MAX
+
+static uint64_t borrow_wait(struct gpu_state *g, uint64_t now, uint64_t q)
+{
+    if (__atomic_load_n(&g->lent.pending, __ATOMIC_ACQUIRE)) {
+        uint64_t pred = __atomic_load_n(&g->lent.pred_ns, __ATOMIC_RELAXED);
+        if (real_cuEventQuery(g->lent.ev) == CUDA_ERROR_NOT_READY) {
+            if (now > pred + LENT_LATE_NS) return BORROW_LATE;
+            if (q > now + LENT_AHEAD_NS) /* look again when the marker is late, at the latest */
+                return pred + LENT_LATE_NS + 1 < q - LENT_AHEAD_NS ? pred + LENT_LATE_NS + 1 : q - LENT_AHEAD_NS;
+            return 0;
+        }
+        __atomic_store_n(&g->lent.pending, 0, __ATOMIC_RELAXED); /* it ran */
+    }
+    return q > now + LENT_AHEAD_NS ? q - LENT_AHEAD_NS : 0;
+}
+
 /* ------------------------------------------------------------------ the lent span
  * A busy Burst claim whose slot follows a busy Hard claim's that the Hard claim leaves partly idle
  * (it charged less GPU time than its slot holds) is lent the idle tail of that slot: lent_us right
@@ -533,25 +556,13 @@ static int lent_turn(struct gpu_state *g, uint64_t *nowp, uint64_t start, uint64
         if (until < now - phase + skip) until = now - phase + skip;
         uint64_t q = __atomic_load_n(&g->lent_qend_ns, __ATOMIC_RELAXED);
         if (q < now) q = now;
-        if (now < until) {
-            wait = until;
-        } else if (__atomic_load_n(&g->lent.pending, __ATOMIC_ACQUIRE)) {
-            uint64_t pred = __atomic_load_n(&g->lent.pred_ns, __ATOMIC_RELAXED);
-            if (real_cuEventQuery(g->lent.ev) != CUDA_ERROR_NOT_READY) {
-                __atomic_store_n(&g->lent.pending, 0, __ATOMIC_RELAXED);
-                continue;
-            }
-            if (now > pred + LENT_LATE_NS) { /* the GPU is not ours: the owner's turn, for the rest of the span */
-                uint64_t s = phase + LENT_SKIP_NS < lent ? phase + LENT_SKIP_NS : lent;
-                if (s > skip) __atomic_store_n(&g->lent_skip_ns, s, __ATOMIC_RELAXED);
-                __atomic_store_n(&g->lent_hit, 1, __ATOMIC_RELAXED);
-                __atomic_store_n(&g->lent_until_ns, end, __ATOMIC_RELAXED);
-                continue;
-            }
-            if (q > now + LENT_AHEAD_NS)
-                wait = pred + LENT_LATE_NS + 1 < q - LENT_AHEAD_NS ? pred + LENT_LATE_NS + 1 : q - LENT_AHEAD_NS;
-        } else if (q > now + LENT_AHEAD_NS) {
-            wait = q - LENT_AHEAD_NS;
+        wait = now < until ? until : borrow_wait(g, now, q);
+        if (wait == BORROW_LATE) { /* the GPU is not ours: the owner's turn, for the rest of the span */
+            uint64_t s = phase + LENT_SKIP_NS < lent ? phase + LENT_SKIP_NS : lent;
+            if (s > skip) __atomic_store_n(&g->lent_skip_ns, s, __ATOMIC_RELAXED);
+            __atomic_store_n(&g->lent_hit, 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&g->lent_until_ns, end, __ATOMIC_RELAXED);
+            continue;
         }
         if (!wait) {
             __atomic_store_n(&g->lent_qend_ns, q + cost, __ATOMIC_RELAXED);
@@ -573,6 +584,62 @@ static void lent_mark(struct gpu_state *g, CUstream s, int ptsz)
     if (__atomic_load_n(&g->lent.pending, __ATOMIC_ACQUIRE) || capturing(s, ptsz)) return;
     if (!marker_record(&g->lent, s, ptsz, __atomic_load_n(&g->lent_qend_ns, __ATOMIC_RELAXED)))
         __atomic_store_n(&g->lent_off, 1, __ATOMIC_RELAXED); /* no marker: no lent span */
+}
+
+/* ------------------------------------------------------------------ the fill
+ * A busy Hard claim that works in bursts leaves its slot idle between them, and a Burst claim
+ * cannot see that on a time-sliced GPU but by trying (each try costs the owner about a slice).
+ * So where one Burst claim, of one process, shares the GPU with Hard claims only (all paced), the
+ * agent lays out the Hard claims' slots alone over the whole period and tells the Burst claim to
+ * fill (lent_us = period_us): it launches, on no slot, whenever the agent's relay says no Hard
+ * claim has work (owner_busy_until_ns, from their launches and predicted queue ends, looked at
+ * every millisecond), keeping at most LENT_AHEAD_NS queued beyond its running work so that it
+ * gives the GPU up within a kernel. The busy Hard claims' slots cover the period between them, so
+ * one alone launches its period's worth wherever in the period its work comes. What a Hard tenant writes in its region (its
+ * launches, its queue end) can make the Burst claim wait, never past its own share: the Burst
+ * claim keeps its own timeline at its limit, and one more than FILL_OWED_NS behind it launches
+ * whatever the relay says. Without a relay (none seen for GS_RELAY_STALE_NS) the claim is paced
+ * at its limit with no slot. Returns 1 with *nowp set when the launch goes; 0 when the relay is
+ * gone (the caller paces it so). */
+#define FILL_OWED_NS 50000000ull /* a filler this far behind its limit's timeline no longer waits */
+
+static int fill_turn(struct gpu_state *g, uint64_t *nowp, uint64_t period, uint64_t cost)
+{
+    uint64_t now = *nowp;
+    for (;;) {
+        uint64_t owner = 0, wait = 0;
+        if (!gs_control_owner_busy(g->control, now, &owner)) {
+            *nowp = now;
+            return 0;
+        }
+        uint64_t tat = __atomic_load_n(&g->fill_tat_ns, __ATOMIC_RELAXED);
+        int owed = tat + FILL_OWED_NS < now;
+        uint64_t until = owed ? 0 : __atomic_load_n(&g->lent_until_ns, __ATOMIC_RELAXED);
+        if (!owed && owner > until) until = owner;
+        uint64_t q = __atomic_load_n(&g->lent_qend_ns, __ATOMIC_RELAXED);
+        if (q < now) q = now;
+        wait = now < until ? (until < tat + FILL_OWED_NS + 1 ? until : tat + FILL_OWED_NS + 1) : borrow_wait(g, now, q);
+        if (wait == BORROW_LATE) {
+            if (!owed) { /* another context has work the relay has not told of yet: give way for a while */
+                __atomic_store_n(&g->lent_until_ns, now + LENT_SKIP_NS, __ATOMIC_RELAXED);
+                __atomic_store_n(&g->lent.pred_ns, now + LENT_SKIP_NS, __ATOMIC_RELAXED);
+                continue;
+            }
+            wait = q > now + LENT_AHEAD_NS ? q - LENT_AHEAD_NS : 0; /* owed: the queue bound only */
+        }
+        if (!wait) {
+            __atomic_store_n(&g->lent_qend_ns, q + cost, __ATOMIC_RELAXED);
+            /* its own timeline at its limit: from at most a period back, at most a period ahead */
+            uint64_t base = tat + period > now ? tat : now - period;
+            uint64_t next = base + cost * 1000000 / rate_ppm(g);
+            __atomic_store_n(&g->fill_tat_ns, next < now + period ? next : now + period, __ATOMIC_RELAXED);
+            *nowp = now;
+            return 1;
+        }
+        if (wait < now + DRAIN_POLL_NS) wait = now + DRAIN_POLL_NS;
+        sleep_until(wait);
+        now = gs_now_ns();
+    }
 }
 
 static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr_t key)
@@ -598,6 +665,15 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
     if (cost) {
         uint64_t start = 0, len = 0, period = 0, ahead = BURST_NS, next_slot = 0;
         int slotted = g->control && gs_control_slot(g->control, &start, &len, &period);
+        /* the fill (above): a Burst claim of one time-sliced process behind Hard claims */
+        int fill = slotted && gs_control_lent(g->control) >= period;
+        if (fill && !g->mps && !gs_control_unpaced(g->control) && gs_control_procs(g->control) == 1 && !captures &&
+            !__atomic_load_n(&g->lent_off, __ATOMIC_RELAXED) && fill_turn(g, &now, period, cost)) {
+            L->lent = 1;
+            charge(g, cost);
+            goto sample;
+        }
+        if (fill) slotted = 0; /* no relay, or no fill for this process: its limit, no slot */
         /* the slot handover: time-sliced claims only (an MPS server's clients are one context),
          * and only where every context on the GPU is paced: beside a claim of strategy None or
          * an MPS server the slots do not keep the claims apart, and draining before the slot's
@@ -685,10 +761,12 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
                 if (in_slot) now = queue_bound(g, now, captures, now - slot_phase(now, start, period) + len);
                 if (!__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && q >= now + MARK_NS) mark_drain(g, s, ptsz, captures);
                 __atomic_store_n(&g->qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
+                __atomic_store_n(&g->region.hdr->pace_qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
                 if (me && in_slot) turn_renew(g, me, (q > now ? q : now) + cost + TURN_IDLE_NS, 0);
             }
         }
     }
+sample:
     if (captures || (cost && now < __atomic_load_n(&g->next_sample_ns, __ATOMIC_RELAXED)) ||
         pthread_mutex_trylock(&g->sample_lock) != 0)
         return;

@@ -46,6 +46,9 @@ struct gs_region_header {
      * compare-and-swap only: the holder's token << 40 | when the turn lapses (CLOCK_MONOTONIC ns
      * >> 10); token 0 = given back, its holder's work ending then */
     uint64_t pace_turn;      /* 160 */
+    uint64_t pace_qend_ns;   /* 168: when the claim's queued work ends as its last launching process
+                                     predicts it (CLOCK_MONOTONIC): the agent's relay tells a Burst
+                                     claim that fills the GPU behind this one (pacing.c, fill_turn) */
 };
 
 struct gs_slot {
@@ -67,6 +70,7 @@ _Static_assert(__builtin_offsetof(struct gs_region_header, pace_kernel_us) == 13
 _Static_assert(__builtin_offsetof(struct gs_region_header, paced_ns) == 144, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, oom_refusals) == 152, "layout");
 _Static_assert(__builtin_offsetof(struct gs_region_header, pace_turn) == 160, "layout");
+_Static_assert(__builtin_offsetof(struct gs_region_header, pace_qend_ns) == 168, "layout");
 
 /* Per-process view of one region. The region is tenant-writable: what this process holds is
  * kept here too (`mine`), and the shared lock is waited for at most GS_LOCK_WAIT_NS. */

@@ -67,6 +67,7 @@ struct gpu_state {
     int lent_hit;              /* it found the GPU busy in that span */
     int lent_off;              /* its marker could not be recorded: the lent span is not used */
     struct gs_marker lent;     /* marks its work in the lent span; by lent_qend_ns */
+    uint64_t fill_tat_ns;      /* a filling Burst claim's own timeline at its limit (pacing.c, fill_turn) */
 };
 
 extern struct gpu_state g_gpu[GS_MAX_GPUS] GS_HIDDEN; /* by limit slot; valid where g_gpu_open */

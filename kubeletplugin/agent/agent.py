@@ -31,6 +31,7 @@ from .control import Control
 from .mpswatch import MpsWatch
 from .procmap import ProcessMap
 from .regions import Region
+from .relay import Relay, fill_pairs
 from .sampler import GpuSample, Sampler, load_simulated_nvml
 from .shares import MAX_SLOT_LOSS, Share, kernel_loss, plan_gpu
 from .status import TOO_LONG, Condition, StatusWriter, kernels_too_long, oversubscribed
@@ -80,6 +81,7 @@ class Agent:
         self.backstop = Backstop(api, node_name, enforce, backend, backstop_interval)
         self.mps_watch = MpsWatch(api, node_name, state_dir)
         self.procs = ProcessMap()
+        self.relay = Relay()  # the fill's (relay.py): a thread from the first GPU a Burst claim fills
         self.claims: dict[str, ClaimView] = {}
         self.claims_generation = 0  # bumped after each change of claims: the backstop reads them again
         self.gpus: list[GpuSample] = []
@@ -132,6 +134,7 @@ class Agent:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self.backstop.stop()
+        self.relay.stop()
         self.mps_watch.stop()
         self.status.stop()
         with self.lock:
@@ -190,6 +193,7 @@ class Agent:
         on_gpu: dict[str, list[Share]] = {}
         time_sliced: set[str] = set()  # GPUs with a paced claim that is not MPS: the handover's period
         unpaced: set[str] = set()  # GPUs with a context nobody paces in time (None, an MPS server): no handover
+        procs: dict[int, int] = {}  # id(share) -> the claim's processes on that GPU
         owners = self.procs.owners({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         for g in samples:
             for pid in set(g.process_memory) | set(g.process_util):
@@ -207,11 +211,13 @@ class Agent:
                     unpaced.add(gpu.uuid)
                 if gpu.compute_limit < 100:  # limit 100 is never paced
                     on_gpu.setdefault(gpu.uuid, []).append(c.shares[i])
+                    procs[id(c.shares[i])] = max(1, len(c.process_memory[i]))
                     if c.sharing_strategy != MPS:
                         time_sliced.add(gpu.uuid)
         for uuid, shares in on_gpu.items():  # from the regions: needs no NVML
             for s in shares:
                 s.unpaced = uuid in unpaced
+                s.procs = procs.get(id(s), 1)
             total = plan_gpu(shares, mps_only=uuid not in time_sliced)
             if total > 1.0 + 1e-9 and self._oversubscribed.get(uuid) != round(total, 3):
                 log.warning("GPU oversubscribed: the paced claims' compute limits sum to more than the GPU; "
@@ -221,6 +227,9 @@ class Agent:
             for i, gpu in enumerate(c.gpus):
                 if gpu.compute_limit < 100:
                     c.apply(i)
+        paced = [(gpu.uuid, c.shares[i], c.regions[i], c.controls[i])
+                 for c in claims.values() for i, gpu in enumerate(c.gpus) if gpu.compute_limit < 100]
+        self.relay.watch(fill_pairs(paced))
         self._report_shares(claims, time_sliced)
         self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         with self.lock:

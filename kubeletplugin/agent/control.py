@@ -17,8 +17,9 @@ from kubeletplugin.hooklayout import CONTROL, CONTROL_MAGIC, CONTROL_SIZE, CONTR
 
 from .shares import Share, to_ppm
 
-_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US, _PROCS, _LENT_US, _UNPACED = (
-    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us", "procs", "lent_us", "unpaced"))
+_MAGIC, _VERSION, _RATE_PPM, _SLOT, _PERIOD_US, _PROCS, _LENT_US, _UNPACED, _OWNER_BUSY, _RELAY_SEEN = (
+    CONTROL[f].offset for f in ("magic", "version", "rate_ppm", "slot", "period_us", "procs", "lent_us", "unpaced",
+                                "owner_busy_until_ns", "relay_seen_ns"))
 
 
 class Control:
@@ -72,6 +73,7 @@ class Control:
         self.set_slot(0, 0, 0)
         self.lent_us = 0
         self.unpaced = False
+        self.relay(0, 0)
 
     @property
     def slot(self) -> tuple[int, int, int]:
@@ -118,3 +120,11 @@ class Control:
     @unpaced.setter
     def unpaced(self, on: bool) -> None:
         self._store(_UNPACED, int(on))
+
+    def relay(self, owner_busy_until_ns: int, seen_ns: int) -> None:
+        """A filling Burst claim's word from the relay (relay.py): the GPU's Hard claims have work
+        until about owner_busy_until_ns; seen_ns, when the relay looked (0: no relay). One aligned
+        64-bit store each."""
+        if self._quads[_OWNER_BUSY // 8] != owner_busy_until_ns:
+            self._quads[_OWNER_BUSY // 8] = owner_busy_until_ns
+        self._quads[_RELAY_SEEN // 8] = seen_ns

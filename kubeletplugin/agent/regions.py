@@ -25,8 +25,9 @@ from kubeletplugin.hooklayout import (
 )
 
 _MAGIC, _VERSION, _USED, _SLOTS_HW = (REGION_HEADER[f].offset for f in ("magic", "version", "used", "slots_hw"))
-_PACE_RATE_PPM, _PACE_KERNEL_US, _PACE_GPU_NS, _PACED_NS, _OOM_REFUSALS = (
-    REGION_HEADER[f].offset for f in ("pace_rate_ppm", "pace_kernel_us", "pace_gpu_ns", "paced_ns", "oom_refusals"))
+_PACE_RATE_PPM, _PACE_KERNEL_US, _PACE_GPU_NS, _PACED_NS, _OOM_REFUSALS, _PACE_QEND_NS = (
+    REGION_HEADER[f].offset
+    for f in ("pace_rate_ppm", "pace_kernel_us", "pace_gpu_ns", "paced_ns", "oom_refusals", "pace_qend_ns"))
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,12 @@ class Region:
     def charged_ns(self) -> int:
         """GPU time the library charged the claim's launches (`pace_gpu_ns`)."""
         return self._u64(_PACE_GPU_NS) if self.initialised else 0
+
+    @property
+    def queue_end_ns(self) -> int:
+        """When the claim's queued work ends, as its last launching process predicts
+        (`pace_qend_ns`, CLOCK_MONOTONIC; 0 = not said)."""
+        return self._u64(_PACE_QEND_NS) if self.initialised else 0
 
     @property
     def paced_ns(self) -> int:

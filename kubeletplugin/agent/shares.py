@@ -70,7 +70,9 @@ class Share:
     length_us: int = 0
     period_us: int = PERIOD_US  # the period its GPU's slots repeat in (plan_gpu)
     lent_us: int = 0        # a busy Burst claim's lent span right before its slot (plan_gpu)
+    fill: bool = False      # a Burst claim that fills the GPU behind its Hard claims (plan_gpu; relay.py)
     unpaced: bool = False   # contexts nobody paces share its GPU: no slot handover (the agent)
+    procs: int = 1          # its processes on the GPU as the agent sees them (1: one, or not known)
     kernel_us: int = 0      # its longest launch of late (the library's pace_kernel_us; count)
     _kernel_reports: tuple[int, ...] = ()  # the last KERNEL_REPORTS non-zero ones, newest first
     charged_max: float = 0.0  # the most it charged in one of the agent's periods within its slot period
@@ -141,13 +143,22 @@ def plan_gpu(shares: list[Share], mps_only: bool = False) -> float:
     scale = 1.0 / total if total > 1.0 + 1e-9 else 1.0
     for s in ordered:  # a bursty claim's charged time swings with how many bursts fell in one period
         s.used = s.charged if s.used < 0 else s.used + (s.charged - s.used) * USED_WEIGHT
+    for s in ordered:
+        s.fill = False
     if mps_only:
         _layout(ordered, scale, MPS_PERIOD_US)
         return total
+    bursts = [s for s in ordered if s.burst]
+    fill = len(bursts) == 1 and bursts[0].procs <= 1 and len(ordered) > 1 and not any(s.unpaced for s in ordered)
+    slotted = [s for s in ordered if not s.burst] if fill else ordered
     for period in range(PERIOD_US, MAX_PERIOD_US + 1, PERIOD_US):
-        _layout(ordered, scale, period)
-        if all(kernel_loss(s) <= MAX_SLOT_LOSS for s in ordered):
+        _layout(slotted, scale, period)
+        if all(kernel_loss(s) <= MAX_SLOT_LOSS for s in slotted):
             break  # else at MAX_PERIOD_US the agent says so in the claim's status (kernels_too_long)
+    if fill:  # the Burst claim fills behind the Hard claims' slots, which cover the period between them
+        b = bursts[0]
+        b.fill, b.rate, b.period_us = True, b.limit * scale, period
+        b.start_us, b.length_us, b.lent_us = 0, max(1, round(b.limit * scale * period)), period
     return total
 
 

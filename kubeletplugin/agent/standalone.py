@@ -20,6 +20,7 @@ from kubeletplugin.hooklayout import CONTROL_SIZE
 
 from .control import Control
 from .regions import Region
+from .relay import Relay, fill_pairs
 from .shares import Share, plan_gpu
 
 log = get_logger("agent.standalone")
@@ -52,8 +53,9 @@ class RunDirClaim:
         self.charged = [0] * len(self.gpus)
 
 
-def tick(claims: list[RunDirClaim], seconds: float) -> None:
-    """One period: each claim's charged GPU time, then every GPU's slots and rates."""
+def tick(claims: list[RunDirClaim], seconds: float, relay: Relay | None = None) -> None:
+    """One period: each claim's charged GPU time, then every GPU's slots and rates, and the fill
+    relay's pairs (none: no relay)."""
     on_gpu: dict[str, list[Share]] = {}
     time_sliced: set[str] = set()
     for c in claims:
@@ -69,6 +71,8 @@ def tick(claims: list[RunDirClaim], seconds: float) -> None:
     for c in claims:
         for _, share, _, control in c.gpus:
             control.plan(share)
+    if relay is not None:
+        relay.watch(fill_pairs([gpu for c in claims for gpu in c.gpus]))
 
 
 class ShareAgent:
@@ -78,6 +82,7 @@ class ShareAgent:
     def __init__(self, claims: list[RunDirClaim], interval: float) -> None:
         self.claims = claims
         self.interval = interval
+        self.relay = Relay()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="share-agent", daemon=True)
         self._thread.start()
@@ -86,12 +91,13 @@ class ShareAgent:
         last = time.monotonic()
         while not self._stop.wait(self.interval):
             now = time.monotonic()
-            tick(self.claims, now - last)
+            tick(self.claims, now - last, self.relay)
             last = now
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self.relay.stop()
         for c in self.claims:
             for _, _, region, control in c.gpus:
                 control.unplan()

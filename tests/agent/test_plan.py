@@ -40,42 +40,75 @@ def test_busy_hard_claim_covers_idle_slots_at_its_rate():
     assert layout([share(0.3, busy=True), share(0.2)]) == [(0, PERIOD_US, 0.3), (60000, 40000, 0.2)]
 
 
-def test_busy_burst_claim_alone_gets_the_whole_period():
+def test_one_burst_claim_fills_behind_the_hard_claims():
+    """Where one Burst claim shares the GPU with Hard claims, the Hard claims' slots are laid out
+    alone (a busy one's covers the period up to the next busy one's) and the Burst claim fills:
+    `lent_us` is the whole period, its rate its limit (what its library paces at without the
+    agent's relay), and it has a slot of its limit's length only so that a library reads the
+    plan as valid (docs/compute.md, "The fill")."""
+    hard, b = share(0.5, busy=True), share(0.3, burst=True, busy=True)
+    assert layout([hard, b]) == [(0, PERIOD_US, 0.5), (0, 60000, 0.3)]
+    assert (hard.fill, b.fill, hard.lent_us, b.lent_us) == (False, True, 0, PERIOD_US)
+    two = [share(0.3, busy=True), share(0.2), share(0.4, burst=True)]
+    assert layout(two) == [(0, PERIOD_US, 0.3), (60000, 40000, 0.2), (0, 80000, 0.4)]
+    assert two[2].fill
+    idle = [share(0.7), share(0.3, burst=True, busy=True)]
+    assert layout(idle) == [(0, 140000, 0.7), (0, 60000, 0.3)] and idle[1].fill
+
+
+def test_no_fill_for_two_burst_claims_a_claim_of_several_processes_or_beside_unpaced_contexts():
+    """Filling claims would time-slice each other with nothing to hold them to their limits, a
+    claim of several processes takes turns in a slot instead, and beside contexts nobody paces
+    the relay does not see all the work: those keep the slots."""
+    def burst_busy():
+        return share(0.3, burst=True, busy=True)
+    cases = [[share(0.4, busy=True), burst_busy(), burst_busy()], [share(0.7, busy=True), burst_busy()],
+             [share(0.7, busy=True), burst_busy()], [burst_busy()]]
+    cases[1][1].procs = 2
+    for s in cases[2]:
+        s.unpaced = True
+    for shares in cases:
+        plan_gpu(shares)
+        assert not any(s.fill for s in shares), shares
+        assert all(s.lent_us < PERIOD_US for s in shares), shares
+
+
+def test_a_busy_burst_claim_alone_gets_the_whole_period():
+    assert layout([share(0.3, burst=True, busy=True)]) == [(0, PERIOD_US, 1.0)]
+
+
+def test_burst_claims_hand_back_when_the_other_is_busy_and_go_last():
+    """Two Burst claims (no fill): a busy one's slot covers what follows it up to the next busy
+    claim's, with the rate to match; an idle one keeps its own slot."""
     b = share(0.3, burst=True, busy=True)
-    assert layout([share(0.5), b])[1] == (100000, PERIOD_US, 1.0)
-
-
-def test_burst_claim_hands_back_when_the_other_is_busy():
-    b = share(0.3, burst=True, busy=True)
-    # Hard 50 busy: the Burst claim keeps its slot and the unallocated 20 % after it
-    assert layout([share(0.5, busy=True), b]) == [(0, 100000, 0.5), (100000, 100000, 0.5)]
-
-
-def test_idle_burst_claim_keeps_its_own_slot_and_burst_claims_go_last():
-    assert layout([share(0.3, burst=True), share(0.7)]) == [(140000, 60000, 0.3), (0, 140000, 0.7)]
+    assert layout([share(0.5, busy=True), b, share(0.2, burst=True)]) == [
+        (0, 100000, 0.5), (100000, 100000, 0.5), (160000, 40000, 0.2)]
+    assert layout([share(0.3, burst=True), share(0.2, burst=True), share(0.5)]) == [
+        (100000, 60000, 0.3), (160000, 40000, 0.2), (0, 100000, 0.5)]
 
 
 def test_a_busy_burst_claim_is_lent_the_idle_tail_of_the_hard_slot_before_it():
-    """A busy Hard claim that charged less GPU time than its slot holds (a bursty one: 25 % in its
-    50 % slot) lends the slot's idle tail, less a margin, to the busy Burst claim whose slot follows
-    (`lent_us`, right before the Burst claim's slot: the library launches there while the GPU is
-    free of other work). Its charged time is averaged over the periods, the last one counting at
-    once when it is more; a Hard claim that uses its slot lends nothing, nor does an idle Burst
-    claim borrow (docs/compute.md, "the lent span")."""
-    hard, burst = Share(limit=0.5, burst=False, trusted=True, charged=0.25), share(0.5, burst=True, busy=True)
-    assert layout([hard, burst]) == [(0, 100000, 0.5), (100000, 100000, 0.5)]
+    """Without the fill (two Burst claims here), a busy Hard claim that charged less GPU time than
+    its slot holds (a bursty one: 25 % in its 50 % slot) lends the slot's idle tail, less a margin,
+    to the busy Burst claim whose slot follows (`lent_us`, right before the Burst claim's slot: the
+    library launches there while the GPU is free of other work). Its charged time is averaged over
+    the periods, the last one counting at once when it is more; a Hard claim that uses its slot
+    lends nothing, nor does an idle Burst claim borrow (docs/compute.md, "the lent span")."""
+    hard, burst = Share(limit=0.5, burst=False, trusted=True, charged=0.25), share(0.3, burst=True, busy=True)
+    other = share(0.2, burst=True)
+    assert layout([hard, burst, other]) == [(0, 100000, 0.5), (100000, 100000, 0.5), (160000, 40000, 0.2)]
     assert (hard.lent_us, burst.lent_us) == (0, 100000 - 50000 - LEND_MARGIN_US)
     hard.charged = 0.45  # two bursts in the last period: at once
-    plan_gpu([hard, burst])
+    plan_gpu([hard, burst, other])
     assert burst.lent_us == 0
     hard.charged = 0.25  # one again: the average (0.25, 0.30, 0.2875) keeps a longer part
-    plan_gpu([hard, burst])
+    plan_gpu([hard, burst, other])
     assert burst.lent_us == 100000 - 57500 - LEND_MARGIN_US
     hard.charged = 0.5  # it uses its slot
-    plan_gpu([hard, burst])
+    plan_gpu([hard, burst, other])
     assert burst.lent_us == 0
-    idle = share(0.5, burst=True)
-    plan_gpu([Share(limit=0.5, burst=False, trusted=True, charged=0.1), idle])
+    idle = share(0.3, burst=True)
+    plan_gpu([Share(limit=0.5, burst=False, trusted=True, charged=0.1), idle, share(0.2, burst=True)])
     assert idle.lent_us == 0
 
 
@@ -85,7 +118,7 @@ def test_an_oversubscribed_gpu_gives_every_claim_its_part_and_says_so():
     shares = [share(0.5), share(0.5), share(0.3, burst=True), share(0.7)]
     assert plan_gpu(shares) == 2.0
     assert [(s.start_us, s.length_us, round(s.rate, 3)) for s in shares] == [
-        (0, 50000, 0.25), (50000, 50000, 0.25), (170000, 30000, 0.15), (100000, 70000, 0.35)]
+        (0, 50000, 0.25), (50000, 50000, 0.25), (0, 30000, 0.15), (100000, 70000, 0.35)]
     assert plan_gpu([share(0.3), share(0.7)]) == 1.0
 
 
@@ -164,7 +197,7 @@ def control_fields(d):
 
 def test_share_agent_writes_slots_into_run_dirs(tmp_path):
     """`gpushare-dra share-agent`'s period over claims laid out with GPUSHARE_RUN_DIR: control
-    files created and given consecutive slots, in the order given."""
+    files created and given slots in the order given; the one Burst claim fills behind the Hard one."""
     from kubeletplugin.agent.standalone import RunDirClaim, tick
 
     dirs = run_dirs(tmp_path, [(30, "Hard"), (50, "Burst"), (100, "Hard")])
@@ -173,7 +206,8 @@ def test_share_agent_writes_slots_into_run_dirs(tmp_path):
     got = [control_fields(d) for d in dirs[:2]]
     # slot = start | length << 32
     assert [(g["rate_ppm"], g["slot"] & 0xFFFFFFFF, g["slot"] >> 32, g["period_us"]) for g in got] == [
-        (300_000, 0, 60000, PERIOD_US), (500_000, 60000, 100000, PERIOD_US)]
+        (300_000, 0, 60000, PERIOD_US), (500_000, 0, 100000, PERIOD_US)]
+    assert [g["lent_us"] for g in got] == [0, PERIOD_US]
     assert not (dirs[2] / "control").exists()  # limit 100: never paced
 
 

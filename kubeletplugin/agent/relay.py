@@ -1,0 +1,120 @@
+"""The fill relay: whether a GPU's Hard claims have work now, told to the Burst claim that fills
+the GPU behind them within a millisecond or so (docs/compute.md, "The fill").
+
+A Burst claim beside Hard claims that work in bursts cannot see their work on a time-sliced GPU
+but by trying (each try costs the owner about a slice), and the agent's period (0.25-1 s) is far
+longer than a burst. So a thread polls each Hard claim's charged GPU time (its region's
+`pace_gpu_ns`, which its library adds to at every launch) and, when it moves, tells the Burst
+claim's control file that the Hard claims have work until the end of the queue the launching
+process predicts (`pace_qend_ns`) and a margin, at least OWNER_HOLD_NS after the launch (its next
+launch may be a kernel away). The filling claim's library launches only after that. The margin:
+a burst's first kernels wait behind the filler's kernel in flight, which the owner's prediction
+does not know, so its work ends up to one of the filler's kernels later than it says. Measured
+(hack/bench-share, 2.65 ms kernels, 2026-11-26) with margins of 0.5 ms / one / two of the filler's
+kernels: a Hard 50 of bursts every 100 ms got 44.6 / 45.5 / 45.9 % beside a Burst 50, the GPU
+96.6 / 96.8 / 97.1 % busy; a steady Hard 70 beside a Burst 30 got 66.3 / 67.4 / 64.4 % (each
+period's margin idles the GPU, the Burst claim takes that back from the Hard claim as its own
+share).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from .control import Control
+from .regions import Region
+from .shares import Share
+
+RELAY_INTERVAL_S = 0.001
+OWNER_HOLD_NS = 2_000_000     # after an owner's launch, at least
+MARGIN_KERNELS = 1            # the owner's queue ends up to this many of the filler's kernels after it says
+MARGIN_MIN_NS, MARGIN_MAX_NS = 500_000, 20_000_000  # the margin's bounds
+QUEUE_SANE_NS = 20_000_000    # a queue end said further ahead is taken as this far (the library queues 10 ms)
+
+
+class Relay:
+    """A thread that relays the Hard claims' launches to the filling Burst claim of each GPU, the
+    pairs set by the agent's period (`watch`); it sleeps while there are none."""
+
+    def __init__(self) -> None:
+        self._pairs: list[tuple[tuple[Region, ...], Control, int]] = []
+        self._seen: dict[int, tuple[int, int]] = {}  # id(region) -> (pace_gpu_ns, busy until)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()  # set while there is something to relay, or on stop
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="fill-relay", daemon=True)  # at the first pair
+
+    def watch(self, pairs: Sequence[tuple[Sequence[Region], Control, int]]) -> None:
+        """(the Hard claims' regions, the filling claim's control, the margin in ns) for each GPU of
+        this period; controls no longer in it are told there is no relay."""
+        with self._lock:
+            kept = {id(c) for _, c, _ in pairs}
+            for _, c, _ in self._pairs:
+                if id(c) not in kept:
+                    _tell(c, 0, 0)
+            self._pairs = [(tuple(owners), c, margin) for owners, c, margin in pairs]
+            live = {id(r) for owners, _, _ in self._pairs for r in owners}
+            self._seen = {k: v for k, v in self._seen.items() if k in live}
+            if self._pairs:
+                if not self._thread.is_alive() and not self._stop:
+                    self._thread.start()
+                self._wake.set()
+            else:
+                self._wake.clear()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            with self._lock:
+                if self._stop:
+                    return
+                now = time.monotonic_ns()
+                for owners, control, margin in self._pairs:
+                    _tell(control, max((self._owner(r, now, margin) for r in owners), default=0), now)
+            time.sleep(RELAY_INTERVAL_S)
+
+    def _owner(self, region: Region, now: int, margin: int) -> int:
+        """Until when the Hard claim of `region` has work."""
+        try:
+            charged = region.charged_ns
+            last, until = self._seen.get(id(region), (charged, 0))
+            if charged != last:
+                until = max(now + OWNER_HOLD_NS, min(region.queue_end_ns, now + QUEUE_SANE_NS) + margin)
+        except ValueError:  # closed by the agent (claim unprepared) before the next period's watch
+            return 0
+        self._seen[id(region)] = (charged, until)
+        return until
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.watch([])
+
+
+def fill_pairs(gpus: Sequence[tuple[str, Share, Region | None, Control | None]]
+               ) -> list[tuple[list[Region], Control, int]]:
+    """The relay's pairs from the (GPU UUID, share, region, control) of every claim on every GPU,
+    as plan_gpu left the shares: for each GPU with a filling Burst claim, its Hard claims' regions,
+    its control and the margin (MARGIN_KERNELS of its kernels; its kernel length is its own report,
+    so a forged one only keeps itself waiting longer)."""
+    owners: dict[str, list[Region]] = {}
+    fillers: dict[str, tuple[Control, int]] = {}
+    for uuid, share, region, control in gpus:
+        if share.fill and control is not None:
+            margin = min(MARGIN_MAX_NS, max(MARGIN_MIN_NS, MARGIN_KERNELS * share.kernel_us * 1000))
+            fillers[uuid] = (control, margin)
+        elif not share.burst and region is not None:
+            owners.setdefault(uuid, []).append(region)
+    return [(owners.get(uuid, []), control, margin) for uuid, (control, margin) in fillers.items()]
+
+
+def _tell(control: Control, until: int, now: int) -> None:
+    try:
+        control.relay(until, now)
+    except ValueError:  # closed by the agent (claim unprepared)
+        pass

@@ -1,0 +1,80 @@
+"""The fill relay (kubeletplugin/agent/relay.py): a Hard claim's launches, as its region shows
+them, told to the filling Burst claim's control file within milliseconds; what a tenant writes
+into its region bounded."""
+import time
+
+from kubeletplugin.agent.control import Control
+from kubeletplugin.agent.regions import Region
+from kubeletplugin.agent.relay import MARGIN_KERNELS, MARGIN_MIN_NS, OWNER_HOLD_NS, QUEUE_SANE_NS, Relay, fill_pairs
+from kubeletplugin.agent.shares import Share, plan_gpu
+from kubeletplugin.hooklayout import CONTROL, CONTROL_SIZE, REGION_HEADER, REGION_MAGIC, REGION_SIZE, REGION_VERSION
+from tests.support import wait_for
+
+
+def files(tmp_path):
+    region_path, control_path = tmp_path / "region", tmp_path / "control"
+    data = bytearray(REGION_SIZE)
+    REGION_HEADER["magic"].write(data, REGION_MAGIC)
+    REGION_HEADER["version"].write(data, REGION_VERSION)
+    region_path.write_bytes(data)
+    control_path.write_bytes(bytes(CONTROL_SIZE))
+    return region_path, control_path
+
+
+def write(path, field, value):
+    data = bytearray(path.read_bytes())
+    REGION_HEADER[field].write(data, value)
+    with open(path, "r+b") as f:  # in place: the relay has it mapped
+        f.write(data[:4096])
+
+
+def said(control_path):
+    data = control_path.read_bytes()
+    return CONTROL["owner_busy_until_ns"].read(data), CONTROL["relay_seen_ns"].read(data)
+
+
+def test_the_relay_tells_the_filler_when_the_hard_claim_launches_and_stops_when_unwatched(tmp_path):
+    region_path, control_path = files(tmp_path)
+    region, control = Region(str(region_path)), Control(str(control_path))
+    relay = Relay()
+    try:
+        relay.watch([([region], control, MARGIN_MIN_NS)])
+        wait_for(lambda: said(control_path)[1] > 0, timeout=5, what="the relay's first look")
+        assert said(control_path)[0] == 0  # nothing launched yet
+        # a launch, its queue predicted to end 5 ms on: busy until then and the margin
+        launched = time.monotonic_ns()
+        write(region_path, "pace_qend_ns", launched + 5_000_000)
+        write(region_path, "pace_gpu_ns", 2_650_000)
+        wait_for(lambda: said(control_path)[0] > 0, timeout=5, what="the launch relayed")
+        assert said(control_path)[0] == launched + 5_000_000 + MARGIN_MIN_NS
+        # a forged queue end far ahead is taken as QUEUE_SANE_NS (the filler's own timeline bounds the rest)
+        before = time.monotonic_ns()
+        write(region_path, "pace_qend_ns", before + 10**12)
+        write(region_path, "pace_gpu_ns", 5_300_000)
+        wait_for(lambda: said(control_path)[0] != launched + 5_000_000 + MARGIN_MIN_NS, timeout=5, what="relayed")
+        until, seen = said(control_path)
+        assert before + OWNER_HOLD_NS <= until <= seen + QUEUE_SANE_NS + MARGIN_MIN_NS
+        relay.watch([])  # no fill any more: the control says there is no relay
+        assert said(control_path) == (0, 0)
+        time.sleep(0.05)
+        assert said(control_path) == (0, 0)
+    finally:
+        relay.stop()
+        region.close()
+        control.close()
+
+
+def test_fill_pairs_are_the_hard_claims_regions_and_the_fillers_control(tmp_path):
+    region_path, control_path = files(tmp_path)
+    region, control = Region(str(region_path)), Control(str(control_path))
+    try:
+        hard = Share(limit=0.5, burst=False, trusted=True, charged=0.3)
+        burst = Share(limit=0.5, burst=True, trusted=True, charged=0.3, kernel_us=2650)
+        plan_gpu([hard, burst])
+        pairs = fill_pairs([("gpu0", hard, region, None), ("gpu0", burst, None, control)])
+        assert pairs == [([region], control, MARGIN_KERNELS * 2650 * 1000)]
+        plan_gpu([hard, burst, Share(limit=0.0, burst=True, trusted=True)])  # two Burst claims: no fill
+        assert fill_pairs([("gpu0", hard, region, None), ("gpu0", burst, None, control)]) == []
+    finally:
+        region.close()
+        control.close()
