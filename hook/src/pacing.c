@@ -595,12 +595,12 @@ static void lent_mark(struct gpu_state *g, CUstream s, int ptsz)
  * claim has work (owner_busy_until_ns, from their launches and predicted queue ends, looked at
  * every millisecond), keeping at most LENT_AHEAD_NS queued beyond its running work so that it
  * gives the GPU up within a kernel. The busy Hard claims' slots cover the period between them, so
- * one alone launches its period's worth wherever in the period its work comes. What a Hard tenant writes in its region (its
- * launches, its queue end) can make the Burst claim wait, never past its own share: the Burst
- * claim keeps its own timeline at its limit, and one more than FILL_OWED_NS behind it launches
- * whatever the relay says. Without a relay (none seen for GS_RELAY_STALE_NS) the claim is paced
- * at its limit with no slot. Returns 1 with *nowp set when the launch goes; 0 when the relay is
- * gone (the caller paces it so). */
+ * one alone launches its period's worth wherever in the period its work comes. What a Hard tenant
+ * writes in its region (its launches, its queue end) can make the Burst claim wait, never past its
+ * own share: the Burst claim keeps its own timeline at its limit, and one more than FILL_OWED_NS
+ * behind it launches whatever the relay says. Without a relay (none seen for GS_RELAY_STALE_NS)
+ * the claim is paced at its limit with no slot. Returns 1 with *nowp set when the launch goes; 0
+ * when the relay is gone (the caller paces it so). */
 #define FILL_OWED_NS 50000000ull /* a filler this far behind its limit's timeline no longer waits */
 
 static int fill_turn(struct gpu_state *g, uint64_t *nowp, uint64_t period, uint64_t cost)

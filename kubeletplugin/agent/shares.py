@@ -131,6 +131,11 @@ def plan_gpu(shares: list[Share], mps_only: bool = False) -> float:
     stops a slot's work before the slot ends: a kernel that does not fit waits for the next slot),
     and a claim alone on the GPU has the whole period, with no context switch to leave room for.
 
+    The fill: where one Burst claim (of one process) shares a time-sliced GPU with Hard claims only,
+    every context paced, the Hard claims' slots are laid out alone and the Burst claim fills behind
+    them (`fill`, `lent_us` = the period, its rate its limit): its library launches whenever the
+    agent's relay says no Hard claim has work (relay.py; docs/compute.md, "The fill").
+
     The period: MPS_PERIOD_US where every paced claim is an MPS client (`mps_only`); else the
     shortest multiple of PERIOD_US, at most MAX_PERIOD_US, in which no busy claim's slot shorter
     than the period loses more than MAX_SLOT_LOSS of it after its last whole kernel.
