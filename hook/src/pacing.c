@@ -597,11 +597,15 @@ static void lent_mark(struct gpu_state *g, CUstream s, int ptsz)
  * gives the GPU up within a kernel. The busy Hard claims' slots cover the period between them, so
  * one alone launches its period's worth wherever in the period its work comes. What a Hard tenant
  * writes in its region (its launches, its queue end) can make the Burst claim wait, never past its
- * own share: the Burst claim keeps its own timeline at its limit, and one more than FILL_OWED_NS
- * behind it launches whatever the relay says. Without a relay (none seen for GS_RELAY_STALE_NS)
+ * own share: the Burst claim keeps its own timeline at FILL_HOLD_PCT of its limit, and one more
+ * than FILL_OWED_NS behind it launches whatever the relay says. Without a relay (none seen for GS_RELAY_STALE_NS)
  * the claim is paced at its limit with no slot. Returns 1 with *nowp set when the launch goes; 0
  * when the relay is gone (the caller paces it so). */
 #define FILL_OWED_NS 50000000ull /* a filler this far behind its limit's timeline no longer waits */
+#define FILL_HOLD_PCT 95          /* the part of its limit the timeline holds it to: the switches and the
+                                   * relay's margins cost the GPU a few points, and at 100 the filler took
+                                   * them from a steady Hard neighbour by launching into its work (the two
+                                   * then interleaved: a Hard 70 read 64-65, the Burst 30 28) */
 
 static int fill_turn(struct gpu_state *g, uint64_t *nowp, uint64_t period, uint64_t cost)
 {
@@ -613,6 +617,7 @@ static int fill_turn(struct gpu_state *g, uint64_t *nowp, uint64_t period, uint6
             return 0;
         }
         uint64_t tat = __atomic_load_n(&g->fill_tat_ns, __ATOMIC_RELAXED);
+        if (!tat) __atomic_store_n(&g->fill_tat_ns, tat = now, __ATOMIC_RELAXED); /* it owes and is owed nothing yet */
         int owed = tat + FILL_OWED_NS < now;
         uint64_t until = owed ? 0 : __atomic_load_n(&g->lent_until_ns, __ATOMIC_RELAXED);
         if (!owed && owner > until) until = owner;
@@ -629,9 +634,9 @@ static int fill_turn(struct gpu_state *g, uint64_t *nowp, uint64_t period, uint6
         }
         if (!wait) {
             __atomic_store_n(&g->lent_qend_ns, q + cost, __ATOMIC_RELAXED);
-            /* its own timeline at its limit: from at most a period back, at most a period ahead */
+            /* its own timeline at FILL_HOLD_PCT of its limit: from at most a period back, a period ahead */
             uint64_t base = tat + period > now ? tat : now - period;
-            uint64_t next = base + cost * 1000000 / rate_ppm(g);
+            uint64_t next = base + cost * 1000000 / (rate_ppm(g) * FILL_HOLD_PCT / 100 + 1);
             __atomic_store_n(&g->fill_tat_ns, next < now + period ? next : now + period, __ATOMIC_RELAXED);
             *nowp = now;
             return 1;

@@ -12,9 +12,9 @@ a burst's first kernels wait behind the filler's kernel in flight, which the own
 does not know, so its work ends up to one of the filler's kernels later than it says. Measured
 (hack/bench-share, 2.65 ms kernels, 2026-11-26) with margins of 0.5 ms / one / two of the filler's
 kernels: a Hard 50 of bursts every 100 ms got 44.6 / 45.5 / 45.9 % beside a Burst 50, the GPU
-96.6 / 96.8 / 97.1 % busy; a steady Hard 70 beside a Burst 30 got 66.3 / 67.4 / 64.4 % (each
-period's margin idles the GPU, the Burst claim takes that back from the Hard claim as its own
-share).
+96.6 / 96.8 / 97.1 % busy; a steady Hard 70 arriving beside a Burst 30 got 66.3 / 67.4 / 64.4 %
+(each period's margin idles the GPU; the Burst claim then held 100 % of its limit and took that
+back from the Hard claim; it now holds 95 %, and the Hard 70 reads 68.8-69.8).
 """
 
 from __future__ import annotations

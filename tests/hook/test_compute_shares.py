@@ -216,8 +216,8 @@ def test_beside_a_second_burst_claim_a_burst_claim_borrows_the_idle_tail_of_a_bu
 # The relay passes on what the Hard claim's region says, which its tenant writes: one that keeps
 # its charged GPU time moving and its queue end ahead while it launches nothing would keep the
 # filling Burst claim waiting as long as it forges (with the library's bound taken out: no work
-# done in the window). The Burst claim keeps its own timeline at its limit and stops waiting once
-# 50 ms behind it. Its share here is its work done within the probe's window (a launch held past
+# done in the window). The Burst claim keeps its own timeline at 95 % of its limit and stops
+# waiting once 50 ms behind it. Its share here is its work done within the probe's window (a launch held past
 # the window's end would count in its launches).
 FORGER = """
 import mmap, os, sys, time
@@ -248,7 +248,7 @@ def test_a_hard_tenant_forging_launches_cannot_keep_the_filling_burst_claim_belo
         forger.wait()
     got_burst = int(outs[1]["done_in_window"]) * LARGE_US / 1e6 / float(outs[1]["window_s"]) * 100
     print(f"Burst 50 beside a Hard 50 that forges its launches: {got_burst:.1f}")
-    assert 47 <= got_burst <= 75, (got_burst, outs)
+    assert 45 <= got_burst <= 75, (got_burst, outs)
 
 
 # A slot holds whole kernels (the handover drains a claim's work before its slot ends), so with a
