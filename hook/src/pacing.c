@@ -593,7 +593,7 @@ static void lent_mark(struct gpu_state *g, CUstream s, int ptsz)
  * agent lays out the Hard claims' slots alone over the whole period and tells the Burst claim to
  * fill (lent_us = period_us): it launches, on no slot, whenever the agent's relay says no Hard
  * claim has work (owner_busy_until_ns, from their launches and predicted queue ends, looked at
- * every millisecond), keeping at most LENT_AHEAD_NS queued beyond its running work so that it
+ * every 2 ms), keeping at most LENT_AHEAD_NS queued beyond its running work so that it
  * gives the GPU up within a kernel. The busy Hard claims' slots cover the period between them, so
  * one alone launches its period's worth wherever in the period its work comes. What a Hard tenant
  * writes in its region (its launches, its queue end) can make the Burst claim wait, never past its
