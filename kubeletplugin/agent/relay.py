@@ -5,12 +5,12 @@ A Burst claim beside Hard claims that work in bursts cannot see their work on a 
 but by trying (each try costs the owner about a slice), and the agent's period (0.25-1 s) is far
 longer than a burst. So a thread polls (every RELAY_INTERVAL_S) each Hard claim's charged GPU
 time (its region's `pace_gpu_ns`, which its library adds to at every launch) and, when it moves,
-tells the Burst
-claim's control file that the Hard claims have work until the end of the queue the launching
-process predicts (`pace_qend_ns`) and a margin, at least OWNER_HOLD_NS after the launch (its next
-launch may be a kernel away). The filling claim's library launches only after that. The margin:
-a burst's first kernels wait behind the filler's kernel in flight, which the owner's prediction
-does not know, so its work ends up to one of the filler's kernels later than it says. Measured
+tells the Burst claim's control file that the Hard claims have work until the end of the queue
+the launching process predicts (`pace_qend_ns`) and a margin, at least OWNER_HOLD_NS after the
+launch (its next launch may be a kernel away). The filling claim's library launches only after
+that. The margin: a burst's first kernels wait behind the filler's kernel in flight, which the
+owner's prediction does not know, so its work ends up to one of the filler's kernels later than
+it says. Measured
 (hack/bench-share, 2.65 ms kernels, 2026-11-26) with margins of 0.5 ms / one / two of the filler's
 kernels: a Hard 50 of bursts every 100 ms got 44.6 / 45.5 / 45.9 % beside a Burst 50, the GPU
 96.6 / 96.8 / 97.1 % busy; a steady Hard 70 arriving beside a Burst 30 got 66.3 / 67.4 / 64.4 %
