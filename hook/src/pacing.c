@@ -593,14 +593,14 @@ static void lent_mark(struct gpu_state *g, CUstream s, int ptsz)
  * agent lays out the Hard claims' slots alone over the whole period and tells the Burst claim to
  * fill (lent_us = period_us): it launches, on no slot, whenever the agent's relay says no Hard
  * claim has work (owner_busy_until_ns, from their launches and predicted queue ends, looked at
- * every 2 ms), keeping at most LENT_AHEAD_NS queued beyond its running work so that it
- * gives the GPU up within a kernel. The busy Hard claims' slots cover the period between them, so
- * one alone launches its period's worth wherever in the period its work comes. What a Hard tenant
- * writes in its region (its launches, its queue end) can make the Burst claim wait, never past its
- * own share: the Burst claim keeps its own timeline at FILL_HOLD_PCT of its limit, and one more
- * than FILL_OWED_NS behind it launches whatever the relay says. Without a relay (none seen for GS_RELAY_STALE_NS)
- * the claim is paced at its limit with no slot. Returns 1 with *nowp set when the launch goes; 0
- * when the relay is gone (the caller paces it so). */
+ * every 2 ms), keeping at most LENT_AHEAD_NS queued beyond its running work so that it gives the
+ * GPU up within a kernel. The busy Hard claims' slots cover the period between them, so one alone
+ * launches its period's worth wherever in the period its work comes. What a Hard tenant writes in
+ * its region (its launches, its queue end) can make the Burst claim wait, never past its own
+ * share: the Burst claim keeps its own timeline at FILL_HOLD_PCT of its limit, and one more than
+ * FILL_OWED_NS behind it launches whatever the relay says. Without a relay (none seen for
+ * GS_RELAY_STALE_NS) the claim is paced at its limit with no slot. Returns 1 with *nowp set when
+ * the launch goes; 0 when the relay is gone (the caller paces it so). */
 #define FILL_OWED_NS 50000000ull /* a filler this far behind its limit's timeline no longer waits */
 #define FILL_HOLD_PCT 95          /* the part of its limit the timeline holds it to: the switches and the
                                    * relay's margins cost the GPU a few points, and at 100 the filler took
@@ -617,13 +617,16 @@ static int fill_turn(struct gpu_state *g, uint64_t *nowp, uint64_t period, uint6
             return 0;
         }
         uint64_t tat = __atomic_load_n(&g->fill_tat_ns, __ATOMIC_RELAXED);
-        if (!tat) __atomic_store_n(&g->fill_tat_ns, tat = now, __ATOMIC_RELAXED); /* it owes and is owed nothing yet */
+        if (!tat) __atomic_store_n(&g->fill_tat_ns, tat = now, __ATOMIC_RELAXED); /* owes and is owed nothing yet */
         int owed = tat + FILL_OWED_NS < now;
         uint64_t until = owed ? 0 : __atomic_load_n(&g->lent_until_ns, __ATOMIC_RELAXED);
         if (!owed && owner > until) until = owner;
         uint64_t q = __atomic_load_n(&g->lent_qend_ns, __ATOMIC_RELAXED);
         if (q < now) q = now;
-        wait = now < until ? (until < tat + FILL_OWED_NS + 1 ? until : tat + FILL_OWED_NS + 1) : borrow_wait(g, now, q);
+        if (now < until) /* the Hard claims' work: until it ends, or until this claim is owed its share */
+            wait = until < tat + FILL_OWED_NS + 1 ? until : tat + FILL_OWED_NS + 1;
+        else
+            wait = borrow_wait(g, now, q);
         if (wait == BORROW_LATE) {
             if (!owed) { /* another context has work the relay has not told of yet: give way for a while */
                 __atomic_store_n(&g->lent_until_ns, now + LENT_SKIP_NS, __ATOMIC_RELAXED);
