@@ -12,16 +12,16 @@ demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster
 	@echo "gpushare-dra is in $(CURDIR)/$(BIN): export PATH=\"$(CURDIR)/$(BIN):\$$PATH\" (or . $(BIN)/activate)"
 
 # `make test` runs pytest twice: first the tests that mostly wait (subprocesses, gRPC, the API
-# emulator, the real cluster) on TEST_WORKERS pytest-xdist workers, a file per worker at a time (the
-# cluster's files together: one cluster), the longest first (tests/conftest.py FIRST; hence
-# --no-loadscope-reorder); then, alone on the machine, those marked `serial` (tests/conftest.py:
-# CPU-timed shares on the simulator). Both parts always run; it fails if either did; the serial part, the longer, names its 15
+# emulator) on TEST_WORKERS pytest-xdist workers, a file per worker at a time, the longest files first
+# (tests/conftest.py FIRST; hence --no-loadscope-reorder); then, alone on the
+# machine, those marked `serial` (tests/conftest.py: CPU-timed shares on the simulator and the real
+# cluster). Both parts always run; it fails if either did; the serial part, the longer, names its 15
 # slowest tests (the target: the whole suite under 15 minutes warm). `pytest -q` alone runs every test serially.
 TEST_WORKERS ?= 4
 
 test: test-deps tools lint hook  ## the checks and every test suite, as CI runs it (as root: podman and the rest installed)
 	status=0; \
-	$(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder || status=$$?; \
+	$(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder || status=$$?; \
 	$(BIN)/python -m pytest -q -m serial --durations=15 || status=$$?; \
 	exit $$status
 

@@ -21,25 +21,22 @@ from playground.kubelet import Kubelet
 from tests.support.plugin import REAL_LIBRARY, Dirs, launch_plugin
 
 # `make test` runs the suite in two parts: what is marked `serial` alone, after the rest ran on
-# pytest-xdist workers (`-m "not serial" -n ... --dist loadgroup`: a file per worker at a time, and
-# the real cluster's files, which share one cluster, together on one worker). Serial: the suites that
-# measure CPU or GPU time over fixed windows on the simulator (they flake when another test shares
-# the 2 cores), and every file with a CPU_TIMED test. `pytest` alone runs everything, one test at a
-# time, as before.
+# pytest-xdist workers (`-m "not serial" -n ...`). Serial: the suites that measure CPU or GPU time
+# over fixed windows on the simulator (they flake when another test shares the 2 cores), the real
+# cluster (one cluster, its own session fixtures), and every file with a CPU_TIMED test.
+# `pytest` alone runs everything, one test at a time, as before.
 SERIAL = (
     "tests/hook/",
+    "tests/cluster/",
     "tests/e2e/test_e2e.py",  # the demo's checks read each strategy's share of the simulated GPU
     "tests/agent/test_short_holds.py",  # holds timed to the backstop's polls
     "tests/agent/test_mps_daemon_attacks.py",  # Events within 2 s of the daemon's end (agent period 0.5 s)
 )
 # In SERIAL's folders but timing nothing: they run beside the rest.
 NOT_SERIAL = ("tests/hook/test_sanitizers.py",)  # builds and runs the library under ASan, TSan, valgrind
-# On xdist workers (`--dist loadgroup --no-loadscope-reorder`) these files start first, so that none
-# of them is still running alone at the end: the cluster (a cold build of its binaries, then about
-# 4 minutes of tests) is the longest; test_crash.py is about a fifth of the rest.
-CLUSTER = "tests/cluster/"
-FIRST = ("tests/cluster/test_cluster.py", "tests/cluster/test_helm_install.py",
-         "tests/agent/test_image_matrix.py", "tests/kubeletplugin/test_crash.py", "tests/hook/test_sanitizers.py",
+# On xdist workers (`--dist loadfile --no-loadscope-reorder`) these files start first, so that none
+# of them is still running alone at the end: test_crash.py is about a fifth of the parallel part.
+FIRST = ("tests/agent/test_image_matrix.py", "tests/kubeletplugin/test_crash.py", "tests/hook/test_sanitizers.py",
          "tests/dra_driver/test_cli.py",
          "tests/controller/test_controller_reconcile.py", "tests/deploy/test_admission.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,8 +49,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if (where[item].startswith(SERIAL) and not where[item].startswith(NOT_SERIAL)) or item.path in timed:
             item.add_marker(pytest.mark.serial)
-        # xdist's work units (--dist loadgroup): a file, and the cluster's files together
-        item.add_marker(pytest.mark.xdist_group("cluster" if where[item].startswith(CLUSTER) else where[item]))
     if hasattr(config, "workerinput"):  # the same order in every worker, as xdist requires
         items.sort(key=lambda item: FIRST.index(where[item]) if where[item] in FIRST else len(FIRST))
 
