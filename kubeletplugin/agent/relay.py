@@ -28,7 +28,7 @@ from .control import Control
 from .regions import Region
 from .shares import Share
 
-RELAY_INTERVAL_S = 0.002    # 3.6-4.0 % of a core at 1 or 2 ms (a bare 2 ms sleep loop: 1.5 % on the 2-core VM)
+RELAY_INTERVAL_S = 0.002    # 2.8-3.0 % of a core (a thread's bare 2 ms sleep loop: 1.6 % on the 2-core VM)
 OWNER_HOLD_NS = 2_000_000     # after an owner's launch, at least
 MARGIN_KERNELS = 1            # the owner's queue ends up to this many of the filler's kernels after it says
 MARGIN_MIN_NS, MARGIN_MAX_NS = 500_000, 20_000_000  # the margin's bounds
