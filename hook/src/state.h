@@ -59,14 +59,14 @@ struct gpu_state {
     uint32_t turn_me;          /* this process's token (turn_token); 0 = not made yet */
     uint64_t turn_mine;        /* the turn word this process last wrote into the region; 0 = none */
     int turn_off;              /* someone else wrote its turn: it takes no turns (no handover) */
-    /* a Burst claim's lent span (pacing.c, lent_turn): */
-    uint64_t lent_qend_ns;     /* when its work launched in the lent span ends, the GPU its own */
-    uint64_t lent_until_ns;    /* it found the GPU busy: no launch in the lent span before this */
+    /* a Burst claim's borrowed time: the lent span (pacing.c, lent_turn) and the fill (fill_turn): */
+    uint64_t lent_qend_ns;     /* when its work launched in borrowed time ends, the GPU its own */
+    uint64_t lent_until_ns;    /* it found the GPU busy: no launch in borrowed time before this */
     uint64_t lent_skip_ns;     /* its lent spans begin this far in: where it found the GPU busy before */
     uint64_t lent_span;        /* the lent span (period number) of its last launch there */
     int lent_hit;              /* it found the GPU busy in that span */
     int lent_off;              /* its marker could not be recorded: the lent span is not used */
-    struct gs_marker lent;     /* marks its work in the lent span; by lent_qend_ns */
+    struct gs_marker lent;     /* marks its work in borrowed time; by lent_qend_ns */
     uint64_t fill_tat_ns;      /* a filling Burst claim's own timeline at its limit (pacing.c, fill_turn) */
 };
 
