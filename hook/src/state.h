@@ -65,9 +65,9 @@ struct gpu_state {
     uint64_t lent_skip_ns;     /* its lent spans begin this far in: where it found the GPU busy before */
     uint64_t lent_span;        /* the lent span (period number) of its last launch there */
     int lent_hit;              /* it found the GPU busy in that span */
-    int lent_off;              /* its marker could not be recorded: the lent span is not used */
+    int lent_off;              /* its marker could not be recorded: no borrowed time (lent span, fill) */
     struct gs_marker lent;     /* marks its work in borrowed time; by lent_qend_ns */
-    uint64_t fill_tat_ns;      /* a filling Burst claim's own timeline at its limit (pacing.c, fill_turn) */
+    uint64_t fill_tat_ns;      /* a filling Burst claim's own timeline, at FILL_HOLD_PCT of its limit (fill_turn) */
 };
 
 extern struct gpu_state g_gpu[GS_MAX_GPUS] GS_HIDDEN; /* by limit slot; valid where g_gpu_open */
