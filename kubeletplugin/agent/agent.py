@@ -193,7 +193,6 @@ class Agent:
         on_gpu: dict[str, list[Share]] = {}
         time_sliced: set[str] = set()  # GPUs with a paced claim that is not MPS: the handover's period
         unpaced: set[str] = set()  # GPUs with a context nobody paces in time (None, an MPS server): no handover
-        procs: dict[int, int] = {}  # id(share) -> the claim's processes on that GPU
         owners = self.procs.owners({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         for g in samples:
             for pid in set(g.process_memory) | set(g.process_util):
@@ -211,13 +210,12 @@ class Agent:
                     unpaced.add(gpu.uuid)
                 if gpu.compute_limit < 100:  # limit 100 is never paced
                     on_gpu.setdefault(gpu.uuid, []).append(c.shares[i])
-                    procs[id(c.shares[i])] = max(1, len(c.process_memory[i]))
+                    c.shares[i].procs = max(1, len(c.process_memory[i]))  # the fill is for a claim of one
                     if c.sharing_strategy != MPS:
                         time_sliced.add(gpu.uuid)
         for uuid, shares in on_gpu.items():  # from the regions: needs no NVML
             for s in shares:
                 s.unpaced = uuid in unpaced
-                s.procs = procs.get(id(s), 1)
             total = plan_gpu(shares, mps_only=uuid not in time_sliced)
             if total > 1.0 + 1e-9 and self._oversubscribed.get(uuid) != round(total, 3):
                 log.warning("GPU oversubscribed: the paced claims' compute limits sum to more than the GPU; "

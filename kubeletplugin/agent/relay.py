@@ -10,10 +10,9 @@ the launching process predicts (`pace_qend_ns`) and a margin, at least OWNER_HOL
 launch (its next launch may be a kernel away). The filling claim's library launches only after
 that. The margin: a burst's first kernels wait behind the filler's kernel in flight, which the
 owner's prediction does not know, so its work ends up to one of the filler's kernels later than
-it says. Measured
-(hack/bench-share, 2.65 ms kernels, 2026-11-26) with margins of 0.5 ms / one / two of the filler's
-kernels: a Hard 50 of bursts every 100 ms got 44.6 / 45.5 / 45.9 % beside a Burst 50, the GPU
-96.6 / 96.8 / 97.1 % busy; a steady Hard 70 arriving beside a Burst 30 got 66.3 / 67.4 / 64.4 %
+it says. Measured (hack/bench-share, 2.65 ms kernels, 2026-11-26) with margins of 0.5 ms / one /
+two of the filler's kernels: a Hard 50 of bursts every 100 ms got 44.6 / 45.5 / 45.9 % beside a
+Burst 50, the GPU 96.6 / 96.8 / 97.1 % busy; a steady Hard 70 arriving beside a Burst 30 got 66.3 / 67.4 / 64.4 %
 (each period's margin idles the GPU; the Burst claim then held 100 % of its limit and took that
 back from the Hard claim; it now holds 95 %, and the Hard 70 reads 68.8-69.8).
 """
