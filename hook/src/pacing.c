@@ -294,10 +294,16 @@ static void mark_drain(struct gpu_state *g, CUstream s, int ptsz, int captures)
  * pending if it ran */
 static uint64_t drain_wait(struct gpu_state *g, uint64_t now, uint64_t end)
 {
+    uint64_t pred = __atomic_load_n(&g->drain.pred_ns, __ATOMIC_RELAXED);
     while (__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g_captures, __ATOMIC_RELAXED)) {
         if (real_cuEventQuery(g->drain.ev) != CUDA_ERROR_NOT_READY) {
             __atomic_store_n(&g->drain.pending, 0, __ATOMIC_RELAXED);
             break;
+        }
+        if (now > pred) { /* still queued past its predicted end: what follows it is late too */
+            __atomic_add_fetch(&g->qend_ns, now - pred, __ATOMIC_RELAXED);
+            __atomic_store_n(&g->drain.pred_ns, now, __ATOMIC_RELAXED);
+            pred = now;
         }
         if (now >= end) break;
         uint64_t t = now + DRAIN_POLL_NS < end ? now + DRAIN_POLL_NS : end;
@@ -766,7 +772,10 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
                 if (in_slot && q > now + QUEUE_NS) { /* a shallow queue: its markers tell late work early */
                     now = hold_until(g, now, q - QUEUE_NS);
                 }
-                if (in_slot) now = queue_bound(g, now, captures, now - slot_phase(now, start, period) + len);
+                if (in_slot) { /* its wait for the queue finds how late the queue is: q moves with it */
+                    now = queue_bound(g, now, captures, now - slot_phase(now, start, period) + len);
+                    q = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
+                }
                 if (!__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && q >= now + MARK_NS) mark_drain(g, s, ptsz, captures);
                 __atomic_store_n(&g->qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
                 __atomic_store_n(&g->region.hdr->pace_qend_ns, (q > now ? q : now) + cost, __ATOMIC_RELAXED);
