@@ -44,7 +44,7 @@ _Static_assert(__builtin_offsetof(struct gs_control, unpaced) == 36, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, owner_busy_until_ns) == 40, "layout");
 _Static_assert(__builtin_offsetof(struct gs_control, relay_seen_ns) == 48, "layout");
 
-#define GS_RELAY_STALE_NS 50000000ull /* the agent's relay looks every millisecond */
+#define GS_RELAY_STALE_NS 50000000ull /* the agent's relay looks every 2-10 ms (relay.py) */
 
 /* The agent's rate, or 0 (none yet, or a header this library does not know). The agent writes
  * magic and version before the first rate, so a rate seen here comes with its header. */

@@ -3,12 +3,15 @@ the GPU behind them within a few milliseconds (docs/compute.md, "The fill").
 
 A Burst claim beside Hard claims that work in bursts cannot see their work on a time-sliced GPU
 but by trying (each try costs the owner about a slice), and the agent's period (0.25-1 s) is far
-longer than a burst. So a thread polls (every RELAY_INTERVAL_S) each Hard claim's charged GPU
-time (its region's `pace_gpu_ns`, which its library adds to at every launch) and, when it moves,
-tells the Burst claim's control file that the Hard claims have work until the end of the queue
-the launching process predicts (`pace_qend_ns`) and a margin, at least OWNER_HOLD_NS after the
-launch (its next launch may be a kernel away). The filling claim's library launches only after
-that. The margin: a burst's first kernels wait behind the filler's kernel in flight, which the
+longer than a burst. So a thread polls each Hard claim's charged GPU time (its region's
+`pace_gpu_ns`, which its library adds to at every launch) and, when it moves, tells the Burst
+claim's control file that the Hard claims have work until the end of the queue the launching
+process predicts (`pace_qend_ns`) and a margin, at least OWNER_HOLD_NS after the launch (its next
+launch may be a kernel away). The filling claim's library launches only after that. The thread
+polls every RELAY_INTERVAL_NS while the Hard claims may be idle, and while they have work
+until a poll before the time it told (a filler waits until then anyway).
+
+The margin: a burst's first kernels wait behind the filler's kernel in flight, which the
 owner's prediction does not know, so its work ends up to one of the filler's kernels later than
 it says. Measured (hack/bench-share, 2.65 ms kernels, 2026-11-26) with margins of 0.5 ms / one /
 two of the filler's kernels: a Hard 50 of bursts every 100 ms got 44.6 / 45.5 / 45.9 % beside a
@@ -27,7 +30,8 @@ from .control import Control
 from .regions import Region
 from .shares import Share
 
-RELAY_INTERVAL_S = 0.002    # 2.8-3.0 % of a core (a thread's bare 2 ms sleep loop: 1.6 % on the 2-core VM)
+RELAY_INTERVAL_NS = 2_000_000  # the poll while a Hard claim may be idle (a bare 2 ms sleep loop: 1.6 % of a core here)
+RELAY_NAP_MAX_NS = 10_000_000  # the longest: the filler takes a relay unseen for 50 ms as gone (GS_RELAY_STALE_NS)
 OWNER_HOLD_NS = 2_000_000     # after an owner's launch, at least
 MARGIN_KERNELS = 1            # the owner's queue ends up to this many of the filler's kernels after it says
 MARGIN_MIN_NS, MARGIN_MAX_NS = 500_000, 20_000_000  # the margin's bounds
@@ -71,9 +75,12 @@ class Relay:
                 if self._stop:
                     return
                 now = time.monotonic_ns()
+                nap = None
                 for owners, control, margin in self._pairs:
-                    _tell(control, max((self._owner(r, now, margin) for r in owners), default=0), now)
-            time.sleep(RELAY_INTERVAL_S)
+                    until = max((self._owner(r, now, margin) for r in owners), default=0)
+                    _tell(control, until, now)
+                    nap = _nap_ns(until, now) if nap is None else min(nap, _nap_ns(until, now))
+            time.sleep((nap or RELAY_INTERVAL_NS) / 1e9)
 
     def _owner(self, region: Region, now: int, margin: int) -> int:
         """Until when the Hard claim of `region` has work."""
@@ -111,6 +118,13 @@ def fill_pairs(gpus: Sequence[tuple[str, Share, Region | None, Control | None]]
         elif not share.burst and region is not None:
             owners.setdefault(uuid, []).append(region)
     return [(owners.get(uuid, []), control, margin) for uuid, (control, margin) in fillers.items()]
+
+
+def _nap_ns(until: int, now: int) -> int:
+    """How long the relay may sleep, having told a filling claim that its Hard claims have work
+    until `until`: the filler waits that long anyway, so a launch that says more work need only be
+    seen a poll before then; once they may have no work, a new burst must be seen within a poll."""
+    return max(RELAY_INTERVAL_NS, min(RELAY_NAP_MAX_NS, until - now - RELAY_INTERVAL_NS))
 
 
 def _tell(control: Control, until: int, now: int) -> None:

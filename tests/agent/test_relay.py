@@ -1,14 +1,28 @@
 """The fill relay (kubeletplugin/agent/relay.py): a Hard claim's launches, as its region shows
 them, told to the filling Burst claim's control file within milliseconds; what a tenant writes
 into its region bounded."""
+import re
 import time
+from pathlib import Path
 
 from kubeletplugin.agent.control import Control
 from kubeletplugin.agent.regions import Region
-from kubeletplugin.agent.relay import MARGIN_KERNELS, MARGIN_MIN_NS, OWNER_HOLD_NS, QUEUE_SANE_NS, Relay, fill_pairs
+from kubeletplugin.agent.relay import (
+    MARGIN_KERNELS,
+    MARGIN_MIN_NS,
+    OWNER_HOLD_NS,
+    QUEUE_SANE_NS,
+    RELAY_INTERVAL_NS,
+    RELAY_NAP_MAX_NS,
+    Relay,
+    _nap_ns,
+    fill_pairs,
+)
 from kubeletplugin.agent.shares import Share, plan_gpu
 from kubeletplugin.hooklayout import CONTROL, CONTROL_SIZE, REGION_HEADER, REGION_MAGIC, REGION_SIZE, REGION_VERSION
 from tests.support import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def files(tmp_path):
@@ -46,12 +60,15 @@ def test_the_relay_tells_the_filler_when_the_hard_claim_launches_and_stops_when_
         write(region_path, "pace_qend_ns", launched + 5_000_000)
         write(region_path, "pace_gpu_ns", 2_650_000)
         wait_for(lambda: said(control_path)[0] > 0, timeout=5, what="the launch relayed")
-        assert said(control_path)[0] == launched + 5_000_000 + MARGIN_MIN_NS
+        until, seen = said(control_path)  # at least OWNER_HOLD_NS after the relay saw it (late on a loaded machine)
+        assert until == launched + 5_000_000 + MARGIN_MIN_NS or launched + 5_000_000 + MARGIN_MIN_NS < until <= \
+            seen + OWNER_HOLD_NS, (until - launched, seen - launched)
+        first = until
         # a forged queue end far ahead is taken as QUEUE_SANE_NS (the filler's own timeline bounds the rest)
         before = time.monotonic_ns()
         write(region_path, "pace_qend_ns", before + 10**12)
         write(region_path, "pace_gpu_ns", 5_300_000)
-        wait_for(lambda: said(control_path)[0] != launched + 5_000_000 + MARGIN_MIN_NS, timeout=5, what="relayed")
+        wait_for(lambda: said(control_path)[0] != first, timeout=5, what="relayed")
         until, seen = said(control_path)
         assert before + OWNER_HOLD_NS <= until <= seen + QUEUE_SANE_NS + MARGIN_MIN_NS
         relay.watch([])  # no fill any more: the control says there is no relay
@@ -62,6 +79,19 @@ def test_the_relay_tells_the_filler_when_the_hard_claim_launches_and_stops_when_
         relay.stop()
         region.close()
         control.close()
+
+
+def test_the_relay_looks_often_only_while_a_hard_claim_may_be_idle():
+    """Polling every 2 ms took 2.8-3.0 % of a core. While the Hard claims have work until a time
+    it told, the filler waits that long anyway: the relay need look only a poll before it, and
+    often enough that the filler never takes it for gone (hook/src/control.h, GS_RELAY_STALE_NS)."""
+    now = 10**12
+    assert _nap_ns(0, now) == RELAY_INTERVAL_NS  # no work said: a new burst is seen within a poll
+    assert _nap_ns(now + OWNER_HOLD_NS, now) == RELAY_INTERVAL_NS
+    assert _nap_ns(now + 8_000_000, now) == 8_000_000 - RELAY_INTERVAL_NS
+    assert _nap_ns(now + QUEUE_SANE_NS + 20_000_000, now) == RELAY_NAP_MAX_NS
+    stale = re.search(r"#define GS_RELAY_STALE_NS (\d+)ull", (ROOT / "hook/src/control.h").read_text())
+    assert stale and 2 * RELAY_NAP_MAX_NS < int(stale[1])  # with room for a late wake-up
 
 
 def test_fill_pairs_are_the_hard_claims_regions_and_the_fillers_control(tmp_path):
