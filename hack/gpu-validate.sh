@@ -237,7 +237,7 @@ solo() { echo "${SOLO[$1]}"; }
 AGENT=
 agent() {  # a share measurement without the agent's slots means nothing: stop the script
     "$AGENT_PY" -m dra_driver.cli share-agent --interval 0.25 --log-level warning "$@" & AGENT=$!; sleep 1
-    kill -0 "$AGENT" 2>/dev/null || { echo "gpu-validate: share-agent exited at start (see above); is this package importable by $PY?" >&2; exit 2; }
+    kill -0 "$AGENT" 2>/dev/null || { echo "gpu-validate: share-agent exited at start (see above); is this package importable by $AGENT_PY?" >&2; exit 2; }
 }
 agent_stop() { kill "$AGENT" 2>/dev/null || true; wait "$AGENT" 2>/dev/null || true; }
 

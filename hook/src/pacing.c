@@ -289,22 +289,27 @@ static void mark_drain(struct gpu_state *g, CUstream s, int ptsz, int captures)
  * turn: at a 1 s period two claims at 30/70 settled with 100-190 ms queued each, the 70 at 62-65 %
  * (static slots, 8 s runs, one in two). With the real queue bounded, what spills is at most a
  * queue, which the late-work check sees. */
-/* wait, polled every DRAIN_POLL_NS and at most until end, for the pending drain marker to run (no
- * event is asked about while a capture is active); returns the time, with the marker no longer
- * pending if it ran */
-static uint64_t drain_wait(struct gpu_state *g, uint64_t now, uint64_t end)
+/* the pending drain marker has not run at now: if that is past its predicted time, the work queued
+ * after it is late by as much, and so is the queue's predicted end */
+static void drain_late(struct gpu_state *g, uint64_t now)
 {
     uint64_t pred = __atomic_load_n(&g->drain.pred_ns, __ATOMIC_RELAXED);
+    if (now <= pred) return;
+    __atomic_add_fetch(&g->qend_ns, now - pred, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->drain.pred_ns, now, __ATOMIC_RELAXED);
+}
+
+/* wait, polled every DRAIN_POLL_NS and at most until end, for the pending drain marker to run (no
+ * event is asked about while a capture is active); returns the time, with the marker no longer
+ * pending if it ran, and the queue's predicted end moved by how late it ran */
+static uint64_t drain_wait(struct gpu_state *g, uint64_t now, uint64_t end)
+{
     while (__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g_captures, __ATOMIC_RELAXED)) {
         if (real_cuEventQuery(g->drain.ev) != CUDA_ERROR_NOT_READY) {
             __atomic_store_n(&g->drain.pending, 0, __ATOMIC_RELAXED);
             break;
         }
-        if (now > pred) { /* still queued past its predicted end: what follows it is late too */
-            __atomic_add_fetch(&g->qend_ns, now - pred, __ATOMIC_RELAXED);
-            __atomic_store_n(&g->drain.pred_ns, now, __ATOMIC_RELAXED);
-            pred = now;
-        }
+        drain_late(g, now);
         if (now >= end) break;
         uint64_t t = now + DRAIN_POLL_NS < end ? now + DRAIN_POLL_NS : end;
         note_paced(g, now, t);
@@ -485,15 +490,13 @@ static uint64_t slot_turn(struct gpu_state *g, CUstream s, int ptsz, int capture
          * over from the previous slot is at most a queue's worth, while work that is late all
          * through the slot shares the GPU with contexts nobody paces (an MPS server, a claim of
          * another strategy), and holding it back would only cost the claim its share */
-        uint64_t pred = __atomic_load_n(&g->drain.pred_ns, __ATOMIC_RELAXED);
-        if (__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && now > pred && !captures &&
-            now < __atomic_load_n(&g->slot_began_ns, __ATOMIC_RELAXED) + LATE_NS) {
-            if (real_cuEventQuery(g->drain.ev) == CUDA_ERROR_NOT_READY) {
-                __atomic_add_fetch(&g->qend_ns, now - pred, __ATOMIC_RELAXED);
-                __atomic_store_n(&g->drain.pred_ns, now, __ATOMIC_RELAXED);
-            } else {
+        if (__atomic_load_n(&g->drain.pending, __ATOMIC_ACQUIRE) && !captures &&
+            now < __atomic_load_n(&g->slot_began_ns, __ATOMIC_RELAXED) + LATE_NS &&
+            now > __atomic_load_n(&g->drain.pred_ns, __ATOMIC_RELAXED)) {
+            if (real_cuEventQuery(g->drain.ev) == CUDA_ERROR_NOT_READY)
+                drain_late(g, now);
+            else
                 __atomic_store_n(&g->drain.pending, 0, __ATOMIC_RELAXED);
-            }
         }
         uint64_t q = __atomic_load_n(&g->qend_ns, __ATOMIC_RELAXED);
         if (q < now) q = now;

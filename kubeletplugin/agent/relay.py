@@ -75,12 +75,12 @@ class Relay:
                 if self._stop:
                     return
                 now = time.monotonic_ns()
-                nap = None
+                naps = []
                 for owners, control, margin in self._pairs:
                     until = max((self._owner(r, now, margin) for r in owners), default=0)
                     _tell(control, until, now)
-                    nap = _nap_ns(until, now) if nap is None else min(nap, _nap_ns(until, now))
-            time.sleep((nap or RELAY_INTERVAL_NS) / 1e9)
+                    naps.append(_nap_ns(until, now))
+            time.sleep(min(naps, default=RELAY_INTERVAL_NS) / 1e9)
 
     def _owner(self, region: Region, now: int, margin: int) -> int:
         """Until when the Hard claim of `region` has work."""
