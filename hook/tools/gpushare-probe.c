@@ -21,12 +21,32 @@
  *       capturing, also launch kernels on another stream, 2 ms apart; --record: record an event
  *       on the capturing stream (the capture must fail)
  *
+ *   gpushare-probe [--device N] replay --trace FILE --seconds T [--warmup W | --window-at S]
+ *       a framework-shaped workload: the trace's steps, one after another (format below);
+ *       prints steps done in the window, the GPU time they asked for, and each step's latency
+ *
  *   --main-exits: the command runs on a second thread and the main thread calls pthread_exit (a
  *   zombie main thread, which reads "/" as its cgroup: the node agent must look at the others)
  *
  *   launch, time, serve and graph take --grid BLOCKS: the blocks of each kernel (default: the
  *   GPU's SM count, a kernel that fills the GPU; fewer is a small kernel, which MPS can run
  *   beside another client's)
+ *
+ *   A trace (hook/traces/NAME.trace) is one step of a workload, one op a line, '#' to the line's end
+ *   a comment; a line may end in xN (the op N times):
+ *       kernel US [grid=BLOCKS] [stream=S] [host=US]
+ *           a kernel of US microseconds of GPU time (a spin kernel), on stream S (0, the default:
+ *           the legacy stream; 1-7: streams of their own), after US of CPU work on the launching
+ *           thread (an eager framework's dispatch: Python, the op's checks, the allocator)
+ *       host US      the CPU busy for US (the optimizer's host side, a loss printed, data prepared)
+ *       idle US      the CPU asleep for US (waiting for data or the next request)
+ *       sync         wait for all the work launched (cuCtxSynchronize: a loss.item(), a response)
+ *       graph begin / graph end
+ *           the kernels between are captured once into a CUDA graph on a stream of their own and
+ *           replayed as one launch where `graph begin` stands (torch.cuda.graph, CUDA-graph serving)
+ *       repeat N / end
+ *           the ops between, N times (a model's layers); not nested
+ *   A step's latency runs from its first op to the end of its last sync; a trace needs a sync.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -284,6 +304,7 @@ static int g_mark_every = 16;
 static double g_window_at; /* CLOCK_MONOTONIC seconds the window starts at; 0 = now + warm-up */
 static double g_side_us;
 static const char *g_mode = "global";
+static const char *g_trace;
 
 static void parse_opts(int argc, char **argv)
 {
@@ -296,6 +317,7 @@ static void parse_opts(int argc, char **argv)
         else if (!strcmp(argv[i], "--kernels")) g_kernels = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--nodes")) g_nodes = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--mode")) g_mode = argv[i + 1];
+        else if (!strcmp(argv[i], "--trace")) g_trace = argv[i + 1];
         else if (!strcmp(argv[i], "--side-us")) g_side_us = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--record")) g_record = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--streams")) g_streams = atoi(argv[i + 1]) < 1 ? 1 : atoi(argv[i + 1]) > 64 ? 64 : atoi(argv[i + 1]);
@@ -506,6 +528,207 @@ static int cmd_graph(int argc, char **argv)
     return 0;
 }
 
+
+/* ---- replay: a framework-shaped step from a trace file (format at the top) ---- */
+enum { OP_KERNEL, OP_HOST, OP_IDLE, OP_SYNC, OP_GRAPH };
+enum { TRACE_STREAMS = 8, MAX_OPS = 1 << 16, MAX_GRAPHS = 16 };
+struct trace_op {
+    int kind, grid, stream, graph; /* graph: the kernel's graph (0: none; OP_GRAPH: which one) */
+    int fn;                        /* a kernel's function: one per length and grid */
+    double us, host_us;
+};
+static struct trace_op g_ops[MAX_OPS];
+static int g_nops;
+
+static void trace_error(int line, const char *what, const char *text)
+{
+    fprintf(stderr, "%s:%d: %s: %s\n", g_trace, line, what, text);
+    exit(64);
+}
+
+static double trace_number(int line, const char *text, double lo, double hi)
+{
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end || !(v >= lo && v <= hi)) {
+        char what[96];
+        snprintf(what, sizeof what, "want a number from %g to %g", lo, hi);
+        trace_error(line, what, text);
+    }
+    return v;
+}
+
+/* parse g_trace into g_ops; returns the number of graphs */
+static int load_trace(void)
+{
+    FILE *f = fopen(g_trace, "r");
+    if (!f) {
+        fprintf(stderr, "cannot read the trace %s: %m\n", g_trace);
+        exit(66);
+    }
+    char buf[512];
+    int line = 0, graphs = 0, in_graph = 0, syncs = 0, repeat_from = -1;
+    long repeats = 0;
+    while (fgets(buf, sizeof buf, f)) {
+        line++;
+        char *hash = strchr(buf, '#');
+        if (hash) *hash = 0;
+        char *tok[8];
+        int n = 0;
+        for (char *t = strtok(buf, " \t\r\n"); t && n < 8; t = strtok(NULL, " \t\r\n")) tok[n++] = t;
+        if (!n) continue;
+        struct trace_op op = {.grid = 0, .stream = 0};
+        long times = 1;
+        if (n > 1 && tok[n - 1][0] == 'x') times = (long)trace_number(line, tok[--n] + 1, 1, MAX_OPS);
+        if (!strcmp(tok[0], "kernel") && n >= 2) {
+            op.kind = OP_KERNEL;
+            op.us = trace_number(line, tok[1], 0.5, 1e6);
+            for (int i = 2; i < n; i++) {
+                if (!strncmp(tok[i], "grid=", 5)) op.grid = (int)trace_number(line, tok[i] + 5, 1, 1 << 20);
+                else if (!strncmp(tok[i], "stream=", 7)) op.stream = (int)trace_number(line, tok[i] + 7, 0, TRACE_STREAMS - 1);
+                else if (!strncmp(tok[i], "host=", 5)) op.host_us = trace_number(line, tok[i] + 5, 0, 1e6);
+                else trace_error(line, "unknown kernel field (grid=, stream=, host=)", tok[i]);
+            }
+            op.graph = in_graph;
+        } else if ((!strcmp(tok[0], "host") || !strcmp(tok[0], "idle")) && n == 2) {
+            op.kind = tok[0][0] == 'h' ? OP_HOST : OP_IDLE;
+            op.us = trace_number(line, tok[1], 0, 1e7);
+        } else if (!strcmp(tok[0], "sync") && n == 1) {
+            op.kind = OP_SYNC;
+            syncs++;
+        } else if (!strcmp(tok[0], "graph") && n == 2 && !strcmp(tok[1], "begin") && !in_graph) {
+            if (++graphs > MAX_GRAPHS) trace_error(line, "too many graphs", "16 at most");
+            in_graph = graphs;
+            op.kind = OP_GRAPH, op.graph = graphs;
+        } else if (!strcmp(tok[0], "graph") && n == 2 && !strcmp(tok[1], "end") && in_graph) {
+            in_graph = 0;
+            continue;
+        } else if (!strcmp(tok[0], "repeat") && n == 2 && repeat_from < 0 && !in_graph) {
+            repeats = (long)trace_number(line, tok[1], 1, MAX_OPS);
+            repeat_from = g_nops;
+            continue;
+        } else if (!strcmp(tok[0], "end") && n == 1 && repeat_from >= 0) {
+            int len = g_nops - repeat_from;
+            if ((long)len * repeats > MAX_OPS - repeat_from) trace_error(line, "too many ops", "65536 at most");
+            for (long r = 1; r < repeats; r++, g_nops += len)
+                memcpy(&g_ops[g_nops], &g_ops[repeat_from], (size_t)len * sizeof g_ops[0]);
+            repeat_from = -1;
+            continue;
+        } else {
+            trace_error(line, "not an op (kernel, host, idle, sync, graph begin|end, repeat N|end)", tok[0]);
+        }
+        if (in_graph && op.kind != OP_KERNEL && op.kind != OP_GRAPH)
+            trace_error(line, "a graph holds kernels only", tok[0]);
+        for (long i = 0; i < times; i++) {
+            if (g_nops == MAX_OPS) trace_error(line, "too many ops", "65536 at most");
+            g_ops[g_nops++] = op;
+        }
+    }
+    fclose(f);
+    if (in_graph) trace_error(line, "a graph is not ended", "graph begin without graph end");
+    if (repeat_from >= 0) trace_error(line, "a repeat is not ended", "repeat without end");
+    if (!syncs) trace_error(line, "the trace has no sync", "a step's end would be unknown");
+    return graphs;
+}
+
+static void busy_us(double us)
+{
+    double until = now_s() + us / 1e6;
+    while (now_s() < until) {
+    }
+}
+
+static int cmd_replay(int argc, char **argv)
+{
+    parse_opts(argc, argv);
+    if (!g_trace) {
+        fprintf(stderr, "replay needs --trace FILE\n");
+        return 64;
+    }
+    int graphs = load_trace();
+    load_spin();
+    static unsigned long long cycles[MAX_OPS];
+    CUstream st[TRACE_STREAMS] = {NULL}, gs;
+    for (int i = 1; i < TRACE_STREAMS; i++) CHECK(p_cuStreamCreate(&st[i], 0));
+    CHECK(p_cuStreamCreate(&gs, 0));
+    /* a kernel of another length or grid is another op (a GEMM, a norm): its own function, from
+     * a module of its own (the same name in one module is one function), so that anything that
+     * tells kernels apart by function and grid (the library's costs) sees them apart */
+    enum { MAX_FNS = 128 };
+    static CUfunction fns[MAX_FNS];
+    static double fn_us[MAX_FNS];
+    static int fn_grid[MAX_FNS], nfns;
+    for (int i = 0; i < g_nops; i++) {
+        struct trace_op *o = &g_ops[i];
+        if (!o->grid) o->grid = g_grid;
+        if (o->kind != OP_KERNEL) continue;
+        for (o->fn = 0; o->fn < nfns && !(fn_us[o->fn] == o->us && fn_grid[o->fn] == o->grid); o->fn++) {
+        }
+        if (o->fn < nfns) continue;
+        if (nfns == MAX_FNS) {
+            fprintf(stderr, "%s: more than %d kinds of kernel (length and grid)\n", g_trace, MAX_FNS);
+            return 64;
+        }
+        CUmodule mod;
+        CHECK(p_cuModuleLoadData(&mod, spin_ptx));
+        CHECK(p_cuModuleGetFunction(&fns[nfns], mod, "spin"));
+        fn_us[nfns] = o->us, fn_grid[nfns++] = o->grid;
+    }
+    CUgraphExec ge[MAX_GRAPHS + 1] = {NULL};
+    double step_gpu_us = 0;
+    int last_sync = 0;
+    for (int i = 0; i < g_nops; i++) {
+        struct trace_op *o = &g_ops[i];
+        if (o->kind == OP_KERNEL) step_gpu_us += o->us;
+        if (o->kind == OP_SYNC) last_sync = i;
+        if (o->kind != OP_GRAPH) continue;
+        CHECK(p_cuStreamBeginCapture_v2(gs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        for (int k = i + 1; k < g_nops && g_ops[k].graph == o->graph && g_ops[k].kind == OP_KERNEL; k++) {
+            void *params[] = {&cycles[k]};
+            cycles[k] = (unsigned long long)(g_ops[k].us * g_khz / 1000.0);
+            CHECK(p_cuLaunchKernel(fns[g_ops[k].fn], (unsigned)g_ops[k].grid, 1, 1, 1, 1, 1, 0, gs, params, NULL));
+        }
+        CUgraph g;
+        CHECK(p_cuStreamEndCapture(gs, &g));
+        CHECK(p_cuGraphInstantiateWithFlags(&ge[o->graph], g, 0));
+    }
+    int cap = 1 << 20, n = 0;
+    double *lat = calloc((size_t)cap, sizeof *lat);
+    double t0 = g_window_at > 0 ? g_window_at : now_s() + g_warmup, end = t0 + g_seconds;
+    long long steps = 0;
+    while (now_s() < end) {
+        double start = now_s(), done = start;
+        for (int i = 0; i < g_nops; i++) {
+            struct trace_op *o = &g_ops[i];
+            if (o->kind == OP_KERNEL && o->graph) continue; /* replayed by its graph */
+            if (o->kind == OP_KERNEL) {
+                if (o->host_us > 0) busy_us(o->host_us);
+                void *params[] = {&cycles[i]};
+                cycles[i] = (unsigned long long)(o->us * g_khz / 1000.0);
+                CHECK(p_cuLaunchKernel(fns[o->fn], (unsigned)o->grid, 1, 1, 1, 1, 1, 0, st[o->stream], params, NULL));
+            } else if (o->kind == OP_GRAPH) {
+                CHECK(p_cuGraphLaunch(ge[o->graph], gs));
+            } else if (o->kind == OP_HOST) {
+                busy_us(o->us);
+            } else if (o->kind == OP_IDLE) {
+                usleep((useconds_t)o->us);
+            } else {
+                CHECK(p_cuCtxSynchronize());
+                if (i == last_sync) done = now_s();
+            }
+        }
+        if (done >= t0 && done < end) {
+            steps++;
+            if (n < cap) lat[n++] = (done - start) * 1e3;
+        }
+    }
+    CHECK(p_cuCtxSynchronize());
+    printf("steps=%lld seconds=%.3f steps_per_s=%.2f step_gpu_ms=%.3f gpu_share=%.2f graphs=%d ops=%d kernel_kinds=%d"
+           " step_p50_ms=%.3f step_p99_ms=%.3f\n", steps, g_seconds, steps / g_seconds, step_gpu_us / 1e3,
+           100.0 * steps * step_gpu_us / 1e6 / g_seconds, graphs, g_nops, nfns, pct(lat, n, 50), pct(lat, n, 99));
+    return 0;
+}
+
 static int run(int argc, char **argv, int i);
 static int g_argc;
 static char **g_argv;
@@ -543,6 +766,7 @@ static int run(int argc, char **argv, int i)
     if (i < argc && !strcmp(argv[i], "time")) return cmd_time(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "serve")) return cmd_serve(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "graph")) return cmd_graph(argc - i - 1, argv + i + 1);
+    if (i < argc && !strcmp(argv[i], "replay")) return cmd_replay(argc - i - 1, argv + i + 1);
     fprintf(stderr, "usage: gpushare-probe [--main-exits] [--device N] alloc --chunk BYTES [--max BYTES] [--hold S] [--api A]\n"
                     "       gpushare-probe [--device N] meminfo\n"
                     "       gpushare-probe gpus\n"
@@ -551,6 +775,7 @@ static int run(int argc, char **argv, int i)
                     "       gpushare-probe [--device N] time --count N [--kernel-us US]\n"
                     "       gpushare-probe [--device N] serve --seconds T [--interval-us US] [--request-us US] [--kernels K]\n"
                     "       gpushare-probe [--device N] graph --seconds T [--kernel-us US] [--nodes N] [--mode M]\n"
+                    "       gpushare-probe [--device N] replay --trace FILE --seconds T [--warmup S | --window-at S]\n"
                     "       (launch, time, serve, graph: --grid BLOCKS, default the SM count)\n");
     return 64;
 }
