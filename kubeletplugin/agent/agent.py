@@ -210,7 +210,8 @@ class Agent:
                     unpaced.add(gpu.uuid)
                 if gpu.compute_limit < 100:  # limit 100 is never paced
                     on_gpu.setdefault(gpu.uuid, []).append(c.shares[i])
-                    c.shares[i].procs = max(1, len(c.process_memory[i]))  # the fill is for a claim of one
+                    # how many share the claim's rate if its region is forged; the fill is for a claim of one
+                    c.shares[i].procs = len(c.process_memory[i])
                     if c.sharing_strategy != MPS:
                         time_sliced.add(gpu.uuid)
         for uuid, shares in on_gpu.items():  # from the regions: needs no NVML

@@ -39,8 +39,6 @@ class ClaimView:
                 region.rate_ppm = to_ppm(s.rate)
             return
         control.plan(s)
-        if i < len(self.process_memory):  # how many share the claim's rate if its region is forged
-            control.procs = len(self.process_memory[i])
 
     def count_period(self, seconds: float) -> None:
         """Each share's charged GPU time, longest launch and paced flag over the last period, from

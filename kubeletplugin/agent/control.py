@@ -60,12 +60,13 @@ class Control:
             self._words[offset // 4] = value
 
     def plan(self, share: Share) -> None:
-        """The agent's plan for the claim on this GPU (shares.py): its rate, slot, lent span, and
-        whether contexts nobody paces share the GPU."""
+        """The agent's plan for the claim on this GPU (shares.py): its rate, slot, lent span,
+        whether contexts nobody paces share the GPU, and the claim's processes on it (`procs`)."""
         self.rate_ppm = to_ppm(share.rate)
         self.set_slot(share.period_us, share.start_us, share.length_us)
         self.lent_us = share.lent_us
         self.unpaced = share.unpaced
+        self.procs = share.procs
 
     def unplan(self) -> None:
         """Nobody hands slots out any more: back to the limit, no slot, no lent span."""

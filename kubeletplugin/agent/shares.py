@@ -72,7 +72,8 @@ class Share:
     lent_us: int = 0        # a busy Burst claim's lent span right before its slot (plan_gpu)
     fill: bool = False      # a Burst claim that fills the GPU behind its Hard claims (plan_gpu; relay.py)
     unpaced: bool = False   # contexts nobody paces share its GPU: no slot handover (the agent)
-    procs: int = 1          # its processes on the GPU as the agent sees them (1: one, or not known)
+    procs: int = 0          # its processes on the GPU as the agent counts them (NVML, mapped from kernel
+                            # facts; 0: none seen or not known): the control file's `procs`
     kernel_us: int = 0      # its longest launch of late (the library's pace_kernel_us; count)
     _kernel_reports: tuple[int, ...] = ()  # the last KERNEL_REPORTS non-zero ones, newest first
     charged_max: float = 0.0  # the most it charged in one of the agent's periods within its slot period
