@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import re
 import subprocess
 import threading
@@ -20,6 +21,7 @@ from kubeletplugin.hooklayout import (
     CONTROL_VERSION,
     HEADER_SIZE,
     REGION_HEADER,
+    REGION_SIZE,
     SIM_MPS_HELD,
 )
 
@@ -115,6 +117,26 @@ def write_limits(path: Path, gpus: list[dict], extra: str = "") -> None:
         lines.append(f"GPUSHARE_COMPUTE_LIMIT_{i}={g.get('compute', 100)}")
         lines.append(f"GPUSHARE_COMPUTE_POLICY_{i}={g.get('policy', 'Hard')}")
     path.write_text("\n".join(lines) + "\n" + extra)
+
+
+def new_claim(folder: Path, build: Path, gpus: list[dict], name: str = "claim", sim: dict | None = None) -> Claim:
+    """The claim folder/name (limits for `gpus`, see write_limits, and zero-filled regions, as the
+    kubelet plugin creates them) and its processes' environment: the library of `build` on the
+    simulated driver whose GPUs' state is folder/sim.state, plus `sim`."""
+    root = folder / name
+    (root / "region").mkdir(parents=True)
+    write_limits(root / "limits", gpus)
+    for i in range(len(gpus)):
+        with open(root / "region" / str(i), "wb") as f:
+            f.truncate(REGION_SIZE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+    env.update({
+        "GPUSHARE_RUN_DIR": str(root),
+        "GPUSHARE_SIM_STATE": str(folder / "sim.state"),
+        "LD_LIBRARY_PATH": str(build / "sim"),
+    })
+    env.update(sim or {})
+    return Claim(root, build, env)
 
 
 def kv(text: str) -> dict:
