@@ -135,7 +135,8 @@ def add_commands(sub: Any) -> None:
                        description="Lay out the time slots of the claims in the given run dirs (each with limits, "
                                    "region/<i> and control/<i>, as GPUSHARE_RUN_DIR) and write them into their "
                                    "control files every --interval, as the kubelet plugin's agent does "
-                                   "(docs/compute.md).")
+                                   "(docs/compute.md), with each claim's processes on the GPU: those NVML "
+                                   "lists that map the claim's region (docs/agent.md).")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a claim's run dir")
     p.add_argument("--interval", type=float, default=0.25, help="seconds between periods")
     add_logging(p)

@@ -244,6 +244,39 @@ def mount_source(path: str, table: list[tuple[str, str, str]] | None = None) -> 
     return best[0], os.path.normpath(os.path.join(best[1], rel))
 
 
+# a file mapping's line of /proc/<pid>/maps: its device and inode (0: anonymous)
+_MAPPED_FILE = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ [0-9a-f]+ ([0-9a-f]+:[0-9a-f]+) ([0-9]+) ", re.M)
+
+
+def mapped_files(pid: int) -> set[tuple[str, int]]:
+    """(device, inode) of each file a process maps, as /proc/<pid>/maps shows them, read from a
+    live thread (`view`): the kernel's word, so a process cannot map a file and not show it (a
+    hard link or a bind mount of the file shows the same pair, a copy another); empty when it is
+    gone or unreadable (another user's process, to an agent not root)."""
+    try:
+        with open(f"{view(pid)}/maps", "rb") as f:
+            data = f.read()
+    except OSError:
+        return set()
+    return {(dev.decode(), int(ino)) for dev, ino in _MAPPED_FILE.findall(data) if ino != b"0"}
+
+
+def own_mapping(address: int) -> tuple[str, int] | None:
+    """(device, inode) of the file this process maps at `address`, as the maps of every process
+    that maps the file show it (`mapped_files`): the kernel prints the device of the file mapped,
+    which is not always stat's st_dev (overlayfs maps the layer's file). None: no file there."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            for line in f:
+                span, _, _, dev, ino = line.split(maxsplit=5)[:5]
+                start, _, end = span.partition(b"-")
+                if int(start, 16) <= address < int(end, 16):
+                    return (dev.decode(), int(ino)) if ino != b"0" else None
+    except OSError:
+        pass
+    return None
+
+
 def _run_dir(at: str) -> str | None:
     try:
         with open(f"{at}/environ", "rb") as f:

@@ -9,6 +9,7 @@ tenant-writable, so it is treated as a claim's own report about itself, never as
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
@@ -56,6 +57,15 @@ class Region:
     def close(self) -> None:
         self._words.release()
         self._map.close()
+
+    @property
+    def address(self) -> int:
+        """Where this process maps the region (its line in /proc/self/maps: procmap.own_mapping)."""
+        byte = ctypes.c_char.from_buffer(self._map)  # (an export of the map: dropped at once, close still works)
+        try:
+            return ctypes.addressof(byte)
+        finally:
+            del byte
 
     def _u64(self, offset: int) -> int:
         value: int = struct.unpack_from("<Q", self._map, offset)[0]

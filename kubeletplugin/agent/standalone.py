@@ -2,6 +2,17 @@
 laid out with GPUSHARE_RUN_DIR (limits, region/<i>, control/<i>) instead of by the kubelet
 plugin: for hack/bench-share and hack/gpu-validate.sh, which run the library and the agent as a
 cluster does, without one. Control files missing from a run dir are created, as the plugin does.
+
+Each claim's processes on each GPU (the control file's `procs`) are counted as the plugin's agent
+counts them, the processes NVML lists on the GPU that belong to the claim, but without a cluster's
+facts (cgroups, reservedFor, bind mounts) a process belongs to the claims whose region file of
+that GPU it maps (/proc/<pid>/maps, by device and inode): the kernel's word, which the library
+needs to pace at all. A process's environment and the region's slots are its own to rewrite, so a
+tenant could hide from them and be counted fewer, which raises a forging claim's private rate
+(rate / procs); a mapping it cannot hide, and mapping another claim's region only counts it there
+too (more processes only lower a forger's rate). Needs NVML (the simulated one where the agent
+runs with the claims' GPUSHARE_SIM_STATE and LD_LIBRARY_PATH) and the processes' maps (root, or
+the tenants' user); without NVML no count is written (0: the library takes one).
 """
 
 from __future__ import annotations
@@ -10,7 +21,9 @@ import argparse
 import os
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from dra_driver.config import MPS
 from dra_driver.flags import FromArgs
@@ -19,9 +32,13 @@ from dra_driver.runloop import serve
 from kubeletplugin.hooklayout import CONTROL_SIZE
 
 from .control import Control
+from .procmap import mapped_files, own_mapping
 from .regions import Region
 from .relay import Relay, fill_pairs
 from .shares import Share, plan_gpu
+
+if TYPE_CHECKING:
+    from .sampler import Sampler
 
 log = get_logger("agent.standalone")
 
@@ -37,6 +54,7 @@ class RunDirClaim:
                 if sep and not key.startswith("#"):
                     kv[key] = value
         self.gpus = []
+        self.map_keys: list[tuple[str, int] | None] = []  # per GPU: its region file, as maps shows it
         for i in range(int(kv.get("GPUSHARE_GPU_COUNT", "1"))):
             limit = int(kv.get(f"GPUSHARE_COMPUTE_LIMIT_{i}", "100"))
             if limit >= 100:  # never paced
@@ -47,15 +65,38 @@ class RunDirClaim:
                 with open(path, "wb") as f:
                     f.truncate(CONTROL_SIZE)
             share = Share(limit=limit / 100.0, burst=kv.get(f"GPUSHARE_COMPUTE_POLICY_{i}") == "Burst", trusted=True)
-            self.gpus.append((kv.get(f"GPUSHARE_DEVICE_UUID_{i}", str(i)), share,
-                              Region(os.path.join(root, "region", str(i))), Control(path)))
+            region = Region(os.path.join(root, "region", str(i)))
+            self.gpus.append((kv.get(f"GPUSHARE_DEVICE_UUID_{i}", str(i)), share, region, Control(path)))
+            # how a process's maps shows this region file (the agent maps it too)
+            self.map_keys.append(own_mapping(region.address))
         self.mps = kv.get("GPUSHARE_SHARING_STRATEGY") == MPS
         self.charged = [0] * len(self.gpus)
 
 
-def tick(claims: list[RunDirClaim], seconds: float, relay: Relay | None = None) -> None:
-    """One period: each claim's charged GPU time, then every GPU's slots and rates, and the fill
-    relay's pairs (none: no relay)."""
+class ProcessList(Protocol):
+    """NVML's processes on each GPU (sampler.Sampler)."""
+
+    def process_memory(self, uuids: Collection[str] | None = None) -> dict[str, dict[int, int]]: ...
+
+
+def count_processes(claims: list[RunDirClaim], nvml: ProcessList) -> None:
+    """Each claim's processes on each of its paced GPUs (`Share.procs`, written by the plan): the
+    pids NVML lists on the GPU that map the claim's region file of it. A GPU whose query failed
+    keeps its last count (unread is not empty)."""
+    on_gpu = nvml.process_memory({uuid for c in claims for uuid, *_ in c.gpus})
+    maps = {pid: mapped_files(pid) for pids in on_gpu.values() for pid in pids}
+    for c in claims:
+        for (uuid, share, _, _), key in zip(c.gpus, c.map_keys, strict=True):
+            if uuid in on_gpu:
+                share.procs = sum(key in maps[pid] for pid in on_gpu[uuid]) if key else 0
+
+
+def tick(claims: list[RunDirClaim], seconds: float, relay: Relay | None = None,
+         nvml: ProcessList | None = None) -> None:
+    """One period: each claim's charged GPU time and processes (none counted: no NVML), then every
+    GPU's slots and rates, and the fill relay's pairs (none: no relay)."""
+    if nvml is not None:
+        count_processes(claims, nvml)
     on_gpu: dict[str, list[Share]] = {}
     time_sliced: set[str] = set()
     for c in claims:
@@ -75,6 +116,18 @@ def tick(claims: list[RunDirClaim], seconds: float, relay: Relay | None = None) 
         relay.watch(fill_pairs([gpu for c in claims for gpu in c.gpus]))
 
 
+def open_nvml() -> Sampler | None:
+    """NVML as this process finds it (libnvidia-ml.so.1 on the loader's path: the simulated one
+    in hook/build/sim with LD_LIBRARY_PATH and GPUSHARE_SIM_STATE); None, said once, without it."""
+    try:
+        from .sampler import Sampler
+
+        return Sampler()
+    except Exception as e:  # no NVML (library, driver or bindings): the claims run with procs unknown
+        log.warning("NVML unavailable: the claims' processes on each GPU are not counted (procs 0)", error=str(e))
+        return None
+
+
 class ShareAgent:
     """Runs `tick` every `interval` seconds on a thread; `stop` zeroes every rate and slot, so
     the claims' processes run unpaced once the agent is gone (docs/interfaces.md)."""
@@ -83,6 +136,7 @@ class ShareAgent:
         self.claims = claims
         self.interval = interval
         self.relay = Relay()
+        self.nvml = open_nvml()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="share-agent", daemon=True)
         self._thread.start()
@@ -91,13 +145,15 @@ class ShareAgent:
         last = time.monotonic()
         while not self._stop.wait(self.interval):
             now = time.monotonic()
-            tick(self.claims, now - last, self.relay)
+            tick(self.claims, now - last, self.relay, self.nvml)
             last = now
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
         self.relay.stop()
+        if self.nvml is not None:
+            self.nvml.close()
         for c in self.claims:
             for _, _, region, control in c.gpus:
                 control.unplan()
