@@ -42,13 +42,15 @@ hook:                        ## build libgpushare.so, the simulated driver and t
 codegen: $(STAMP)            ## regenerate the kubelet gRPC stubs from api/kubelet/*.proto
 	PYTHON=$(BIN)/python hack/update-codegen.sh
 
-bench: $(STAMP) hook         ## print every benchmark table
-	$(BIN)/python hack/bench-prepare
-	$(BIN)/python hack/bench-controller
-	$(BIN)/python hack/bench-hook
-	$(BIN)/python hack/bench-share
-	$(BIN)/python hack/bench-agent
-	$(BIN)/python hack/bench-backstop
+# `make bench` runs every benchmark, each printing its table. A bench that misses a target it
+# prints exits 1 and names the missed ones in its last line (`missed: ...`; hack/benchtargets.py;
+# hack/bench-share does not check its targets yet). All run; it fails, naming them, if any failed.
+BENCHES := prepare controller hook share agent backstop
+
+bench: $(STAMP) hook         ## print every benchmark table; fails if one missed a target it prints (all run)
+	failed=; \
+	for b in $(BENCHES); do $(BIN)/python hack/bench-$$b || failed="$$failed bench-$$b"; done; \
+	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
 # The demo needs the product and the playground (.[demo]); the checks and tests add the
 # development tools (.[test], which includes .[demo]), so a test install serves the demo too.
