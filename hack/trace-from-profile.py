@@ -40,6 +40,7 @@ import argparse
 import gzip
 import json
 import math
+import os
 import re
 import sys
 from collections import Counter
@@ -322,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     stats.update(kinds=kinds, lines=len(lines))
     head = [f"# gpushare trace from a torch.profiler capture: {a.title}" if a.title else
             "# gpushare trace from a torch.profiler capture",
-            f"# source {a.profile}, {stats['step']}: {stats['kernels']} GPU ops, {stats['gpu_ms']} ms of GPU time",
+            f"# source {os.path.basename(a.profile)}, {stats['step']}: {stats['kernels']} GPU ops, "
+            f"{stats['gpu_ms']} ms of GPU time",
             f"# in a {stats['step_ms']} ms step ({stats['busy_share']} % busy), {stats['syncs']} syncs, "
             f"{stats['graphs']} graphs; streams (CUDA:trace) {stats['streams']}",
             f"# times rounded by hack/trace-from-profile.py; {kinds} kinds of kernel",
