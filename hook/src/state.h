@@ -35,8 +35,8 @@ struct gpu_state {
     const struct gs_control *control; /* the agent's trusted rate and slot; NULL = none */
     /* pacing (pacing.c): cost of a launch (GPU ns) measured with an event pair every SAMPLE_NS */
     uint64_t cost_ns[2];       /* [kernel, graph]: mean of all samples, 0 = unknown */
-    /* per kernel/graph: ns the estimate; win_min/win_n the window of samples that may raise it */
-    struct cost_entry { uintptr_t key; uint64_t ns, win_min; uint32_t win_n; } costs[COST_ENTRIES];
+    /* per kernel/graph: ns the estimate; win_min/win_max/win_n the window of samples that may raise it */
+    struct cost_entry { uintptr_t key; uint64_t ns, win_min, win_max; uint32_t win_n; } costs[COST_ENTRIES];
     uint64_t my_tat_ns;        /* this process's own bucket (the region's can be forged) */
     uint64_t my_shared_ns;     /* what this process last wrote into the region's timeline */
     int forged;                /* the region's timeline went back: paced alone at rate / procs */
@@ -67,6 +67,7 @@ struct gpu_state {
     int lent_hit;              /* it found the GPU busy in that span */
     int lent_off;              /* its marker could not be recorded: no borrowed time (lent span, fill) */
     struct gs_marker lent;     /* marks its work in borrowed time; by lent_qend_ns */
+    uint64_t intrude_tat_ns;   /* launches outside its slot while other claims have work: a timeline at INTRUDE_PPM (pacing.c) */
     uint64_t fill_tat_ns;      /* a filling Burst claim's own timeline, at FILL_HOLD_PCT of its limit (fill_turn) */
 };
 

@@ -11,6 +11,13 @@ launch may be a kernel away). The filling claim's library launches only after th
 polls every RELAY_INTERVAL_NS while the Hard claims may be idle, and while they have work
 until a poll before the time it told (a filler waits until then anyway).
 
+Catching up (issue 39): on a GPU with no filling Burst claim, every claim of several that are all
+paced is told the same of the GPU's other claims (its control file's `owner_busy_until_ns`):
+outside its slot its library launches into their idle time (docs/compute.md, "Outside the
+slot"). Its margin is CATCHUP_MARGIN_KERNELS of its own kernels, so it fills only a gap longer
+than that: with one kernel, a 2.65 ms matmul claim filled the 2.4 ms pauses of a batch-1 inference
+neighbour, whose requests then waited for it (p50 0.34 -> 0.62 ms).
+
 The margin: a burst's first kernels wait behind the filler's kernel in flight, which the
 owner's prediction does not know, so its work ends up to one of the filler's kernels later than
 it says. Measured (hack/bench-share, 2.65 ms kernels, 2026-11-26) with margins of 0.5 ms / one /
@@ -34,13 +41,15 @@ RELAY_INTERVAL_NS = 2_000_000  # the poll while a Hard claim may be idle (a bare
 RELAY_NAP_MAX_NS = 10_000_000  # the longest: the filler takes a relay unseen for 50 ms as gone (GS_RELAY_STALE_NS)
 OWNER_HOLD_NS = 2_000_000     # after an owner's launch, at least
 MARGIN_KERNELS = 1            # the owner's queue ends up to this many of the filler's kernels after it says
+CATCHUP_MARGIN_KERNELS = 2    # a claim outside its slot fills only a gap longer than this many of its kernels
 MARGIN_MIN_NS, MARGIN_MAX_NS = 500_000, 20_000_000  # the margin's bounds
 QUEUE_SANE_NS = 20_000_000    # a queue end said further ahead is taken as this far (the library queues 10 ms)
 
 
 class Relay:
-    """A thread that relays the Hard claims' launches to the filling Burst claim of each GPU, the
-    pairs set by the agent's period (`watch`); it sleeps while there are none."""
+    """A thread that relays the Hard claims' launches to the filling Burst claim of each GPU, or
+    each claim's neighbours' to it (catching up), the pairs set by the agent's period (`watch`); it
+    sleeps while there are none."""
 
     def __init__(self) -> None:
         self._pairs: list[tuple[tuple[Region, ...], Control, int]] = []
@@ -108,16 +117,26 @@ def fill_pairs(gpus: Sequence[tuple[str, Share, Region | None, Control | None]]
     """The relay's pairs from the (GPU UUID, share, region, control) of every claim on every GPU,
     as plan_gpu left the shares: for each GPU with a filling Burst claim, its Hard claims' regions,
     its control and the margin (MARGIN_KERNELS of its kernels; its kernel length is its own report,
-    so a forged one only keeps itself waiting longer)."""
+    so a forged one only keeps itself waiting longer); for each claim that catches up, the GPU's
+    other claims' regions, its control and CATCHUP_MARGIN_KERNELS of its kernels."""
     owners: dict[str, list[Region]] = {}
     fillers: dict[str, tuple[Control, int]] = {}
+    pairs: list[tuple[list[Region], Control, int]] = []
     for uuid, share, region, control in gpus:
         if share.fill and control is not None:
-            margin = min(MARGIN_MAX_NS, max(MARGIN_MIN_NS, MARGIN_KERNELS * share.kernel_us * 1000))
-            fillers[uuid] = (control, margin)
+            fillers[uuid] = (control, _margin(share))
         elif not share.burst and region is not None:
             owners.setdefault(uuid, []).append(region)
-    return [(owners.get(uuid, []), control, margin) for uuid, (control, margin) in fillers.items()]
+    for uuid, share, _, control in gpus:  # each claim outside its slot: the GPU's other claims
+        if share.catchup and control is not None:
+            others = [r for u, s, r, _ in gpus if u == uuid and s is not share and r is not None]
+            pairs.append((others, control, _margin(share, CATCHUP_MARGIN_KERNELS)))
+    return [(owners.get(uuid, []), control, margin) for uuid, (control, margin) in fillers.items()] + pairs
+
+
+def _margin(share: Share, kernels: int = MARGIN_KERNELS) -> int:
+    """`kernels` of the claim's kernels (its own report: a forged one keeps itself waiting)"""
+    return min(MARGIN_MAX_NS, max(MARGIN_MIN_NS, kernels * share.kernel_us * 1000))
 
 
 def _nap_ns(until: int, now: int) -> int:

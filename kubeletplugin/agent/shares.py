@@ -71,6 +71,7 @@ class Share:
     period_us: int = PERIOD_US  # the period its GPU's slots repeat in (plan_gpu)
     lent_us: int = 0        # a busy Burst claim's lent span right before its slot (plan_gpu)
     fill: bool = False      # a Burst claim that fills the GPU behind its Hard claims (plan_gpu; relay.py)
+    catchup: bool = False   # told by the relay when the GPU's other claims have work (plan_gpu; relay.py)
     unpaced: bool = False   # contexts nobody paces share its GPU: no slot handover (the agent)
     procs: int = 0          # its processes on the GPU as the agent counts them (NVML, mapped from kernel
                             # facts; 0: none seen or not known): the control file's `procs`
@@ -137,6 +138,10 @@ def plan_gpu(shares: list[Share], mps_only: bool = False) -> float:
     them (`fill`, `lent_us` = the period, its rate its limit): its library launches whenever the
     agent's relay says no Hard claim has work (relay.py; docs/compute.md, "The fill").
 
+    Catching up: elsewhere, on a time-sliced GPU of several claims, every context paced, each
+    claim is told by the relay when the others have work (`catchup`): outside its slot its library
+    then launches into their idle time, up to its share (docs/compute.md, "Outside the slot").
+
     The period: MPS_PERIOD_US where every paced claim is an MPS client (`mps_only`); else the
     shortest multiple of PERIOD_US, at most MAX_PERIOD_US, in which no busy claim's slot shorter
     than the period loses more than MAX_SLOT_LOSS of it after its last whole kernel.
@@ -150,7 +155,7 @@ def plan_gpu(shares: list[Share], mps_only: bool = False) -> float:
     for s in ordered:  # a bursty claim's charged time swings with how many bursts fell in one period
         s.used = s.charged if s.used < 0 else s.used + (s.charged - s.used) * USED_WEIGHT
     for s in ordered:
-        s.fill = False
+        s.fill = s.catchup = False
     if mps_only:
         _layout(ordered, scale, MPS_PERIOD_US)
         return total
@@ -161,6 +166,9 @@ def plan_gpu(shares: list[Share], mps_only: bool = False) -> float:
         _layout(slotted, scale, period)
         if all(kernel_loss(s) <= MAX_SLOT_LOSS for s in slotted):
             break  # else at MAX_PERIOD_US the agent says so in the claim's status (kernels_too_long)
+    if not fill and len(ordered) > 1 and not any(s.unpaced for s in ordered):
+        for s in ordered:  # outside its slot each launches into the others' idle time (relay.py)
+            s.catchup = True
     if fill:  # the Burst claim fills behind the Hard claims' slots, which cover the period between them
         b = bursts[0]
         b.fill, b.rate, b.period_us = True, b.limit * scale, period

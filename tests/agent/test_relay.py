@@ -8,6 +8,7 @@ from pathlib import Path
 from kubeletplugin.agent.control import Control
 from kubeletplugin.agent.regions import Region
 from kubeletplugin.agent.relay import (
+    CATCHUP_MARGIN_KERNELS,
     MARGIN_KERNELS,
     MARGIN_MIN_NS,
     OWNER_HOLD_NS,
@@ -104,7 +105,36 @@ def test_fill_pairs_are_the_hard_claims_regions_and_the_fillers_control(tmp_path
         pairs = fill_pairs([("gpu0", hard, region, None), ("gpu0", burst, None, control)])
         assert pairs == [([region], control, MARGIN_KERNELS * 2650 * 1000)]
         plan_gpu([hard, burst, Share(limit=0.0, burst=True, trusted=True)])  # two Burst claims: no fill
-        assert fill_pairs([("gpu0", hard, region, None), ("gpu0", burst, None, control)]) == []
+        assert not burst.fill
+        # but each claim is told of the others' work (catching up outside its slot, issue 39)
+        assert fill_pairs([("gpu0", hard, region, None), ("gpu0", burst, None, control)]) == [
+            ([region], control, CATCHUP_MARGIN_KERNELS * 2650 * 1000)]
     finally:
         region.close()
         control.close()
+
+
+def test_every_claim_of_a_gpu_without_a_filler_is_told_of_the_others_work(tmp_path):
+    """Catching up (issue 39): where no Burst claim fills, each paced claim's control gets the
+    GPU's other claims' regions (relay pairs); none on a GPU with contexts nobody paces, or alone."""
+    for i in range(2):
+        (tmp_path / str(i)).mkdir()
+    files_ = [files(tmp_path / str(i)) for i in range(2)]
+    regions = [Region(str(r)) for r, _ in files_]
+    controls = [Control(str(c)) for _, c in files_]
+    try:
+        shares = [Share(limit=0.3, burst=False, trusted=True, charged=0.3, kernel_us=450),
+                  Share(limit=0.7, burst=False, trusted=True, charged=0.6)]
+        plan_gpu(shares)
+        assert all(s.catchup for s in shares)
+        gpus = [("gpu0", s, r, c) for s, r, c in zip(shares, regions, controls, strict=True)]
+        assert fill_pairs(gpus) == [([regions[1]], controls[0], CATCHUP_MARGIN_KERNELS * 450_000),
+                                    ([regions[0]], controls[1], MARGIN_MIN_NS)]
+        shares[1].unpaced = True
+        plan_gpu(shares)
+        assert fill_pairs(gpus) == []
+        plan_gpu(shares[:1])
+        assert fill_pairs(gpus[:1]) == []
+    finally:
+        for x in (*regions, *controls):
+            x.close()
