@@ -71,8 +71,9 @@ def torch_work(kind: str) -> Work:
             torch.cuda.current_stream().wait_stream(s)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):  # cudaErrorStreamCaptureInvalidated if the library breaks it
-                a @ a
-            return Work(g.replay, sync, lambda: (g.replay(), sync()))
+                out = a @ a  # held: the graph's output lives in its pool
+            held = [out]
+            return Work(lambda: (g.replay(), held), sync, lambda: (g.replay(), sync()))
         f = torch.compile(lambda x: torch.relu(x @ x) / 4096.0, mode="reduce-overhead")
         return Work(lambda: f(a), sync, lambda: (f(a), sync()))
     if kind == "elementwise":
@@ -229,11 +230,13 @@ def profile(w: Work, path: str) -> None:
     from torch.profiler import profile as torch_profile
 
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                       schedule=schedule(wait=1, warmup=1, active=3)) as prof:
+                       schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+                       on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
         for _ in range(5):
             w.prof_step()
-            prof.step()
-    prof.export_chrome_trace(path)
+            prof.step()  # the fifth ends the three recorded steps: the trace is written
+    if not os.path.exists(path):
+        raise RuntimeError(f"torch.profiler wrote no trace to {path}")
 
 
 def one_line(e: BaseException) -> str:
