@@ -16,7 +16,10 @@ paced is told the same of the GPU's other claims (its control file's `owner_busy
 outside its slot its library launches into their idle time (docs/compute.md, "Outside the
 slot"). Its margin is CATCHUP_MARGIN_KERNELS of its own kernels, so it fills only a gap longer
 than that: with one kernel, a 2.65 ms matmul claim filled the 2.4 ms pauses of a batch-1 inference
-neighbour, whose requests then waited for it (p50 0.34 -> 0.62 ms).
+neighbour, whose requests then waited for it (p50 0.34 -> 0.62 ms). And the others count as idle
+that margin after their last launch, not OWNER_HOLD_NS: an eager training step's host phases
+(2-4 ms) were then too short to fill, and a training pair at 30/70 did 87 % of what plain time
+slicing gives it; with the margin, 91-93 %.
 
 The margin: a burst's first kernels wait behind the filler's kernel in flight, which the
 owner's prediction does not know, so its work ends up to one of the filler's kernels later than
@@ -52,23 +55,24 @@ class Relay:
     sleeps while there are none."""
 
     def __init__(self) -> None:
-        self._pairs: list[tuple[tuple[Region, ...], Control, int]] = []
-        self._seen: dict[int, tuple[int, int]] = {}  # id(region) -> (pace_gpu_ns, busy until)
+        self._pairs: list[tuple[tuple[Region, ...], Control, int, int]] = []
+        # (id(region), id(control)) -> (pace_gpu_ns, busy until): a region is watched by each claim beside it
+        self._seen: dict[tuple[int, int], tuple[int, int]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()  # set while there is something to relay, or on stop
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="fill-relay", daemon=True)  # at the first pair
 
-    def watch(self, pairs: Sequence[tuple[Sequence[Region], Control, int]]) -> None:
-        """(the Hard claims' regions, the filling claim's control, the margin in ns) for each GPU of
-        this period; controls no longer in it are told there is no relay."""
+    def watch(self, pairs: Sequence[tuple[Sequence[Region], Control, int, int]]) -> None:
+        """(the owners' regions, the filling claim's control, the margin and the hold in ns) for each
+        filling claim of this period; controls no longer in it are told there is no relay."""
         with self._lock:
-            kept = {id(c) for _, c, _ in pairs}
-            for _, c, _ in self._pairs:
+            kept = {id(c) for _, c, _, _ in pairs}
+            for _, c, _, _ in self._pairs:
                 if id(c) not in kept:
                     _tell(c, 0, 0)
-            self._pairs = [(tuple(owners), c, margin) for owners, c, margin in pairs]
-            live = {id(r) for owners, _, _ in self._pairs for r in owners}
+            self._pairs = [(tuple(owners), c, margin, hold) for owners, c, margin, hold in pairs]
+            live = {(id(r), id(c)) for owners, c, _, _ in self._pairs for r in owners}
             self._seen = {k: v for k, v in self._seen.items() if k in live}
             if self._pairs:
                 if not self._thread.is_alive() and not self._stop:
@@ -85,22 +89,24 @@ class Relay:
                     return
                 now = time.monotonic_ns()
                 naps = []
-                for owners, control, margin in self._pairs:
-                    until = max((self._owner(r, now, margin) for r in owners), default=0)
+                for owners, control, margin, hold in self._pairs:
+                    until = max((self._owner(r, control, now, margin, hold) for r in owners), default=0)
                     _tell(control, until, now)
                     naps.append(_nap_ns(until, now))
             time.sleep(min(naps, default=RELAY_INTERVAL_NS) / 1e9)
 
-    def _owner(self, region: Region, now: int, margin: int) -> int:
-        """Until when the Hard claim of `region` has work."""
+    def _owner(self, region: Region, control: Control, now: int, margin: int, hold: int) -> int:
+        """Until when the claim of `region` has work, as told to `control`: at least `hold` after a
+        launch (its next launch may be a kernel away), and `margin` after its queue's end."""
+        key = (id(region), id(control))
         try:
             charged = region.charged_ns
-            last, until = self._seen.get(id(region), (charged, 0))
+            last, until = self._seen.get(key, (charged, 0))
             if charged != last:
-                until = max(now + OWNER_HOLD_NS, min(region.queue_end_ns, now + QUEUE_SANE_NS) + margin)
+                until = max(now + hold, min(region.queue_end_ns, now + QUEUE_SANE_NS) + margin)
         except ValueError:  # closed by the agent (claim unprepared) before the next period's watch
             return 0
-        self._seen[id(region)] = (charged, until)
+        self._seen[key] = (charged, until)
         return until
 
     def stop(self) -> None:
@@ -113,15 +119,16 @@ class Relay:
 
 
 def fill_pairs(gpus: Sequence[tuple[str, Share, Region | None, Control | None]]
-               ) -> list[tuple[list[Region], Control, int]]:
+               ) -> list[tuple[list[Region], Control, int, int]]:
     """The relay's pairs from the (GPU UUID, share, region, control) of every claim on every GPU,
     as plan_gpu left the shares: for each GPU with a filling Burst claim, its Hard claims' regions,
     its control and the margin (MARGIN_KERNELS of its kernels; its kernel length is its own report,
-    so a forged one only keeps itself waiting longer); for each claim that catches up, the GPU's
-    other claims' regions, its control and CATCHUP_MARGIN_KERNELS of its kernels."""
+    so a forged one only keeps itself waiting longer) and OWNER_HOLD_NS; for each claim that catches
+    up, the GPU's other claims' regions, its control and CATCHUP_MARGIN_KERNELS of its kernels as
+    both margin and hold."""
     owners: dict[str, list[Region]] = {}
     fillers: dict[str, tuple[Control, int]] = {}
-    pairs: list[tuple[list[Region], Control, int]] = []
+    pairs: list[tuple[list[Region], Control, int, int]] = []
     for uuid, share, region, control in gpus:
         if share.fill and control is not None:
             fillers[uuid] = (control, _margin(share))
@@ -130,8 +137,10 @@ def fill_pairs(gpus: Sequence[tuple[str, Share, Region | None, Control | None]]
     for uuid, share, _, control in gpus:  # each claim outside its slot: the GPU's other claims
         if share.catchup and control is not None:
             others = [r for u, s, r, _ in gpus if u == uuid and s is not share and r is not None]
-            pairs.append((others, control, _margin(share, CATCHUP_MARGIN_KERNELS)))
-    return [(owners.get(uuid, []), control, margin) for uuid, (control, margin) in fillers.items()] + pairs
+            margin = _margin(share, CATCHUP_MARGIN_KERNELS)
+            pairs.append((others, control, margin, margin))
+    fills = [(owners.get(uuid, []), control, margin, OWNER_HOLD_NS) for uuid, (control, margin) in fillers.items()]
+    return fills + pairs
 
 
 def _margin(share: Share, kernels: int = MARGIN_KERNELS) -> int:

@@ -53,7 +53,7 @@ def test_the_relay_tells_the_filler_when_the_hard_claim_launches_and_stops_when_
     region, control = Region(str(region_path)), Control(str(control_path))
     relay = Relay()
     try:
-        relay.watch([([region], control, MARGIN_MIN_NS)])
+        relay.watch([([region], control, MARGIN_MIN_NS, OWNER_HOLD_NS)])
         wait_for(lambda: said(control_path)[1] > 0, timeout=5, what="the relay's first look")
         assert said(control_path)[0] == 0  # nothing launched yet
         # a launch, its queue predicted to end 5 ms on: busy until then and the margin
@@ -103,12 +103,12 @@ def test_fill_pairs_are_the_hard_claims_regions_and_the_fillers_control(tmp_path
         burst = Share(limit=0.5, burst=True, trusted=True, charged=0.3, kernel_us=2650)
         plan_gpu([hard, burst])
         pairs = fill_pairs([("gpu0", hard, region, None), ("gpu0", burst, None, control)])
-        assert pairs == [([region], control, MARGIN_KERNELS * 2650 * 1000)]
+        assert pairs == [([region], control, MARGIN_KERNELS * 2650 * 1000, OWNER_HOLD_NS)]
         plan_gpu([hard, burst, Share(limit=0.0, burst=True, trusted=True)])  # two Burst claims: no fill
         assert not burst.fill
         # but each claim is told of the others' work (catching up outside its slot, issue 39)
         assert fill_pairs([("gpu0", hard, region, None), ("gpu0", burst, None, control)]) == [
-            ([region], control, CATCHUP_MARGIN_KERNELS * 2650 * 1000)]
+            ([region], control, CATCHUP_MARGIN_KERNELS * 2650 * 1000, CATCHUP_MARGIN_KERNELS * 2650 * 1000)]
     finally:
         region.close()
         control.close()
@@ -128,8 +128,9 @@ def test_every_claim_of_a_gpu_without_a_filler_is_told_of_the_others_work(tmp_pa
         plan_gpu(shares)
         assert all(s.catchup for s in shares)
         gpus = [("gpu0", s, r, c) for s, r, c in zip(shares, regions, controls, strict=True)]
-        assert fill_pairs(gpus) == [([regions[1]], controls[0], CATCHUP_MARGIN_KERNELS * 450_000),
-                                    ([regions[0]], controls[1], MARGIN_MIN_NS)]
+        assert fill_pairs(gpus) == [([regions[1]], controls[0], CATCHUP_MARGIN_KERNELS * 450_000,
+                                     CATCHUP_MARGIN_KERNELS * 450_000),
+                                    ([regions[0]], controls[1], MARGIN_MIN_NS, MARGIN_MIN_NS)]
         shares[1].unpaced = True
         plan_gpu(shares)
         assert fill_pairs(gpus) == []
