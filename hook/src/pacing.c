@@ -694,50 +694,76 @@ static int fill_turn(struct gpu_state *g, uint64_t *nowp, uint64_t period, uint6
 
 /* ------------------------------------------------------------------ outside the slot
  * (issue 39) Where the agent's relay runs for a time-sliced claim (every context on its GPU paced,
- * no Burst claim filling), it tells the claim until when the GPU's other claims have work. Outside
- * its slot the claim then launches, up to its timeline:
+ * no Burst claim filling), it tells the claim until when the GPU's other claims have work (their
+ * launches, queue ends and a margin: relay.py). Outside its slot the claim then launches:
  *  - while they have none, as a fill: at most LENT_AHEAD_NS queued beyond its running work, a
- *    marker after it, so that it gives the GPU back within a kernel when their work comes. So the
- *    time an eager framework's host phases leave idle in one claim's slot is the others' to use,
- *    each up to its share (a training pair at 30/70 did 24 / 77 % of solo, plain time slicing
- *    62 / 62);
- *  - while they have work, only a claim under its share (not held within the last period: an
- *    inference server's requests, which must not wait for their slot), and only INTRUDE_PPM of
- *    the GPU's time so: a claim whose work is never held but fills half the GPU (an elementwise
- *    loop bound by its launches) took half of a 30 % matmul neighbour's slot, which got 17 % of
- *    its solo;
+ *    marker after it, so that it gives the GPU back within a kernel when their work comes. An
+ *    eager framework's step leaves the GPU idle in its host phases; with slots alone that time
+ *    was lost in every slot, and a training pair at 30/70 did 24-35 / 69-77 % of what each does
+ *    alone, 82-86 % of what plain time slicing gives the two (62 / 62);
+ *  - how much: up to OUT_BURST_NS ahead of its timeline; a claim far behind it when its slot
+ *    ended (more than a quarter of the period: its own host time left its slot idle) up to its
+ *    share of the period, as in its slot. At a tenth, two launch-bound claims of 4 us kernels
+ *    (each using most of its slot) filled each other's CPU-starved pauses, a context switch each
+ *    way every time, and the 70 % one read 59-61 (67 before);
+ *  - while they have work, only a claim that used less than half of its slot and waited for its
+ *    share at no launch in the last period (an inference server's requests, which must not wait
+ *    for their slot: its p99 would be up to a slot), within INTRUDE_PPM of the GPU's time
+ *    (intrude_ok). A loop bound by its launches that fills half of the GPU and never waits for its
+ *    share (an elementwise loop at 70) took half of a 30 % matmul neighbour's slot, which got 17 %
+ *    of its solo; that loop uses most of its own slot, so it no longer launches into its
+ *    neighbour's work;
  *  - else it waits for their work to end, or for its slot.
- * Returns 0 when no relay runs for the claim (the launch goes on as before), 1 when it goes now as
- * a fill (mark it as borrowed work), 2 when it goes into the others' work, -1 when its slot opened
- * meanwhile (the caller starts over). */
-#define INTRUDE_PPM 100000ull        /* 10 % of the GPU's time: launches into other claims' work */
-#define INTRUDE_BURST_NS 5000000ull  /* ... of which this much at once */
+ * What it does not do: take back what others' launches took in its own slot by launching into
+ * their work (the matmul beside the loop reads 26-28 %; tried: where the others use most of
+ * their share and never wait for it, 29.4, but a training pair's 70 then fell to 64). */
+#define INTRUDE_PPM 100000ull       /* 10 % of the GPU's time: launches into other claims' work... */
+#define INTRUDE_BURST_NS 5000000ull /* ... of which this much at once */
+#define SLOT_FAR 1                  /* it was far behind its timeline when its slot ended */
+#define SLOT_LIGHT 2                /* it used less than half of its slot */
+enum { OUT_SLOT_OPENED = -1, OUT_NO_RELAY, OUT_FILL, OUT_INTRUDE };
 
+/* a launch into the others' work, its bucket's booking starting at base: within INTRUDE_BURST_NS,
+ * and once that is spent not before the bucket is full again. A trickle at INTRUDE_PPM is the
+ * dearest form: each launch then finds the neighbour at a slice end, a context switch each way */
+static int intrude_ok(struct gpu_state *g, uint64_t now, uint64_t base)
+{
+    if (base > now + INTRUDE_BURST_NS) __atomic_store_n(&g->intrude_dry, 1, __ATOMIC_RELAXED);
+    else if (base <= now) __atomic_store_n(&g->intrude_dry, 0, __ATOMIC_RELAXED);
+    return !__atomic_load_n(&g->intrude_dry, __ATOMIC_RELAXED);
+}
+
+/* the comment above; *far: it may book up to its next slot */
 static int out_of_slot_turn(struct gpu_state *g, uint64_t *nowp, uint64_t start, uint64_t len, uint64_t period,
-                            uint64_t cost)
+                            uint64_t cost, int *far)
 {
     uint64_t now = *nowp;
     for (;;) {
         uint64_t phase = slot_phase(now, start, period), next_slot = now + period - phase, until = 0, wait;
-        if (phase < len) {
-            *nowp = now;
-            return -1;
-        }
-        if (!gs_control_owner_busy(g->control, now, &until)) {
-            *nowp = now;
-            return 0;
-        }
-        uint64_t tat = timeline_at(g, now);
-        uint64_t seen = __atomic_load_n(&g->lent_until_ns, __ATOMIC_RELAXED);
+        *nowp = now;
+        if (phase < len) return OUT_SLOT_OPENED;
+        if (!gs_control_owner_busy(g->control, now, &until)) return OUT_NO_RELAY;
+        uint64_t tat = timeline_at(g, now), no = (now + period - start) / period;
+        uint64_t seen = __atomic_load_n(&g->lent_until_ns, __ATOMIC_RELAXED); /* its marker saw their work */
         if (seen > until) until = seen;
-        if (tat > now + OUT_BURST_NS) { /* its share is spent until then */
+        uint64_t view = __atomic_load_n(&g->slot_view, __ATOMIC_RELAXED);
+        if (view >> 2 != no) { /* its first look since its slot ended */
+            view = no << 2 | (tat + period / 4 < next_slot ? SLOT_FAR : 0) | (tat + period / 2 < next_slot ? SLOT_LIGHT : 0);
+            __atomic_store_n(&g->slot_view, view, __ATOMIC_RELAXED);
+        }
+        *far = (view & SLOT_FAR) != 0;
+        uint64_t to = *far ? next_slot : now + OUT_BURST_NS; /* how far ahead of its timeline it may book */
+        if (tat >= next_slot) {
+            wait = next_slot;
+        } else if (tat > to) {
             wait = tat - OUT_BURST_NS;
-        } else if (now < until) { /* the others' work */
+        } else if (now < until) { /* their work */
             uint64_t itat = __atomic_load_n(&g->intrude_tat_ns, __ATOMIC_RELAXED), base = itat > now ? itat : now;
-            if (__atomic_load_n(&g->held_ns, __ATOMIC_RELAXED) + period < now && base <= now + INTRUDE_BURST_NS) {
+            if ((view & SLOT_LIGHT) && tat <= now + OUT_BURST_NS &&
+                __atomic_load_n(&g->held_ns, __ATOMIC_RELAXED) + period < now && intrude_ok(g, now, base)) {
                 __atomic_store_n(&g->intrude_tat_ns, base + cost * 1000000 / INTRUDE_PPM, __ATOMIC_RELAXED);
-                *nowp = now;
-                return 2;
+                *far = 0;
+                return OUT_INTRUDE;
             }
             wait = until;
         } else {
@@ -751,8 +777,7 @@ static int out_of_slot_turn(struct gpu_state *g, uint64_t *nowp, uint64_t start,
             }
             if (!wait) {
                 __atomic_store_n(&g->lent_qend_ns, q + cost, __ATOMIC_RELAXED);
-                *nowp = now;
-                return 1;
+                return OUT_FILL;
             }
         }
         if (wait > next_slot) wait = next_slot;
@@ -804,7 +829,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
         int several = handover_here && gs_control_procs(g->control) > 1;
         int forged_turn = several && __atomic_load_n(&g->turn_off, __ATOMIC_RELAXED);
         uint32_t me = several && !forged_turn ? turn_token(g) : 0; /* turns (above) */
-        int in_slot = 0, handover = handover_here && !forged_turn;
+        int in_slot = 0, far = 0, handover = handover_here && !forged_turn;
         uint64_t lent = handover && !several && !captures && !__atomic_load_n(&g->lent_off, __ATOMIC_RELAXED)
                         ? gs_control_lent(g->control) : 0;
     again:
@@ -819,14 +844,15 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
                     if (lent && slot_phase(now, start, period) >= len) goto again; /* it went on to the lent span */
                 }
                 if (handover && !lent && !captures && !several && slot_phase(now, start, period) >= len) {
-                    int out = out_of_slot_turn(g, &now, start, len, period, cost); /* (above) */
-                    if (out < 0) goto again; /* its slot opened */
-                    L->lent = out == 1; /* a fill: marked as borrowed work */
+                    int out = out_of_slot_turn(g, &now, start, len, period, cost, &far); /* (above) */
+                    if (out == OUT_SLOT_OPENED) goto again;
+                    L->lent = out == OUT_FILL; /* marked as borrowed work */
+                    far = far && out == OUT_FILL;
                 }
                 uint64_t phase = slot_phase(now, start, period); /* since the slot began */
                 in_slot = phase < len;
                 next_slot = now + period - phase;
-                ahead = in_slot ? period - phase : OUT_BURST_NS;
+                ahead = in_slot || far ? period - phase : OUT_BURST_NS; /* far behind: up to its next slot */
                 if (in_slot) floor = now - phase; /* a late wake-up does not cost the claim its time */
                 if (lent) { /* a booking that would wait for the next slot waits, unbooked, for the lent
                              * span before it */

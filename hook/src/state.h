@@ -67,7 +67,9 @@ struct gpu_state {
     int lent_hit;              /* it found the GPU busy in that span */
     int lent_off;              /* its marker could not be recorded: no borrowed time (lent span, fill) */
     struct gs_marker lent;     /* marks its work in borrowed time; by lent_qend_ns */
-    uint64_t intrude_tat_ns;   /* launches outside its slot while other claims have work: a timeline at INTRUDE_PPM (pacing.c) */
+    uint64_t intrude_tat_ns;   /* outside its slot, launches into other claims' work: a timeline at INTRUDE_PPM (pacing.c) */
+    uint32_t intrude_dry;      /* it spent its INTRUDE_BURST_NS: no such launch until that bucket is full again */
+    uint64_t slot_view;        /* outside its slot: its slot's number << 2 | SLOT_FAR | SLOT_LIGHT (out_of_slot_turn) */
     uint64_t fill_tat_ns;      /* a filling Burst claim's own timeline, at FILL_HOLD_PCT of its limit (fill_turn) */
 };
 

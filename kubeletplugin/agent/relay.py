@@ -16,10 +16,9 @@ paced is told the same of the GPU's other claims (its control file's `owner_busy
 outside its slot its library launches into their idle time (docs/compute.md, "Outside the
 slot"). Its margin is CATCHUP_MARGIN_KERNELS of its own kernels, so it fills only a gap longer
 than that: with one kernel, a 2.65 ms matmul claim filled the 2.4 ms pauses of a batch-1 inference
-neighbour, whose requests then waited for it (p50 0.34 -> 0.62 ms). And the others count as idle
-that margin after their last launch, not OWNER_HOLD_NS: an eager training step's host phases
-(2-4 ms) were then too short to fill, and a training pair at 30/70 did 87 % of what plain time
-slicing gives it; with the margin, 91-93 %.
+neighbour, whose requests then waited for it (p50 0.34 -> 0.62 ms); and at least OWNER_HOLD_NS
+(a fill costs the owner a context switch each way when its work comes back). The others count as
+idle that margin after their last launch.
 
 The margin: a burst's first kernels wait behind the filler's kernel in flight, which the
 owner's prediction does not know, so its work ends up to one of the filler's kernels later than
@@ -44,7 +43,7 @@ RELAY_INTERVAL_NS = 2_000_000  # the poll while a Hard claim may be idle (a bare
 RELAY_NAP_MAX_NS = 10_000_000  # the longest: the filler takes a relay unseen for 50 ms as gone (GS_RELAY_STALE_NS)
 OWNER_HOLD_NS = 2_000_000     # after an owner's launch, at least
 MARGIN_KERNELS = 1            # the owner's queue ends up to this many of the filler's kernels after it says
-CATCHUP_MARGIN_KERNELS = 2    # a claim outside its slot fills only a gap longer than this many of its kernels
+CATCHUP_MARGIN_KERNELS = 2    # a claim outside its slot fills only gaps of this many of its kernels (2 ms at least)
 MARGIN_MIN_NS, MARGIN_MAX_NS = 500_000, 20_000_000  # the margin's bounds
 QUEUE_SANE_NS = 20_000_000    # a queue end said further ahead is taken as this far (the library queues 10 ms)
 
@@ -137,7 +136,7 @@ def fill_pairs(gpus: Sequence[tuple[str, Share, Region | None, Control | None]]
     for uuid, share, _, control in gpus:  # each claim outside its slot: the GPU's other claims
         if share.catchup and control is not None:
             others = [r for u, s, r, _ in gpus if u == uuid and s is not share and r is not None]
-            margin = _margin(share, CATCHUP_MARGIN_KERNELS)
+            margin = max(OWNER_HOLD_NS, _margin(share, CATCHUP_MARGIN_KERNELS))
             pairs.append((others, control, margin, margin))
     fills = [(owners.get(uuid, []), control, margin, OWNER_HOLD_NS) for uuid, (control, margin) in fillers.items()]
     return fills + pairs

@@ -128,9 +128,8 @@ def test_every_claim_of_a_gpu_without_a_filler_is_told_of_the_others_work(tmp_pa
         plan_gpu(shares)
         assert all(s.catchup for s in shares)
         gpus = [("gpu0", s, r, c) for s, r, c in zip(shares, regions, controls, strict=True)]
-        assert fill_pairs(gpus) == [([regions[1]], controls[0], CATCHUP_MARGIN_KERNELS * 450_000,
-                                     CATCHUP_MARGIN_KERNELS * 450_000),
-                                    ([regions[0]], controls[1], MARGIN_MIN_NS, MARGIN_MIN_NS)]
+        assert fill_pairs(gpus) == [([regions[1]], controls[0], OWNER_HOLD_NS, OWNER_HOLD_NS),  # 2 x 450 us
+                                    ([regions[0]], controls[1], OWNER_HOLD_NS, OWNER_HOLD_NS)]
         shares[1].unpaced = True
         plan_gpu(shares)
         assert fill_pairs(gpus) == []

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from kubeletplugin.hooklayout import CONTROL
-from tests.support import BUILD, CPU_TIMED, REPO, MiB, wait_for
-from tests.support.hook import Claim, kv, make_hook, new_claim, sim_uuid, throughput
+from tests.support import BUILD, CPU_TIMED, MiB, wait_for
+from tests.support.hook import Claim, kv, make_hook, new_claim, share_agent, sim_uuid, throughput
 
 LARGE_US = 2650  # a 4096 fp32 matmul on the H100
 SECONDS = 6
@@ -29,11 +29,6 @@ BOUND = 3.0  # points
 
 def procs(claim: Claim) -> int:
     return CONTROL["procs"].read((claim.root / "control" / "0").read_bytes())
-
-
-def slot_length(claim: Claim) -> int:
-    path = claim.root / "control" / "0"
-    return CONTROL["slot"].read(path.read_bytes()) >> 32 if path.exists() else 0
 
 
 MAPPER = """
@@ -111,25 +106,6 @@ def test_a_claims_processes_are_those_on_the_gpu_that_map_its_region(tmp_path):
 def build() -> Path:
     make_hook()
     return BUILD
-
-
-@contextlib.contextmanager
-def share_agent(claims: list[Claim]) -> Iterator[None]:
-    """`gpushare-dra share-agent` over the claims' run dirs, with the simulated NVML their processes
-    use (the claims' environment less GPUSHARE_RUN_DIR), once it has written their slots."""
-    env = {k: v for k, v in claims[0].env.items() if k != "GPUSHARE_RUN_DIR"}
-    agent = subprocess.Popen([sys.executable, "-m", "dra_driver.cli", "share-agent", "--interval", "0.25",
-                              "--log-level", "warning", *(str(c.root) for c in claims)], cwd=REPO, env=env,
-                             stderr=subprocess.PIPE, text=True)
-    try:  # a library that starts before its control file has a slot runs without slots for its life
-        wait_for(lambda: agent.poll() is not None or all(slot_length(c) for c in claims), timeout=30,
-                 what="the agent's slots")
-        assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
-        yield
-    finally:
-        agent.terminate()
-        _, err = agent.communicate(timeout=30)
-    assert "NVML unavailable" not in err, err
 
 
 def test_a_claim_of_two_processes_gets_procs_2(build, tmp_path):

@@ -9,6 +9,7 @@ import mmap
 import os
 import re
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from kubeletplugin.hooklayout import (
     SIM_MPS_HELD,
 )
 
-from . import REPO
+from . import REPO, wait_for
 
 HOOK = REPO / "hook"
 UUID_PREFIX = "GPU-5ea1c0de-0000-4000-8000-"
@@ -154,3 +155,28 @@ def throughput(out: dict, kernel_us: float) -> float:
     """GPU work a `gpushare-probe launch` did within its window, as a fraction of the GPU's solo
     speed (kernels of kernel_us each)."""
     return int(out["done_in_window"]) * kernel_us / 1e6 / float(out["window_s"])
+
+
+def slot_length(claim: Claim) -> int:
+    """the length of the claim's slot on GPU 0 in its control file (0: none yet)"""
+    path = claim.root / "control" / "0"
+    return CONTROL["slot"].read(path.read_bytes()) >> 32 if path.exists() else 0
+
+
+@contextlib.contextmanager
+def share_agent(claims: list[Claim]) -> Iterator[None]:
+    """`gpushare-dra share-agent` over the claims' run dirs, with the simulated NVML their processes
+    use (the claims' environment less GPUSHARE_RUN_DIR), once it has written their slots."""
+    env = {k: v for k, v in claims[0].env.items() if k != "GPUSHARE_RUN_DIR"}
+    agent = subprocess.Popen([sys.executable, "-m", "dra_driver.cli", "share-agent", "--interval", "0.25",
+                              "--log-level", "warning", *(str(c.root) for c in claims)], cwd=REPO, env=env,
+                             stderr=subprocess.PIPE, text=True)
+    try:  # a library that starts before its control file has a slot runs without slots for its life
+        wait_for(lambda: agent.poll() is not None or all(slot_length(c) for c in claims), timeout=30,
+                 what="the agent's slots")
+        assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+        yield
+    finally:
+        agent.terminate()
+        _, err = agent.communicate(timeout=30)
+    assert "NVML unavailable" not in err, err
