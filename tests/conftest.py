@@ -33,7 +33,8 @@ SERIAL = (
     "tests/agent/test_mps_daemon_attacks.py",  # Events within 2 s of the daemon's end (agent period 0.5 s)
 )
 # In SERIAL's folders but timing nothing: they run beside the rest.
-NOT_SERIAL = ("tests/hook/test_sanitizers.py",)  # builds and runs the library under ASan, TSan, valgrind
+NOT_SERIAL = ("tests/hook/test_sanitizers.py",  # builds and runs the library under ASan, TSan, valgrind
+              "tests/hook/test_replay.py")  # the probe's trace parser: nothing timed
 # On xdist workers (`--dist loadfile --no-loadscope-reorder`) these files start first, so that none
 # of them is still running alone at the end: test_crash.py is about a fifth of the parallel part.
 FIRST = ("tests/agent/test_image_matrix.py", "tests/kubeletplugin/test_crash.py", "tests/hook/test_sanitizers.py",

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER
+from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER, REGION_MAGIC
 from playground.simcpu import cpus_awake
-from tests.support import BUILD, CPU_TIMED, REPO, MiB
+from tests.support import BUILD, CPU_TIMED, REPO, MiB, wait_for
 from tests.support.hook import Claim, kv, make_hook, new_claim, share_agent, throughput
 
 TRACES = REPO / "hook" / "traces"
@@ -126,11 +126,11 @@ def test_a_batch1_server_beside_a_busy_claim_waits_no_longer_than_under_time_sli
 
 @CPU_TIMED
 def test_a_neighbour_forging_work_cannot_hold_a_claim_below_its_share(build, tmp_path):
-    """A tenant whose claim (Hard 70) launches nothing but keeps its region's charged GPU time moving
-    (the relay then tells its neighbour it has work, always): the neighbour, a training job at Hard
-    30, fills none of the forger's slot, and still gets its own: at least 30 % of what it does alone,
-    less 3 points (docs/security.md). With the forger idle and honest it fills that slot up to its
-    share of the GPU, about 44 % of its solo."""
+    """A tenant whose claim (Hard 70) launches nothing but keeps its region's charged GPU time
+    moving and its queue's end ahead (the relay then tells its neighbour it has work, always): the
+    neighbour, a training job at Hard 30, fills none of the forger's slot, and still gets its own:
+    at least 30 % of what it does alone, less 3 points (docs/security.md). Beside an idle honest
+    neighbour it fills that slot up to its share of the GPU, about 44 % of its solo."""
     honest, forger = claims(tmp_path, build, 30, 70)
     solo = float(done(replay(honest, "train-transformer", 4, env=PLAIN))["steps"]) / 4
     stop = threading.Event()
@@ -138,16 +138,28 @@ def test_a_neighbour_forging_work_cannot_hold_a_claim_below_its_share(build, tmp
     def forge() -> None:
         with open(forger.region(), "r+b") as f, mmap.mmap(f.fileno(), HEADER_SIZE) as m:
             while not stop.is_set():
-                REGION_HEADER["pace_gpu_ns"].write(m, time.monotonic_ns())
+                now = time.monotonic_ns()
+                REGION_HEADER["pace_gpu_ns"].write(m, now)
+                REGION_HEADER["pace_qend_ns"].write(m, now + 10_000_000)  # its queue said to end 10 ms on
                 stop.wait(0.001)
 
     t = threading.Thread(target=forge)
-    with share_agent([honest, forger]):
-        t.start()
-        try:
-            got = float(done(replay(honest, "train-transformer", 5, "--warmup", 1.5))["steps"]) / 5 / solo * 100
-        finally:
-            stop.set()
-            t.join()
+    # the tenant's process: the library in it lays out the claim's region (the agent reads no region
+    # before), then the tenant writes it
+    tenant = forger.popen("gpushare-probe", "alloc", "--chunk", MiB, "--max", MiB, "--hold", 20)
+    try:
+        wait_for(lambda: REGION_HEADER["magic"].read(forger.region().read_bytes()[:HEADER_SIZE]) == REGION_MAGIC,
+                 timeout=10, what="the tenant's region laid out")
+        with share_agent([honest, forger]):
+            t.start()
+            try:
+                steps = float(done(replay(honest, "train-transformer", 5, "--warmup", 1.5))["steps"])
+            finally:
+                stop.set()
+                t.join()
+    finally:
+        tenant.kill()
+        tenant.communicate()
+    got = steps / 5 / solo * 100
     print(f"training Hard 30 beside a forger at 70: {got:.1f} % of solo")
     assert got >= 27, got

@@ -115,8 +115,9 @@ def test_fill_pairs_are_the_hard_claims_regions_and_the_fillers_control(tmp_path
 
 
 def test_every_claim_of_a_gpu_without_a_filler_is_told_of_the_others_work(tmp_path):
-    """Catching up (issue 39): where no Burst claim fills, each paced claim's control gets the
-    GPU's other claims' regions (relay pairs); none on a GPU with contexts nobody paces, or alone."""
+    """Catching up (issue 39): where no Burst claim fills, each busy paced claim's control gets the
+    GPU's other claims' regions (relay pairs); none for an idle claim, none on a GPU with contexts
+    nobody paces, or alone."""
     for i in range(2):
         (tmp_path / str(i)).mkdir()
     files_ = [files(tmp_path / str(i)) for i in range(2)]
@@ -130,6 +131,9 @@ def test_every_claim_of_a_gpu_without_a_filler_is_told_of_the_others_work(tmp_pa
         gpus = [("gpu0", s, r, c) for s, r, c in zip(shares, regions, controls, strict=True)]
         assert fill_pairs(gpus) == [([regions[1]], controls[0], OWNER_HOLD_NS, OWNER_HOLD_NS),  # 2 x 450 us
                                     ([regions[0]], controls[1], OWNER_HOLD_NS, OWNER_HOLD_NS)]
+        shares[0].charged = 0.0  # idle: no relay for it
+        plan_gpu(shares)
+        assert fill_pairs(gpus) == [([regions[0]], controls[1], OWNER_HOLD_NS, OWNER_HOLD_NS)]
         shares[1].unpaced = True
         plan_gpu(shares)
         assert fill_pairs(gpus) == []
