@@ -14,11 +14,11 @@ until a poll before the time it told (a filler waits until then anyway).
 Catching up (issue 39): on a GPU with no filling Burst claim, every busy claim of several that
 are all paced is told the same of the GPU's other claims (its control file's
 `owner_busy_until_ns`): outside its slot its library launches into their idle time
-(docs/compute.md, "Framework-shaped work"). Its margin is CATCHUP_MARGIN_KERNELS of its own kernels, so it fills only a gap longer
-than that: with one kernel, a 2.65 ms matmul claim filled the 2.4 ms pauses of a batch-1 inference
-neighbour, whose requests then waited for it (p50 0.34 -> 0.62 ms); and at least OWNER_HOLD_NS
-(a fill costs the owner a context switch each way when its work comes back). The others count as
-idle that margin after their last launch.
+(docs/compute.md, "Framework-shaped work"). Its margin is CATCHUP_MARGIN_KERNELS of its own
+kernels, so it fills only a gap longer than that: with one kernel, a 2.65 ms matmul claim filled
+the 2.4 ms pauses of a batch-1 inference neighbour, whose requests then waited for it (p50 0.34 ->
+0.62 ms); and at least OWNER_HOLD_NS (a fill costs the owner a context switch each way when its
+work comes back). The others count as idle that margin after their last launch.
 
 The margin: a burst's first kernels wait behind the filler's kernel in flight, which the
 owner's prediction does not know, so its work ends up to one of the filler's kernels later than
