@@ -18,7 +18,10 @@ are all paced is told the same of the GPU's other claims (its control file's
 kernels, so it fills only a gap longer than that: with one kernel, a 2.65 ms matmul claim filled
 the 2.4 ms pauses of a batch-1 inference neighbour, whose requests then waited for it (p50 0.34 ->
 0.62 ms); and at least OWNER_HOLD_NS (a fill costs the owner a context switch each way when its
-work comes back). The others count as idle that margin after their last launch.
+work comes back). The others count as idle that margin after their last launch, or
+REQUEST_HOLD_NS where one of them uses less than half of its share: a request server, whose
+pauses between requests a fill would delay its next request into (a busy claim of 410 us kernels
+filled the 2.4 ms pauses of a small-kernel client at 50: its p50 0.48 -> 1.31 ms).
 
 The margin: a burst's first kernels wait behind the filler's kernel in flight, which the
 owner's prediction does not know, so its work ends up to one of the filler's kernels later than
@@ -45,6 +48,8 @@ OWNER_HOLD_NS = 2_000_000     # after an owner's launch, at least
 MARGIN_KERNELS = 1            # the owner's queue ends up to this many of the filler's kernels after it says
 CATCHUP_MARGIN_KERNELS = 2    # a claim outside its slot fills only gaps of this many of its kernels (2 ms at least)
 MARGIN_MIN_NS, MARGIN_MAX_NS = 500_000, 20_000_000  # the margin's bounds
+REQUEST_HOLD_NS = 10_000_000  # ... a neighbour that serves requests, this long after its last launch
+LIGHT_USE = 0.5               # (one that used less than this part of its share, averaged over the agent's periods)
 QUEUE_SANE_NS = 20_000_000    # a queue end said further ahead is taken as this far (the library queues 10 ms)
 
 
@@ -135,9 +140,12 @@ def fill_pairs(gpus: Sequence[tuple[str, Share, Region | None, Control | None]]
             owners.setdefault(uuid, []).append(region)
     for uuid, share, _, control in gpus:  # each claim outside its slot: the GPU's other claims
         if share.catchup and control is not None:
-            others = [r for u, s, r, _ in gpus if u == uuid and s is not share and r is not None]
+            others = [(s, r) for u, s, r, _ in gpus if u == uuid and s is not share and r is not None]
             margin = max(OWNER_HOLD_NS, _margin(share, CATCHUP_MARGIN_KERNELS))
-            pairs.append((others, control, margin, margin))
+            # a neighbour that uses less than half of its share serves requests: its pauses between them
+            # are not to be filled (each fill delays its next request by the filler's kernel and a switch)
+            hold = max([margin] + [REQUEST_HOLD_NS for s, _ in others if s.used < LIGHT_USE * s.limit])
+            pairs.append(([r for _, r in others], control, margin, hold))
     fills = [(owners.get(uuid, []), control, margin, OWNER_HOLD_NS) for uuid, (control, margin) in fillers.items()]
     return fills + pairs
 

@@ -15,6 +15,7 @@ from kubeletplugin.agent.relay import (
     QUEUE_SANE_NS,
     RELAY_INTERVAL_NS,
     RELAY_NAP_MAX_NS,
+    REQUEST_HOLD_NS,
     Relay,
     _nap_ns,
     fill_pairs,
@@ -131,6 +132,11 @@ def test_every_claim_of_a_gpu_without_a_filler_is_told_of_the_others_work(tmp_pa
         gpus = [("gpu0", s, r, c) for s, r, c in zip(shares, regions, controls, strict=True)]
         assert fill_pairs(gpus) == [([regions[1]], controls[0], OWNER_HOLD_NS, OWNER_HOLD_NS),  # 2 x 450 us
                                     ([regions[0]], controls[1], OWNER_HOLD_NS, OWNER_HOLD_NS)]
+        light = [Share(limit=0.5, burst=False, trusted=True, charged=0.05), Share(limit=0.5, burst=False, trusted=True,
+                                                                                  charged=0.5, kernel_us=410)]
+        plan_gpu(light)  # beside a claim that uses a tenth of its share (a request server), a long hold
+        assert fill_pairs([("gpu0", s, r, c) for s, r, c in zip(light, regions, controls, strict=True)])[1] == (
+            [regions[0]], controls[1], OWNER_HOLD_NS, REQUEST_HOLD_NS)
         shares[0].charged = 0.0  # idle: no relay for it
         plan_gpu(shares)
         assert fill_pairs(gpus) == [([regions[0]], controls[1], OWNER_HOLD_NS, OWNER_HOLD_NS)]
