@@ -28,7 +28,9 @@
  *    a busy claim launches its period's worth there and the claims take turns: each runs
  *    alone and measures its own cost; its work drains before the slot ends, so the next slot
  *    begins on an idle GPU (the slot handover, below). Outside its slot it may run OUT_BURST_NS
- *    ahead, so a claim that uses less than its rate is never held back;
+ *    ahead, so a claim that uses less than its rate is never held back; where the agent's relay
+ *    says when the other claims have work, it fills their idle time there instead, and launches
+ *    into their work only as a request server (out_of_slot_turn, below);
  *  - cost = per kernel (function and grid) or graph: the low envelope of event-pair samples,
  *    which drops to a clean sample at once and rises only to the minimum of a window of
  *    COST_WINDOW samples that all lie above it (preempted samples are common; a trend is not);
