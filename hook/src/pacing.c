@@ -571,6 +571,14 @@ static uint64_t borrow_wait(struct gpu_state *g, uint64_t now, uint64_t q)
     return q > now + LENT_AHEAD_NS ? q - LENT_AHEAD_NS : 0;
 }
 
+/* borrowing where its marker said another context has work the relay has not told of yet: no
+ * borrowed launch for LENT_SKIP_NS, and its marker is not taken as late again before then */
+static void give_way(struct gpu_state *g, uint64_t now)
+{
+    __atomic_store_n(&g->lent_until_ns, now + LENT_SKIP_NS, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->lent.pred_ns, now + LENT_SKIP_NS, __ATOMIC_RELAXED);
+}
+
 /* ------------------------------------------------------------------ the lent span
  * A busy Burst claim whose slot follows a busy Hard claim's that the Hard claim leaves partly idle
  * (it charged less GPU time than its slot holds) is lent the idle tail of that slot: lent_us right
@@ -673,8 +681,7 @@ static int fill_turn(struct gpu_state *g, uint64_t *nowp, uint64_t period, uint6
             wait = borrow_wait(g, now, q);
         if (wait == BORROW_LATE) {
             if (!owed) { /* another context has work the relay has not told of yet: give way for a while */
-                __atomic_store_n(&g->lent_until_ns, now + LENT_SKIP_NS, __ATOMIC_RELAXED);
-                __atomic_store_n(&g->lent.pred_ns, now + LENT_SKIP_NS, __ATOMIC_RELAXED);
+                give_way(g, now);
                 continue;
             }
             wait = q > now + LENT_AHEAD_NS ? q - LENT_AHEAD_NS : 0; /* owed: the queue bound only */
@@ -773,8 +780,7 @@ static int out_of_slot_turn(struct gpu_state *g, uint64_t *nowp, uint64_t start,
             if (q < now) q = now;
             wait = borrow_wait(g, now, q);
             if (wait == BORROW_LATE) { /* work the relay has not told of yet: give way for a while */
-                __atomic_store_n(&g->lent_until_ns, now + LENT_SKIP_NS, __ATOMIC_RELAXED);
-                __atomic_store_n(&g->lent.pred_ns, now + LENT_SKIP_NS, __ATOMIC_RELAXED);
+                give_way(g, now);
                 continue;
             }
             if (!wait) {
@@ -858,10 +864,7 @@ static void pace_begin(struct launch *L, CUstream s, int ptsz, int kind, uintptr
                 if (in_slot) floor = now - phase; /* a late wake-up does not cost the claim its time */
                 if (lent) { /* a booking that would wait for the next slot waits, unbooked, for the lent
                              * span before it */
-                    uint64_t old = __atomic_load_n(&g->region.hdr->pace_tat_ns, __ATOMIC_RELAXED);
-                    uint64_t mine = __atomic_load_n(&g->my_tat_ns, __ATOMIC_RELAXED);
-                    uint64_t est = old < now + TAT_SANE_NS && old > mine ? old : mine;
-                    if (est > now + ahead) {
+                    if (timeline_at(g, now) > now + ahead) {
                         mark_drain(g, s, ptsz, captures);
                         now = hold_until(g, now, now + slot_phase(start + period - lent, now % period, period));
                         goto again;

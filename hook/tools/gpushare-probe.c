@@ -361,11 +361,18 @@ static void load_spin(void)
     CHECK(p_cuModuleGetFunction(&g_spin, mod, "spin"));
 }
 
-static CUresult spin(CUstream s, unsigned long long *cycles, double us)
+/* a spin kernel of function f and grid blocks, us long, on s (cycles: its parameter, which must
+ * live until the launch returns) */
+static CUresult spin_fn(CUfunction f, int grid, CUstream s, unsigned long long *cycles, double us)
 {
     *cycles = (unsigned long long)(us * g_khz / 1000.0);
     void *params[] = {cycles};
-    return p_cuLaunchKernel(g_spin, (unsigned)g_grid, 1, 1, 1, 1, 1, 0, s, params, NULL);
+    return p_cuLaunchKernel(f, (unsigned)grid, 1, 1, 1, 1, 1, 0, s, params, NULL);
+}
+
+static CUresult spin(CUstream s, unsigned long long *cycles, double us)
+{
+    return spin_fn(g_spin, g_grid, s, cycles, us);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -683,11 +690,8 @@ static int cmd_replay(int argc, char **argv)
         if (o->kind == OP_SYNC) last_sync = i;
         if (o->kind != OP_GRAPH) continue;
         CHECK(p_cuStreamBeginCapture_v2(gs, CU_STREAM_CAPTURE_MODE_GLOBAL));
-        for (int k = i + 1; k < g_nops && g_ops[k].graph == o->graph && g_ops[k].kind == OP_KERNEL; k++) {
-            void *params[] = {&cycles[k]};
-            cycles[k] = (unsigned long long)(g_ops[k].us * g_khz / 1000.0);
-            CHECK(p_cuLaunchKernel(fns[g_ops[k].fn], (unsigned)g_ops[k].grid, 1, 1, 1, 1, 1, 0, gs, params, NULL));
-        }
+        for (int k = i + 1; k < g_nops && g_ops[k].graph == o->graph && g_ops[k].kind == OP_KERNEL; k++)
+            CHECK(spin_fn(fns[g_ops[k].fn], g_ops[k].grid, gs, &cycles[k], g_ops[k].us));
         CUgraph g;
         CHECK(p_cuStreamEndCapture(gs, &g));
         CHECK(p_cuGraphInstantiateWithFlags(&ge[o->graph], g, 0));
@@ -703,9 +707,7 @@ static int cmd_replay(int argc, char **argv)
             if (o->kind == OP_KERNEL && o->graph) continue; /* replayed by its graph */
             if (o->kind == OP_KERNEL) {
                 if (o->host_us > 0) busy_us(o->host_us);
-                void *params[] = {&cycles[i]};
-                cycles[i] = (unsigned long long)(o->us * g_khz / 1000.0);
-                CHECK(p_cuLaunchKernel(fns[o->fn], (unsigned)o->grid, 1, 1, 1, 1, 1, 0, st[o->stream], params, NULL));
+                CHECK(spin_fn(fns[o->fn], o->grid, st[o->stream], &cycles[i], o->us));
             } else if (o->kind == OP_GRAPH) {
                 CHECK(p_cuGraphLaunch(ge[o->graph], gs));
             } else if (o->kind == OP_HOST) {

@@ -128,8 +128,9 @@ def fill_pairs(gpus: Sequence[tuple[str, Share, Region | None, Control | None]]
     as plan_gpu left the shares: for each GPU with a filling Burst claim, its Hard claims' regions,
     its control and the margin (MARGIN_KERNELS of its kernels; its kernel length is its own report,
     so a forged one only keeps itself waiting longer) and OWNER_HOLD_NS; for each claim that catches
-    up, the GPU's other claims' regions, its control and CATCHUP_MARGIN_KERNELS of its kernels as
-    both margin and hold."""
+    up, the GPU's other claims' regions, its control, CATCHUP_MARGIN_KERNELS of its kernels
+    (OWNER_HOLD_NS at least) as its margin, and as its hold too, but REQUEST_HOLD_NS beside a
+    neighbour that uses less than LIGHT_USE of its share."""
     owners: dict[str, list[Region]] = {}
     fillers: dict[str, tuple[Control, int]] = {}
     pairs: list[tuple[list[Region], Control, int, int]] = []
