@@ -762,15 +762,20 @@ mps_case() {  # NAME DIR PERCENT: begin a case with a daemon; 1 (and a FAIL row)
 }
 mps_pct() { pct "$1" "${SOLO[matmul]:-}"; }
 AT=             # the common window's start of two PyTorch clients (mps_run reads it)
+# mps_pair DIR KIND PCT_A PCT_B: two clients of the case's daemon at once, over one window; their
+# rates in DIR/a.rate and DIR/b.rate; then the daemon stops
+mps_pair() {
+    AT=$([ "$SIM" = 0 ] && at_in "$LEAD")
+    mps_run "$1/a" "$1" "$3" "$2" "$W" > "$1/a.rate" & local pa=$!
+    mps_run "$1/b" "$1" "$4" "$2" "$W" > "$1/b.rate"; wait $pa; AT=
+    mps_stop "$1"
+}
 if [ "$SIM" = 1 ]; then  # solo: alone on the GPU, no MPS
     for kind in matmul infer; do SOLO[$kind]=$(mps_run "$WORK/mps-solo-$kind" "" - "$kind" "$S"); done
 fi
 d="$WORK/mps-pair-matmul"
 if mps_case "MPS 30/70 matmul clients" "$d" 100; then
-    AT=$([ "$SIM" = 0 ] && at_in "$LEAD")
-    mps_run "$d/a" "$d" 30 matmul "$W" > "$d/a.rate" & pa=$!
-    mps_run "$d/b" "$d" 70 matmul "$W" > "$d/b.rate"; wait $pa; AT=
-    mps_stop "$d"
+    mps_pair "$d" matmul 30 70
     ra=$(cat "$d/a.rate"); rb=$(cat "$d/b.rate")
     s30=$(pct "$ra" "$(sum "$ra" "$rb")")
     check "MPS 30/70 matmul: client 30 within 3 points" "$(within "$s30" 30 3)" \
@@ -781,12 +786,9 @@ if mps_case "MPS 30/70 matmul clients" "$d" 100; then
 fi
 d="$WORK/mps-pair-infer"
 if mps_case "MPS 50/50 small-kernel clients" "$d" 100; then
-    AT=$([ "$SIM" = 0 ] && at_in "$LEAD")
-    mps_run "$d/a" "$d" 50 infer "$W" > "$d/a.rate" & pa=$!
-    mps_run "$d/b" "$d" 50 infer "$W" > "$d/b.rate"; wait $pa; AT=
-    mps_stop "$d"
-    small=$(num "${SOLO[infer]:-}" && num "$(sum "$(cat "$d/a.rate")" "$(cat "$d/b.rate")")" &&
-            awk -v s="$(sum "$(cat "$d/a.rate")" "$(cat "$d/b.rate")")" -v o="${SOLO[infer]}" 'BEGIN { printf "%.2f", s / o }')
+    mps_pair "$d" infer 50 50
+    both=$(sum "$(cat "$d/a.rate")" "$(cat "$d/b.rate")")
+    small=$(num "${SOLO[infer]:-}" && num "$both" && awk -v s="$both" -v o="${SOLO[infer]}" 'BEGIN { printf "%.2f", s / o }')
     check "MPS 50/50 small kernels: pair > 1.5x one alone" "$(atleast "$small" 1.501)" \
         "$([ -n "$small" ] && echo "pair ${small}x one client alone (H100: 1.58)" || echo "no figure: $(why "$d/a")")" "> 1.5 x one alone" ratio="$small"
 fi
