@@ -12,6 +12,7 @@ their files are (ClaimPaths), plus plain values (driver and node name, the backe
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Collection
@@ -25,11 +26,12 @@ from dra_driver.log import get_logger
 from kubeletplugin.cdispec import SimDriver
 from kubeletplugin.prepared import PreparedClaim
 
-from .backstop import Backstop
+from .backstop import Backstop, kill_cgroup, killable
 from .claimview import ClaimView
 from .control import Control
+from .guard import KILL, Guard, Member, container_pids, signal_pids
 from .mpswatch import MpsWatch
-from .procmap import ProcessMap
+from .procmap import Owner, ProcessMap
 from .regions import Region
 from .relay import Relay, fill_pairs
 from .sampler import GpuSample, Sampler, load_simulated_nvml
@@ -37,6 +39,8 @@ from .shares import MAX_SLOT_LOSS, Share, kernel_loss, plan_gpu
 from .status import TOO_LONG, Condition, StatusWriter, kernels_too_long, oversubscribed
 
 log = get_logger("agent")
+
+COMPUTE_REASON = "GpuComputeShareExceeded"  # the Event of a compute hold (guard.py)
 
 # A pod on a GPU that no claim's reservedFor names (a new pod sharing a claim, or one using the
 # GPU through another driver): the claims are read again at most every RESERVATIONS_S, for its
@@ -82,6 +86,8 @@ class Agent:
         self.mps_watch = MpsWatch(api, node_name, state_dir)
         self.procs = ProcessMap()
         self.relay = Relay()  # the fill's (relay.py): a thread from the first GPU a Burst claim fills
+        self.guard = Guard(enforce, self._compute_action)  # compute shares held from outside (guard.py)
+        self._period_owners: dict[int, Owner] = {}  # the last period's process owners (the guard's units)
         self.claims: dict[str, ClaimView] = {}
         self.claims_generation = 0  # bumped after each change of claims: the backstop reads them again
         self.gpus: list[GpuSample] = []
@@ -134,6 +140,7 @@ class Agent:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self.backstop.stop()
+        self.guard.stop()
         self.relay.stop()
         self.mps_watch.stop()
         self.status.stop()
@@ -229,10 +236,66 @@ class Agent:
         paced = [(gpu.uuid, c.shares[i], c.regions[i], c.controls[i])
                  for c in claims.values() for i, gpu in enumerate(c.gpus) if gpu.compute_limit < 100]
         self.relay.watch(fill_pairs(paced))
+        self._guard(claims, time_sliced, seconds, owners)
         self._report_shares(claims, time_sliced)
         self.procs.forget_except({pid for g in samples for pid in (*g.process_memory, *g.process_util)})
         with self.lock:
             self.gpus = samples
+
+    def _guard(self, claims: dict[str, ClaimView], time_sliced: set[str], seconds: float,
+               owners: dict[int, Owner]) -> None:
+        """The compute guard's period (guard.py): each time-sliced GPU's paced claims as NVML measured
+        them; a held claim's processes, every process of their containers, are the ones it stops."""
+        if self._sampler is None or seconds <= 0:
+            return
+        on_gpu: dict[str, list[Member]] = {}
+        for uid, c in claims.items():
+            for i, gpu in enumerate(c.gpus):
+                if gpu.compute_limit < 100 and gpu.uuid in time_sliced and c.sharing_strategy != MPS:
+                    s = c.shares[i]
+                    on_gpu.setdefault(gpu.uuid, []).append(Member((uid, i), s.limit, s.measured, s.paced,
+                                                                  (s.period_us, s.start_us)))
+        self._period_owners = owners
+        self.guard.observe([m for m in on_gpu.values() if len(m) > 1], seconds)
+        self.guard.enforce({key: self._held_pids(claims[key[0]], key[1]) for key in self.guard.held()})
+
+    def _units(self, c: ClaimView, i: int) -> tuple[set[str], set[int]]:
+        """The containers (cgroup texts) of the claim's processes on its GPU i (NVML's, mapped), and
+        those of its processes outside a container one can stop or kill whole (host pids)."""
+        cgroups: set[str] = set()
+        pids: set[int] = set()
+        for pid in c.process_memory[i]:
+            owner = self._period_owners.get(pid)
+            cgroup = owner.cgroup if owner else None
+            if cgroup and killable(cgroup, self.backstop.own_cgroup):
+                cgroups.add(cgroup)
+            else:
+                pids.add(pid)
+        return cgroups, pids
+
+    def _held_pids(self, c: ClaimView, i: int) -> list[int]:
+        cgroups, pids = self._units(c, i)
+        return sorted(pids.union(*(container_pids(cgroup) for cgroup in cgroups)))
+
+    def _compute_action(self, key: tuple[str, int], action: str, limit: float, measured: float) -> bool:
+        """The guard held the claim (HOLD) or, its hold not enough, kills its processes on the GPU (KILL)."""
+        c = self.claims.get(key[0])
+        if c is None:
+            return False
+        gpu = c.gpus[key[1]].uuid
+        if action == KILL:
+            cgroups, pids = self._units(c, key[1])
+            signal_pids(pids, signal.SIGKILL)  # (stopped ones too: SIGKILL ends a stopped process)
+            killed = sorted(pids.union(*(kill_cgroup(cgroup) for cgroup in cgroups)))
+            if not killed:
+                return False
+            what = f"holding it did not make its neighbours whole: killed pid(s) {', '.join(map(str, killed))}"
+        else:
+            what = "its processes are stopped outside part of its time slot until it uses no more"
+        self.backstop.event(c, COMPUTE_REASON, f"measured {measured * 100:.0f} % of GPU {gpu} against a compute "
+                            f"limit of {limit * 100:.0f} % while a neighbour was short of its share: {what}",
+                            sorted(c.pods))
+        return True
 
     def _report_shares(self, claims: dict[str, ClaimView], time_sliced: set[str]) -> None:
         """ComputeShareHeld False in the status of each claim that does not get its compute share

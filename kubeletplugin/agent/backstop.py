@@ -165,7 +165,7 @@ class Backstop:
         self._claims: tuple[dict[str, ClaimView], set[str]] = ({}, set())  # the claims, their GPUs
         self._own = _read_own_cgroup()
         # Events go out on their own thread: a slow API server never delays a kill
-        self._events: queue.Queue[tuple[ClaimView, str, list[str]] | None] = queue.Queue()
+        self._events: queue.Queue[tuple[ClaimView, str, str, list[str]] | None] = queue.Queue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -263,7 +263,7 @@ class Backstop:
             killed = self._kill(claim, i, limit, process_memory, owners)
             message += f"; killed pid(s) {', '.join(map(str, killed))}"
         pods = {o.pod for pid, o in owners.items() if pid in process_memory and o.pod}
-        self._events.put((claim, message, sorted(pods)))
+        self.event(claim, REASON, message, sorted(pods))
 
     def _kill(self, claim: ClaimView, i: int, limit: int, process_memory: dict[int, int],
               owners: dict[int, Owner]) -> list[int]:
@@ -296,19 +296,28 @@ class Backstop:
         return killed
 
     # ---- Events ---------------------------------------------------------------------------------
+    @property
+    def own_cgroup(self) -> str | None:
+        """The agent's own cgroup (/proc/self/cgroup): never a unit to kill or stop."""
+        return self._own
+
+    def event(self, claim: ClaimView, reason: str, message: str, pods: list[str]) -> None:
+        """A Warning Event on the claim and on each of `pods` (UIDs) it names, from the Events thread."""
+        self._events.put((claim, reason, message, pods))
+
     def _send_events(self) -> None:
         while (item := self._events.get()) is not None:
-            claim, message, pods = item
-            self._event(claim, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": claim.name,
+            claim, reason, message, pods = item
+            self._event(claim, reason, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": claim.name,
                                 "namespace": claim.namespace, "uid": claim.uid}, message)
             for pod in pods:
                 name = claim.pods.get(pod)
                 if name:
-                    self._event(claim, {"apiVersion": "v1", "kind": "Pod", "name": name,
+                    self._event(claim, reason, {"apiVersion": "v1", "kind": "Pod", "name": name,
                                         "namespace": claim.namespace, "uid": pod}, message)
 
-    def _event(self, claim: ClaimView, involved: dict[str, str], message: str) -> None:
-        body = warning_event(involved, REASON, message, namespace=claim.namespace, component="gpushare-dra-agent",
+    def _event(self, claim: ClaimView, reason: str, involved: dict[str, str], message: str) -> None:
+        body = warning_event(involved, reason, message, namespace=claim.namespace, component="gpushare-dra-agent",
                              reporting_component="gpushare.dev/agent", host=self.node,
                              name=f"{involved['name']}.{uuid.uuid4().hex[:16]}")
         try:

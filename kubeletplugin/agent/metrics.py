@@ -61,6 +61,8 @@ class AgentCollector:
             ("oom_refusals", "Allocations refused because the claim was at its memory limit"),
             ("backstop_violations", "Times the claim's processes held more memory than its limit (NVML)"),
             ("backstop_kills", "Processes of the claim killed by the backstop (--enforce=kill)"),
+            ("compute_held_seconds", "Time the compute guard kept the claim's processes stopped: it was far "
+                                     "over its compute share while a neighbour was short (docs/security.md)"),
         )}
         processes = GaugeMetricFamily(
             "gpushare_claim_processes", "The claim's processes holding GPU memory (NVML), by what holds them: "
@@ -90,6 +92,8 @@ class AgentCollector:
                     c["oom_refusals"].add_metric(labels, region.oom_refusals if region else 0)
                     c["backstop_violations"].add_metric(labels, a.backstop.violations.get((cl.uid, i), 0))
                     c["backstop_kills"].add_metric(labels, a.backstop.kills.get((cl.uid, i), 0))
+                    guard = a.guard.claims.get((cl.uid, i))
+                    c["compute_held_seconds"].add_metric(labels, round(guard.held_s, 3) if guard else 0.0)
                     holding = {pid for pid, used in cl.process_memory[i].items() if used > 0}
                     library = under_library(holding, region.slots() if region else [])
                     processes.add_metric([*labels, "library"], library)

@@ -1,0 +1,358 @@
+"""The compute guard: a claim's compute share held from outside its processes (docs/security.md,
+"Compute: the guard").
+
+The library's pacing (hook/src/pacing.c) is fast and exact, and runs inside the tenant's processes:
+a tenant that bypasses it (a private loader, the rename attack) or forges what its processes share
+in the region (the timeline, the turn) launches as it likes. The guard rests only on what tenants
+cannot write: NVML's per-process utilization (the driver's samples), mapped to claims by the
+process map (kernel and API-server facts), and the kernel's job control.
+
+NVML samples five times a second, each sample naming the one context resident at that instant, so
+a claim's measured share is a count of samples: over a window of n samples its noise is
+sqrt(p(1 - p) / n), 7 points over 10 s at a share of 50 %. So the guard holds a claim only when it
+is far over its share for a whole window while a neighbour on the GPU is short of its own and wants it:
+
+- suspected: over one of WINDOWS_S its measured share is over its limit by 5 standard deviations
+  of the window's samples (a claim of 25 %: 31 points over 10 s, 15 over 40 s, 6 over 300 s),
+  while a neighbour that wants more (its library held launches back) is short of its own share.
+  An honest claim is held by its library to its share (and goes past it only into time its
+  neighbours leave idle, when none wants it), so it is never suspected but by a 5-sigma run of
+  samples;
+- held: in each period of its GPU's time slots (shares.py) its processes (every process of their
+  containers) run from the start of its slot for a part `run` of the period and are stopped
+  (SIGSTOP) for the rest, so its work meets its neighbours' as little as it would paced. `run`
+  starts at FIRST_RUN and follows the measured share by factors (the GPU work a process queues
+  while it runs is drained while it is stopped) to HOLD_TARGET below its limit, so that the
+  samples' noise leaves it under its limit plus 3 points in nearly every 10 s window;
+- killed (--enforce=kill): when its neighbours stay short by 3 standard deviations of their
+  samples over ESCALATE_S while it still takes more than its share, its processes on the GPU and
+  their containers are killed, as the memory backstop kills; it stays held, so what restarts is
+  held from its first launch;
+- released: once over RELEASE_S it took no more than its share and was barely stopped (run >= 1/2).
+
+Stopped processes keep their GPU work queued: the GPU runs it meanwhile, which the measured share
+counts, so the controller stops them longer. A process of the container that resumes another
+(SIGCONT) is stopped in the same cycle (every process of the container is stopped, rounds until
+all are). A Warning Event `GpuComputeShareExceeded` names the claim when its hold starts, and
+`gpushare_claim_compute_held_seconds_total` counts the time its processes were stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from dra_driver.log import get_logger
+
+log = get_logger("agent.guard")
+
+SAMPLES_PER_S = 5      # NVML's per-process samples (docs/compute.md)
+WINDOWS_S = (10.0, 40.0, 300.0)  # a claim is judged over each of these
+SIGMAS = 5.0           # how far over its limit, in standard deviations of the window's samples
+LONG_WINDOW_S = WINDOWS_S[-1]
+NEIGHBOUR_SHORT = 0.05  # neighbours whose measured shares are under their limits by this (a window's mean) are short
+CONTENDED_S = 2.0      # the window in which a held claim's controller looks for a short neighbour
+ESCALATE_S = 10.0      # a hold that leaves its neighbours short this long: the claim's processes are killed
+ESCALATE_SIGMAS = 3.0  # short by this many standard deviations of their samples (short_by)
+HOLD_TARGET = 0.04     # a held claim is driven to its limit less this
+FIRST_RUN = 0.01       # of each period, a held claim runs at first
+MIN_RUN = 0.00002      # and never less (4 us of a 200 ms period: in effect, resumed and stopped again at once)
+RATE = 3.0             # the run part shrinks by exp(RATE x excess) a second (grows when under)
+SMOOTHING = 0.4        # weight of a period's measured share in the controller's average
+CYCLE_S = 0.2          # a hold's period where the claim has no slot
+RELEASE_S = 30.0       # a hold ends once the claim stayed within its share this long, barely stopped
+STOP_ROUNDS = 4        # a process resumed by another of its container is stopped again
+
+
+@dataclass
+class ClaimGuard:
+    """The guard's state of one (claim, GPU)."""
+
+    limit: float
+    periods: deque[tuple[float, float, float]] = field(default_factory=deque)  # (seconds, measured, shortfall)
+    run: float = 1.0           # of each period its processes run (1: not stopped)
+    held: bool = False
+    average: float = 0.0       # the controller's measured share
+    acted_at: float = 0.0      # when its hold started or its processes were last killed
+    held_s: float = 0.0        # stopped, all told (the metric)
+    kills: int = 0             # times its processes were killed (the metric)
+    clock: float = 0.0         # its periods' seconds, all told: the time its rules count in
+    wanting_limit: float = 0.0  # the shares of the neighbours that wanted more, last period
+
+    def window(self, seconds: float) -> tuple[float, float, float]:
+        """(covered seconds, mean measured share, mean shortfall of its busiest-short neighbour)
+        over the newest `seconds`."""
+        covered = share = short = 0.0
+        for dt, measured, shortfall in reversed(self.periods):
+            if covered >= seconds:
+                break
+            covered += dt
+            share += measured * dt
+            short += shortfall * dt
+        return (covered, share / covered, short / covered) if covered else (0.0, 0.0, 0.0)
+
+
+def over_by(limit: float, seconds: float) -> float:
+    """How far over its limit a claim's mean measured share over `seconds` must be to be far over:
+    SIGMAS standard deviations of that many samples of a claim at its limit."""
+    p = min(max(limit, 0.05), 0.95)
+    return SIGMAS * math.sqrt(p * (1 - p) / (SAMPLES_PER_S * seconds))
+
+
+def short_by(limit: float, seconds: float) -> float:
+    """How short of their shares (together `limit`) a claim's wanting neighbours must be over `seconds`
+    for its hold to be not enough: ESCALATE_SIGMAS standard deviations of their samples, and at
+    least NEIGHBOUR_SHORT."""
+    p = min(max(limit, 0.05), 0.95)
+    return max(NEIGHBOUR_SHORT, ESCALATE_SIGMAS * math.sqrt(p * (1 - p) / (SAMPLES_PER_S * seconds)))
+
+
+def suspected(g: ClaimGuard) -> float | None:
+    """The window's measured share when the claim is far over its limit with a neighbour short; else None."""
+    for seconds in WINDOWS_S:
+        covered, share, short = g.window(seconds)
+        if covered >= seconds * 0.9 and share > g.limit + over_by(g.limit, seconds) and short > NEIGHBOUR_SHORT:
+            return share
+    return None
+
+
+HOLD, KILL = "hold", "kill"
+
+
+def step(g: ClaimGuard, seconds: float, measured: float, shortfall: float) -> str | None:
+    """One agent period of one claim's guard: HOLD when its hold starts now, KILL when its hold has
+    not made its neighbours whole in ESCALATE_S (the caller kills only under --enforce=kill)."""
+    g.clock += seconds
+    now = g.clock
+    g.periods.append((seconds, measured, shortfall))
+    while sum(dt for dt, _, _ in g.periods) > LONG_WINDOW_S + seconds:
+        g.periods.popleft()
+    target = max(0.0, g.limit - HOLD_TARGET)
+    if not g.held:
+        share = suspected(g)
+        if share is None:
+            return None
+        g.held, g.average, g.run, g.acted_at = True, share, FIRST_RUN, now
+        return HOLD
+    g.average += (measured - g.average) * SMOOTHING
+    # A stopped process's GPU work stays queued (a driver queues about a thousand launches), and a
+    # process that runs refills it at once: its share falls only once its run part is short against
+    # refilling, so the run part shrinks by factors while it is over its target and a neighbour is
+    # short; else (it takes only idle time, or less than its share) it doubles each second.
+    if g.average > target and g.window(CONTENDED_S)[2] > NEIGHBOUR_SHORT:
+        g.run = max(MIN_RUN, g.run * math.exp(-RATE * (g.average - target) * seconds))
+    else:
+        g.run = min(1.0, g.run * 2 ** seconds)  # doubled each second
+    if now - g.acted_at >= RELEASE_S and g.run >= 0.5 and g.window(RELEASE_S)[1] <= g.limit:
+        g.held, g.periods = False, deque()  # within its share for RELEASE_S, barely stopped: let go
+        return None
+    # Its work queued while it ran still meets the neighbours' (a thousand launches of long kernels
+    # are seconds of GPU time): a hold that leaves a neighbour short this long, while the claim
+    # still takes more than its share, is not enough.
+    _, share, short = g.window(ESCALATE_S)
+    if now - g.acted_at >= ESCALATE_S and short > short_by(g.wanting_limit, ESCALATE_S) and share > g.limit:
+        g.acted_at = now
+        return KILL
+    return None
+
+
+@dataclass(frozen=True)
+class Member:
+    """A claim's share on one GPU as the agent measured it in the last period."""
+
+    key: tuple[str, int]   # (claim uid, GPU index in the claim)
+    limit: float           # 0..1
+    measured: float        # NVML: the claim's processes' share of the GPU, 0..1
+    wanting: bool          # its library held launches back (it wanted more GPU time than it ran)
+    slot: tuple[int, int] = (0, 0)  # its slot: (period, start) us on CLOCK_MONOTONIC (shares.py; 0: none)
+
+
+@dataclass
+class Hold:
+    """What the duty cycle's thread does to one held claim: run its processes from the start of its
+    slot for `run` of the period, stop them for the rest."""
+
+    pids: list[int]
+    run: float
+    period_s: float
+    start_s: float
+    stopped: bool = False
+    since: float = 0.0  # when they were stopped
+
+
+class Guard:
+    """Every claim's guard, and the thread that stops and resumes held claims' processes."""
+
+    def __init__(self, enforce: str = "kill",
+                 on_action: Callable[[tuple[str, int], str, float, float], bool] | None = None) -> None:
+        """enforce: `kill` (holds, then kills) or `report` (Events and metrics only, as the backstop);
+        on_action(key, HOLD or KILL, limit, measured): the agent's Event, and its kill; False when
+        there was nothing to kill (its processes between two runs): it is tried again next period."""
+        self.claims: dict[tuple[str, int], ClaimGuard] = {}
+        self._enforce = enforce
+        self._on_action = on_action
+        self._slots: dict[tuple[str, int], tuple[int, int]] = {}
+        self._lock = threading.Lock()
+        self._holds: dict[tuple[str, int], Hold] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def observe(self, gpus: Iterable[list[Member]], seconds: float) -> None:
+        """One agent period: each GPU's paced claims, as measured."""
+        seen = set()
+        for members in gpus:
+            for m in members:
+                seen.add(m.key)
+                self._slots[m.key] = m.slot
+                g = self.claims.setdefault(m.key, ClaimGuard(m.limit))
+                g.limit = m.limit
+                # its neighbours short of their shares, that wanted more: one that leaves time idle (a
+                # request server) lends it to whoever fills it (docs/compute.md). Summed unclipped: the
+                # samples' noise averages out over a window
+                wanting = [o for o in members if o is not m and o.wanting]
+                shortfall = sum(o.limit - o.measured for o in wanting)
+                g.wanting_limit = sum(o.limit for o in wanting)
+                action = step(g, seconds, m.measured, shortfall)
+                if action is None:
+                    continue
+                log.warning("claim far over its compute share while a neighbour is short", action=action,
+                            claim=m.key[0], gpu=m.key[1], limit=round(m.limit * 100, 1),
+                            measured=round(g.average * 100, 1), run=g.run, enforce=self._enforce)
+                done = True
+                if self._on_action is not None and (action == HOLD or self._enforce == "kill"):
+                    done = self._on_action(m.key, action, m.limit, g.average)
+                if action == KILL and self._enforce == "kill":
+                    if done:
+                        g.kills += 1
+                    else:
+                        g.acted_at -= ESCALATE_S
+        for key in set(self.claims) - seen:
+            del self.claims[key]
+            self._slots.pop(key, None)
+
+    def held(self) -> dict[tuple[str, int], float]:
+        """Each held claim's part of its period its processes run (none under --enforce=report)."""
+        if self._enforce != "kill":
+            return {}
+        return {k: g.run for k, g in self.claims.items() if g.held and g.run < 1.0}
+
+    def enforce(self, units: dict[tuple[str, int], list[int]]) -> None:
+        """The processes of each held claim (from the agent's process map: host pids); starts the
+        duty cycle's thread at the first hold. A claim no longer held is resumed."""
+        holds = self.held()
+        with self._lock:
+            old, self._holds = self._holds, {}
+            for key, run in holds.items():
+                period_us, start_us = self._slots.get(key, (0, 0))
+                period_us = period_us or int(CYCLE_S * 1e6)
+                h = old.pop(key, None) or Hold([], run, 0, 0)
+                pids = units.get(key, [])
+                if h.stopped:  # a process that left the claim's units (its GPU work ended) runs again
+                    signal_pids(set(h.pids) - set(pids), signal.SIGCONT)
+                h.pids, h.run, h.period_s, h.start_s = pids, run, period_us / 1e6, start_us / 1e6
+                self._holds[key] = h
+        for h in old.values():  # let go
+            if h.stopped:
+                signal_pids(h.pids, signal.SIGCONT)
+        if holds and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="compute-guard", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._lock:
+            holds, self._holds = self._holds, {}
+        for h in holds.values():
+            signal_pids(h.pids, signal.SIGCONT)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            wake = now + 0.05  # at the latest: new holds and units
+            with self._lock:
+                for key, h in self._holds.items():
+                    phase = (now - h.start_s) % h.period_s
+                    running = phase < h.run * h.period_s
+                    if running and h.stopped:
+                        signal_pids(h.pids, signal.SIGCONT)
+                        h.stopped = False
+                        g = self.claims.get(key)
+                        if g is not None:
+                            g.held_s += now - h.since
+                    elif not running and not h.stopped:
+                        stop_all(h.pids)
+                        h.stopped, h.since = True, now
+                    wake = min(wake, now + (h.run * h.period_s - phase if running else h.period_s - phase))
+            self._wake.clear()
+            self._wake.wait(max(0.0, wake - time.monotonic()))
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (proc(5) stat field 3); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> None:
+    """Signal each process by a pidfd, so a pid reused since it was listed is never signalled."""
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            signal.pidfd_send_signal(fd, sig)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def stop_all(pids: list[int]) -> None:
+    """SIGSTOP every process, in rounds until none runs: one resumed by another (SIGCONT) before
+    that one was stopped is stopped again."""
+    left = pids
+    for _ in range(STOP_ROUNDS):
+        signal_pids(left, signal.SIGSTOP)
+        left = [p for p in left if _state(p) not in (None, "T", "t", "Z", "X")]
+        if not left:
+            return
+        time.sleep(0.0005)  # (the signal is delivered on the process's next return to user space)
+
+
+def container_pids(cgroup: str) -> list[int]:
+    """Every process in the container's cgroup or below it (/proc/<pid>/cgroup text), read from a
+    live thread when the main one exited."""
+    from .backstop import _inside, _paths  # (the backstop's reading of the kubelet's layout)
+    from .procmap import exiting, view
+
+    container = _paths(cgroup)
+    me, out = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/cgroup") as f:
+                inside = _inside(_paths(f.read()), container)
+            if not inside and exiting(int(name)):
+                with open(f"{view(int(name))}/cgroup") as f:
+                    inside = _inside(_paths(f.read()), container)
+        except OSError:
+            continue
+        if inside:
+            out.append(int(name))
+    return out
