@@ -22,6 +22,7 @@ JSON = dict[str, Any]  # an object as the API server's JSON, not the client's mo
 # A background thread's API call gives up after this long: a hung API server must not hold the
 # node agent's threads, or the plugin's shutdown (which joins them), for ever.
 BACKGROUND_API_TIMEOUT_S = 10
+API_BODY_MAX = 4 << 20  # bytes of one object's JSON read from the API server (etcd keeps objects of <= 1.5 MiB)
 
 
 class KubeConfigError(StartupError, RuntimeError):

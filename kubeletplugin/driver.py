@@ -34,6 +34,7 @@ from dra_driver.devicemodel import parse_device_name
 from dra_driver.discovery import DeviceBackend, GpuInfo
 from dra_driver.install import LIBRARY_NAME, prune_versions
 from dra_driver.kube import (
+    API_BODY_MAX,
     BACKGROUND_API_TIMEOUT_S,
     ApiDeadlineExceeded,
     api_deadline,
@@ -59,7 +60,6 @@ log = get_logger("kubeletplugin.driver")
 
 NVIDIA_KIND = "nvidia.com/gpu"
 API_TIMEOUT_S = 20  # reading a claim, the whole exchange; the kubelet gives a whole Prepare call 45 s
-CLAIM_MAX_BYTES = 4 << 20  # a ResourceClaim's JSON (etcd stores objects of at most 1.5 MiB)
 CLAIM_LOCK_WAIT_S = 5.0  # a call waits this long for another call of the same claim (~10 ms normally)
 CAPACITY_EVENT_REASON = "CapacityRequestDropped"
 
@@ -259,8 +259,11 @@ class Driver:
 
         def send() -> None:
             try:
-                self.core_api.create_namespaced_event(claim.namespace, plain(event), _preload_content=False,
-                                                      _request_timeout=BACKGROUND_API_TIMEOUT_S)
+                with api_deadline(BACKGROUND_API_TIMEOUT_S):
+                    resp: Any = self.core_api.create_namespaced_event(
+                        claim.namespace, plain(event), _preload_content=False,
+                        _request_timeout=BACKGROUND_API_TIMEOUT_S)
+                    resp.drain_conn()  # read to its end within the deadline, never parsed
             except Exception as e:
                 error = api_error(e) if isinstance(e, client.ApiException) else f"{type(e).__name__}: {e}"
                 log.warning("could not record an Event on the claim", claim=f"{claim.namespace}/{claim.name}",
@@ -278,7 +281,7 @@ class Driver:
             with api_deadline(API_TIMEOUT_S):
                 resp: Any = self.resource_api.read_namespaced_resource_claim(
                     ref.name, ref.namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S)
-                claim: dict[str, Any] = json.loads(read_body(resp, CLAIM_MAX_BYTES))
+                claim: dict[str, Any] = json.loads(read_body(resp, API_BODY_MAX))
         except client.ApiException as e:
             if e.status == 404:
                 raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: not found",
