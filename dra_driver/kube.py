@@ -4,6 +4,7 @@ name a failure and build an Event, and one deadline for a call's whole exchange.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import socket
@@ -70,7 +71,8 @@ def no_request_retries(api: client.ApiClient) -> None:
     pools = getattr(getattr(api, "rest_client", None), "pool_manager", None)
     if pools is not None:
         pools.connection_pool_kw["retries"] = False
-        pools.pool_classes_by_scheme = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+        pools.pool_classes_by_scheme = {scheme: _watched_pool(pool)  # a proxy manager's own pools too
+                                        for scheme, pool in pools.pool_classes_by_scheme.items()}
         pools.clear()  # pools made before keep the old setting
 
 
@@ -173,20 +175,13 @@ class _Watched:
         super().request(*args, **kwargs)  # type: ignore[misc]
 
 
-class _WatchedHTTP(_Watched, urllib3.connection.HTTPConnection):
-    pass
-
-
-class _WatchedHTTPS(_Watched, urllib3.connection.HTTPSConnection):
-    pass
-
-
-class _WatchedHTTPPool(urllib3.HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTP
-
-
-class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPS
+@functools.cache
+def _watched_pool(pool: type[urllib3.HTTPConnectionPool]) -> type[urllib3.HTTPConnectionPool]:
+    """`pool` with connections whose sockets join the calling thread's api_deadline."""
+    if issubclass(pool.ConnectionCls, _Watched):
+        return pool
+    connection = type(f"Watched{pool.ConnectionCls.__name__}", (_Watched, pool.ConnectionCls), {})
+    return type(f"Watched{pool.__name__}", (pool,), {"ConnectionCls": connection})
 
 
 def read_body(response: Any, limit: int) -> bytes:
