@@ -140,7 +140,7 @@ def api_deadline(seconds: float) -> Iterator[None]:
     Prepare 88 s. When the time is up the block's sockets are shut down, so whatever it waits on
     returns at once, and the failure raised is ApiDeadlineExceeded."""
     deadline = _Deadline(seconds)
-    _calling.deadline = deadline
+    outer, _calling.deadline = getattr(_calling, "deadline", None), deadline
     try:
         yield
     except Exception as e:
@@ -149,7 +149,7 @@ def api_deadline(seconds: float) -> Iterator[None]:
                                       "and the body together)") from None
         raise
     finally:
-        _calling.deadline = None
+        _calling.deadline = outer  # an enclosing block's sockets join it again
         deadline.close()
 
 

@@ -101,7 +101,7 @@ def test_a_trickled_request_is_cut_at_the_deadline(port):
                 cut = time.monotonic() - started
                 break
     print(f"a trickled request: closed after {cut} s (bound {TIMEOUT_S} s)")
-    assert cut is not None and cut < TIMEOUT_S + 0.5, cut
+    assert cut is not None and cut < TIMEOUT_S + 1.0, cut
 
 
 def test_an_oversized_request_head_gets_one_clear_error(port):
