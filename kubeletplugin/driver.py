@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-import urllib3
 from kubernetes import client
 
 from cdi import find_devices_of_kind, remove_temp_files
@@ -33,7 +33,17 @@ from dra_driver.config.strategies import GPU_MPS, STRATEGY_ATTRIBUTE, GpuStrateg
 from dra_driver.devicemodel import parse_device_name
 from dra_driver.discovery import DeviceBackend, GpuInfo
 from dra_driver.install import LIBRARY_NAME, prune_versions
-from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_error, no_request_retries, plain, warning_event
+from dra_driver.kube import (
+    API_BODY_MAX,
+    BACKGROUND_API_TIMEOUT_S,
+    ApiDeadlineExceeded,
+    api_deadline,
+    api_error,
+    no_request_retries,
+    plain,
+    read_body,
+    warning_event,
+)
 from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
@@ -49,7 +59,7 @@ from .prepared import PreparedClaim, PreparedDevice, PreparedError, PreparedGpu
 log = get_logger("kubeletplugin.driver")
 
 NVIDIA_KIND = "nvidia.com/gpu"
-API_TIMEOUT_S = 20  # reading a claim; the kubelet gives a whole Prepare call 45 s
+API_TIMEOUT_S = 20  # reading a claim, the whole exchange; the kubelet gives a whole Prepare call 45 s
 CLAIM_LOCK_WAIT_S = 5.0  # a call waits this long for another call of the same claim (~10 ms normally)
 CAPACITY_EVENT_REASON = "CapacityRequestDropped"
 
@@ -102,7 +112,7 @@ class Driver:
         """Everything it works with is built by the caller (main.py): `node` is the node's state
         (claims' folders, CDI specs, checkpoint, call lock), `sim` the simulated driver that mock
         GPUs' containers get."""
-        no_request_retries(api)  # one read of a claim within API_TIMEOUT_S, not four
+        no_request_retries(api)  # one read of a claim within API_TIMEOUT_S, not four; api_deadline bounds it
         self.resource_api = client.ResourceV1Api(api)
         self.core_api = client.CoreV1Api(api)
         self.driver_name = driver_name
@@ -249,8 +259,11 @@ class Driver:
 
         def send() -> None:
             try:
-                self.core_api.create_namespaced_event(claim.namespace, plain(event), _preload_content=False,
-                                                      _request_timeout=BACKGROUND_API_TIMEOUT_S)
+                with api_deadline(BACKGROUND_API_TIMEOUT_S):
+                    resp: Any = self.core_api.create_namespaced_event(
+                        claim.namespace, plain(event), _preload_content=False,
+                        _request_timeout=BACKGROUND_API_TIMEOUT_S)
+                    resp.drain_conn()  # read to its end within the deadline, never parsed
             except Exception as e:
                 error = api_error(e) if isinstance(e, client.ApiException) else f"{type(e).__name__}: {e}"
                 log.warning("could not record an Event on the claim", claim=f"{claim.namespace}/{claim.name}",
@@ -260,25 +273,29 @@ class Driver:
 
     def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         self.faults.delay_prepare(ref.name)
+        started = time.monotonic()
         try:
             # Raw JSON: keeps every field (consumedCapacity, shareID) and skips slow model decoding.
-            # Bounded: a hung API server must not hold a gRPC worker (and the claim's lock) forever.
-            resp: Any = self.resource_api.read_namespaced_resource_claim(
-                ref.name, ref.namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S)
-            claim: dict[str, Any] = json.loads(resp.data)
+            # Bounded as a whole: a hung or trickling API server must not hold a gRPC worker (and
+            # the claim's lock) past the kubelet's deadline.
+            with api_deadline(API_TIMEOUT_S):
+                resp: Any = self.resource_api.read_namespaced_resource_claim(
+                    ref.name, ref.namespace, _preload_content=False, _request_timeout=API_TIMEOUT_S)
+                claim: dict[str, Any] = json.loads(read_body(resp, API_BODY_MAX))
         except client.ApiException as e:
             if e.status == 404:
                 raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: not found",
                                  reason="claim_not_found") from None
             raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {api_error(e)}",
                              reason="api_error") from None
-        except Exception as e:  # connection refused, timeouts: the kubelet retries
+        except Exception as e:  # connection refused or reset, no answer in time: the kubelet retries
             server = f"the API server ({self.resource_api.api_client.configuration.host})"
-            if isinstance(e, urllib3.exceptions.TimeoutError):
+            if isinstance(e, ApiDeadlineExceeded):
                 raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {server} did not answer "
-                                 f"within {API_TIMEOUT_S:g} s", reason="api_error") from None
-            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {server}: {e}",
-                             reason="api_error") from None
+                                 f"within {API_TIMEOUT_S:g} s (connecting, sending, the headers and the body "
+                                 "together)", reason="api_error") from None
+            raise ClaimError(f"reading ResourceClaim {ref.namespace}/{ref.name}: {server}: {e} "
+                             f"(after {time.monotonic() - started:.1f} s)", reason="api_error") from None
         got = (claim.get("metadata") or {}).get("uid")
         if got != ref.uid:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: metadata.uid is {got!r}, the kubelet asked "

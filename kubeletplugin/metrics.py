@@ -4,19 +4,28 @@ Here: Prepare and Unprepare counts, latencies and errors by reason; requests to 
 server by verb and code, and their latency; `gpushare_build_info`; the process collector
 (CPU, memory, open files). The node agent's per-claim and per-GPU metrics join it as a
 collector (kubeletplugin/agent/metrics.py). Only `/metrics` answers with metrics.
+
+Anyone who reaches the port can connect, so what a client holds is bounded (MetricsServer): an
+open connection costs no thread (one asyncio loop waits on them all), at most MAX_CONNECTIONS are
+open, each is closed REQUEST_TIMEOUT_S after it opened whether or not it sent anything, and
+SCRAPE_WORKERS threads build the answers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import http.client
+import io
 import platform
-import socket
+import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.handlers import SimpleHandler
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import (
@@ -32,6 +41,10 @@ from prometheus_client import (
 from dra_driver.flags import split_host_port
 
 METRICS_PATH = "/metrics"
+MAX_CONNECTIONS = 64     # open at once; one more closes the oldest that has not sent its request yet
+REQUEST_TIMEOUT_S = 10   # a connection's whole exchange, request in and answer out (Prometheus' scrape_timeout)
+HEAD_MAX = 8192          # bytes of a request's line and headers (a scrape sends a few hundred)
+SCRAPE_WORKERS = 2       # threads that build answers (the collectors read the regions and NVML)
 
 
 def version() -> str:
@@ -64,7 +77,7 @@ class Metrics:
                                      "Time until the API server's answer (a watch: until its headers), by verb",
                                      ["verb"], registry=self.registry,
                                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-        self._server: WSGIServer | None = None
+        self._server: MetricsServer | None = None
 
     def error(self, operation: str, reason: str) -> None:
         self.errors.labels(operation, reason).inc()
@@ -109,18 +122,12 @@ class Metrics:
         if not addr:
             return None
         host, port = split_host_port(addr)
-        host = host or "0.0.0.0"
-        server_class = type("Server", (_ThreadingServer,),
-                            {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
-        self._server = make_server(host, port, _only_metrics(make_wsgi_app(self.registry)), server_class,
-                                   handler_class=_QuietHandler)
-        threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
-        return self._server.server_port
+        self._server = MetricsServer(_only_metrics(make_wsgi_app(self.registry)), host or "0.0.0.0", port)
+        return self._server.port
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
 
 
@@ -134,10 +141,93 @@ def _only_metrics(app: WSGIApplication) -> WSGIApplication:
     return only
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a slow scraper never holds up shutdown
+class MetricsServer:
+    """Serves a WSGI app over HTTP/1.0, one request per connection, with bounded resources: the
+    stdlib's threading server held a thread per connection with no timeout (1,000 idle
+    connections: 1,014 threads, +27 MiB, for as long as the client liked). Connections wait on
+    one asyncio loop; each exchange has one deadline (a request trickled a byte at a time is cut
+    there, where a timeout per read never trips); answers are built on SCRAPE_WORKERS threads."""
+
+    def __init__(self, app: WSGIApplication, host: str, port: int) -> None:
+        self.app = app
+        self._loop = asyncio.new_event_loop()
+        self._scrapes = ThreadPoolExecutor(SCRAPE_WORKERS, thread_name_prefix="metrics-scrape")
+        self._open: dict[asyncio.StreamWriter, bool] = {}  # connection -> still sending its request (oldest first)
+        self._tasks: set[asyncio.Task[None]] = set()
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(self._connection, host, port, limit=HEAD_MAX))
+        except BaseException:
+            self._loop.close()
+            self._scrapes.shutdown()
+            raise
+        self.port: int = self._server.sockets[0].getsockname()[1]
+        self._thread = threading.Thread(target=self._loop.run_forever, name="metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        async def close() -> None:
+            self._server.close()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+        self._scrapes.shutdown(wait=False, cancel_futures=True)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._open) >= MAX_CONNECTIONS:
+            waiting = next((w for w, sending in self._open.items() if sending), None)
+            if waiting is None:  # every open one is being answered: this one tries again later
+                writer.transport.abort()
+                return
+            del self._open[waiting]  # its task ends on the reset
+            waiting.transport.abort()
+        task = asyncio.current_task()
+        assert task is not None  # a connection's callback runs as a task
+        self._tasks.add(task)
+        self._open[writer] = True
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.LimitOverrunError:
+                    answer = _plain_answer("431 Request Header Fields Too Large", f"request head over {HEAD_MAX} bytes")
+                else:
+                    self._open[writer] = False
+                    answer = await self._loop.run_in_executor(self._scrapes, self._answer, head)
+                writer.write(answer)
+                writer.close()
+                await writer.wait_closed()
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            pass  # too slow, or gone: nothing to answer
+        finally:
+            self._open.pop(writer, None)
+            self._tasks.discard(task)
+            writer.transport.abort()  # a no-op once closed; else drops what a slow reader left unread
+
+    def _answer(self, head: bytes) -> bytes:
+        """The whole HTTP answer to one request head (its line, headers and the blank line)."""
+        line, _, rest = head.partition(b"\r\n")
+        try:
+            method, target, version = line.decode("latin-1").split()
+            headers = http.client.parse_headers(io.BytesIO(rest))
+        except (ValueError, http.client.HTTPException):
+            return _plain_answer("400 Bad Request", f"not an HTTP request: {line[:80]!r}")
+        path, _, query = target.partition("?")
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": method, "PATH_INFO": urllib.parse.unquote(path), "QUERY_STRING": query,
+            "SERVER_PROTOCOL": version, "SERVER_NAME": "gpushare-metrics", "SERVER_PORT": str(self.port),
+            **{"HTTP_" + name.upper().replace("-", "_"): value for name, value in headers.items()}}
+        out = io.BytesIO()
+        SimpleHandler(io.BytesIO(), out, sys.stderr, environ, multithread=True, multiprocess=False).run(self.app)
+        return out.getvalue()
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # one access line per scrape is noise
-        pass
+def _plain_answer(status: str, text: str) -> bytes:
+    body = f"{text}\n".encode()
+    return (f"HTTP/1.0 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n\r\n"
+            .encode() + body)

@@ -30,7 +30,9 @@ reads, and the public logs they were taken from): `[<date> <time>.<ms> Control <
 start (`Starting new server <pid> for user <uid>`, `NEW SERVER <pid>: Ready`) and exit (`Server
 <pid> exited with status <n>`: 0 for `shutdown_server` and `quit`). Every command is recorded too,
 as `Command: <line>`, and every refused one (the stand-in's own records: what the real daemon
-logs of a command is not matched here, and nothing reads them but tests).
+logs of a command is not matched here, and nothing reads them but tests). A refused word is
+logged and echoed cut to SHOWN_MAX characters, and a line longer than LINE_MAX ends its
+connection: what a tenant sends never grows the log by more than a short line per command.
 
 Test-only, the stand-in's own command (no real daemon knows it): `gpushare_simulate_server_fault
 <server pid> [status]` makes the server end as a client's fatal GPU fault ends a real one (`Server
@@ -61,6 +63,8 @@ CLIENT_REQUEST = "new_client"  # the stand-in's client request: a server for the
 SESSION_TIMEOUT_S = 30.0  # a connection idle this long is closed (it holds only its own thread anyway)
 MAX_SESSIONS = 128        # connections served at once on each socket
 CLIENT_TIMEOUT_S = 5.0    # the command program's wait for the daemon's answer
+LINE_MAX = 4096           # characters of one command line; a longer one ends its connection
+SHOWN_MAX = 64            # characters of a refused word that its log line and reply show
 SIMULATE_FAULT = "gpushare_simulate_server_fault"  # test-only: <server pid> [exit status, default 1]
 SHUTDOWN_SERVER = "shutdown_server"                # <server pid> [-f]: a normal exit (status 0)
 _next_pid = [40000]
@@ -179,6 +183,13 @@ def effective_share(server_threads: int, client_env: dict[str, str]) -> int:
     return max(1, min(asked, server_threads))
 
 
+def shown(text: str) -> str:
+    """A tenant's word as a log line or reply shows it: at most SHOWN_MAX characters, then its length
+    (each refusal logged the whole word: 128 words of 1 MiB made 128 MiB of control.log)."""
+    text = text.strip()
+    return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX]}... ({len(text)} characters)"
+
+
 def _peer(conn: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end, as the kernel tells it (SO_PEERCRED)."""
     pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
@@ -268,8 +279,14 @@ class _Service:
         conn.settimeout(SESSION_TIMEOUT_S)
         privileged = uid in (0, os.getuid())
         try:
-            with conn, conn.makefile("r") as commands, conn.makefile("w") as replies:
-                for line in commands:
+            with conn, conn.makefile("r", errors="replace") as commands, conn.makefile("w") as replies:
+                # Read at most LINE_MAX at a time: a tenant's endless line holds no more memory than that.
+                for line in iter(lambda: commands.readline(LINE_MAX + 1), ""):
+                    if len(line) > LINE_MAX:
+                        self.daemon.log(f"Refused a command line of over {LINE_MAX} characters from pid {pid} "
+                                        f"user {uid} ({shown(line)}); connection closed", self.me)
+                        replies.write(f"Error: command line over {LINE_MAX} characters\n")
+                        break
                     with self.lock:
                         reply, running = self.command(line, control, privileged, pid, uid)
                     replies.write(reply + "\n" if reply else "")
@@ -289,8 +306,8 @@ class _Service:
         if not control and self.separate_control:
             return self.client(words, pid, uid), True
         if not privileged:  # where commands are taken, only from root or the daemon's own user
-            self.daemon.log(f"Refused command {words[0]} from pid {pid} user {uid}: not privileged", self.me)
-            return f"Error: {words[0]}: permission denied", True
+            self.daemon.log(f"Refused command {shown(words[0])} from pid {pid} user {uid}: not privileged", self.me)
+            return f"Error: {shown(words[0])}: permission denied", True
         self.daemon.log(f"Command: {line.strip()}", self.me)
         reply, running = self.daemon.handle(line)
         if not running:
@@ -301,8 +318,9 @@ class _Service:
         """A client's connection: it asks for a server (`new_client`), one per user (nvidia-cuda-
         mps-control(1)); control commands are not taken here (the control folder is the plugin's)."""
         if words[0] != CLIENT_REQUEST:
-            self.daemon.log(f"Refused command {words[0]} on the clients' socket from pid {pid} user {uid}", self.me)
-            return f"Error: {words[0]}: not a client request (control commands are not taken from clients)"
+            self.daemon.log(f"Refused command {shown(words[0])} on the clients' socket from pid {pid} user {uid}",
+                            self.me)
+            return f"Error: {shown(words[0])}: not a client request (control commands are not taken from clients)"
         return self.daemon.client(pid, uid)
 
     def publish_server(self) -> None:

@@ -25,13 +25,16 @@ from kubernetes import client, watch
 from .. import devicemodel
 from ..config.strategies import GpuStrategies
 from ..discovery import DeviceBackend, DiscoveryError, GpuInfo
-from ..kube import JSON, api_error, json_body, plain, warning_event
+from ..kube import JSON, api_deadline, api_error, json_body, no_request_retries, plain, warning_event
 from ..log import get_logger
 from . import slices
 from .ceiling import MemoryCeiling
 
 MODES = ("auto", devicemodel.CAPACITY, devicemodel.PARTITION)
 REQUEST_TIMEOUT = (5, 30)  # (connect, read) seconds: a hung server never blocks the loop
+# One pass of the loop, all its requests together (api_deadline): REQUEST_TIMEOUT bounds each
+# read, and a server that trickles its answers never trips it.
+PASS_TIMEOUT_S = 60
 NODE_RETRY_S = 60.0  # a missing Node is looked up again this often (for the ownerReference)
 MIN_WATCH_SECONDS = 1.0  # a watch ending sooner than this is treated as a failure (backoff)
 WATCH_SECONDS = (240, 360)  # server-side watch timeout, randomised so many nodes do not re-watch together
@@ -148,6 +151,7 @@ class SliceController:
         self.taint_effect = taint_effect  # of an unhealthy GPU's devices: NoSchedule or NoExecute
         self.device_order = device_order  # binpack or spread: the order the scheduler tries devices in
         self.strategies = strategies or GpuStrategies()  # what each GPU serves (its sharingStrategy attribute)
+        no_request_retries(api_client)  # the loop retries with backoff; api_deadline bounds each pass
         self._api = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._wake = threading.Event()
@@ -225,7 +229,8 @@ class SliceController:
             if self._gpus is not None and (dirty or self._wake.is_set()):
                 self._wake.clear()
                 try:
-                    self._reconcile()
+                    with api_deadline(PASS_TIMEOUT_S):
+                        self._reconcile()
                     dirty = False
                     self.backoff.reset()
                 except Exception as e:  # every failure waits: never a tight loop against the server
@@ -247,7 +252,8 @@ class SliceController:
         """Publish this node's largest GPU for admission (once per change); a failure is logged
         and tried again after the next change or pass, never holding up the slices."""
         try:
-            self._ceiling.raise_to(self._gpus or [], self._capacity_kept)
+            with api_deadline(PASS_TIMEOUT_S):
+                self._ceiling.raise_to(self._gpus or [], self._capacity_kept)
         except Exception as e:
             self.log.warning("publishing the largest GPU's memory for admission failed", error=_describe(e))
 

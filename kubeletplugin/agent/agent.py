@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from dra_driver.config import MPS, NONE
-from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, rfc3339_now
+from dra_driver.kube import API_BODY_MAX, BACKGROUND_API_TIMEOUT_S, api_deadline, read_body, rfc3339_now
 from dra_driver.log import get_logger
 from kubeletplugin.cdispec import SimDriver
 from kubeletplugin.prepared import PreparedClaim
@@ -381,9 +381,10 @@ class Agent:
     def _reserved_for(self, namespace: str, name: str, uid: str) -> dict[str, str]:
         """The pods in the claim's status.reservedFor (the scheduler's word), UID -> name."""
         try:
-            resp: Any = self.resource.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=BACKGROUND_API_TIMEOUT_S)
-            raw: dict[str, Any] = json.loads(resp.data)
+            with api_deadline(BACKGROUND_API_TIMEOUT_S):  # the agent's period waits on it
+                resp: Any = self.resource.read_namespaced_resource_claim(
+                    name, namespace, _preload_content=False, _request_timeout=BACKGROUND_API_TIMEOUT_S)
+                raw: dict[str, Any] = json.loads(read_body(resp, API_BODY_MAX))
         except Exception as e:  # the mount table still maps the claim's containers
             log.warning("cannot read the claim's reservedFor", claim=f"{namespace}/{name}", error=str(e))
             return {}
@@ -399,9 +400,10 @@ class Agent:
         if ref is None:
             return {}
         try:
-            resp: Any = self.core.read_namespaced_pod(ref[1], ref[0], _preload_content=False,
-                                                   _request_timeout=BACKGROUND_API_TIMEOUT_S)
-            pod: dict[str, Any] = json.loads(resp.data)
+            with api_deadline(BACKGROUND_API_TIMEOUT_S):
+                resp: Any = self.core.read_namespaced_pod(ref[1], ref[0], _preload_content=False,
+                                                       _request_timeout=BACKGROUND_API_TIMEOUT_S)
+                pod: dict[str, Any] = json.loads(read_body(resp, API_BODY_MAX))
         except Exception as e:  # the containers' mounts still tell, when they show
             log.warning("cannot read the pod", pod=f"{ref[0]}/{ref[1]}", error=str(e))
             return {}

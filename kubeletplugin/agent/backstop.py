@@ -25,7 +25,7 @@ from typing import Protocol
 
 from kubernetes import client
 
-from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, plain, warning_event
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_deadline, plain, warning_event
 from dra_driver.log import get_logger
 
 from .claimview import ClaimView
@@ -321,7 +321,9 @@ class Backstop:
                              reporting_component="gpushare.dev/agent", host=self.node,
                              name=f"{involved['name']}.{uuid.uuid4().hex[:16]}")
         try:
-            self.core.create_namespaced_event(claim.namespace, plain(body), _request_timeout=BACKGROUND_API_TIMEOUT_S)
+            with api_deadline(BACKGROUND_API_TIMEOUT_S):
+                self.core.create_namespaced_event(claim.namespace, plain(body),
+                                                  _request_timeout=BACKGROUND_API_TIMEOUT_S)
         except Exception as e:  # the metric and the log line still tell
             log.error("cannot create the Event", object=f"{involved['kind']} {claim.namespace}/{involved['name']}",
                       error=str(e))

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from kubernetes import client
 
 from dra_driver.config import MPS
-from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, plain, warning_event
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_deadline, plain, warning_event
 from dra_driver.log import get_logger
 from kubeletplugin import mpslayout
 
@@ -340,8 +340,9 @@ class MpsWatch:
                                      component="gpushare-dra-agent", reporting_component="gpushare.dev/agent",
                                      host=self.node, name=f"{obj['name']}.{uuid.uuid4().hex[:16]}")
                 try:
-                    self.core.create_namespaced_event(claim.namespace, plain(body),
-                                                      _request_timeout=BACKGROUND_API_TIMEOUT_S)
+                    with api_deadline(BACKGROUND_API_TIMEOUT_S):
+                        self.core.create_namespaced_event(claim.namespace, plain(body),
+                                                          _request_timeout=BACKGROUND_API_TIMEOUT_S)
                 except Exception as e:  # the metric and the log line still tell
                     log.error("cannot create the Event", object=f"{obj['kind']} {claim.namespace}/{obj['name']}",
                               error=str(e))

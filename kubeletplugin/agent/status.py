@@ -18,7 +18,7 @@ from typing import Any
 
 from kubernetes import client
 
-from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_error
+from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_deadline, api_error
 from dra_driver.log import get_logger
 from kubeletplugin.prepared import PreparedClaim
 
@@ -154,10 +154,11 @@ class StatusWriter:
                 "metadata": {"name": name, "namespace": ns, "uid": uid},  # uid: never a recreated claim
                 "status": {"devices": entries}}
         try:
-            resp: Any = self.resource_api.patch_namespaced_resource_claim_status(
-                name, ns, body, field_manager=self.driver, force=True, _content_type=APPLY_PATCH,
-                _request_timeout=BACKGROUND_API_TIMEOUT_S, _preload_content=False)
-            resp.drain_conn()  # read to its end, never parsed: parsing cost more than the call
+            with api_deadline(BACKGROUND_API_TIMEOUT_S):
+                resp: Any = self.resource_api.patch_namespaced_resource_claim_status(
+                    name, ns, body, field_manager=self.driver, force=True, _content_type=APPLY_PATCH,
+                    _request_timeout=BACKGROUND_API_TIMEOUT_S, _preload_content=False)
+                resp.drain_conn()  # read to its end, never parsed: parsing cost more than the call
             log.debug("claim status written", claim=f"{ns}/{name}", uid=uid)
             return True
         except client.ApiException as e:

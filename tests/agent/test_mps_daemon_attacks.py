@@ -187,6 +187,44 @@ def test_a_held_connection_does_not_stall_the_next_prepare(mps):
     assert len(daemons(mps.dirs.state)) == 1
 
 
+def test_refused_words_of_a_mebibyte_log_bounded_lines(mps):
+    """128 command words of 1 MiB on the clients' socket, one connection each: the daemon logged
+    each refusal with the whole word (128 MiB of control.log in 2 s, issue 40). Now a refused
+    line is logged cut to a bounded length, and a line longer than the daemon reads ends the
+    connection; the daemon still takes the plugin's commands."""
+    ref, ids = mps.mps_claim(30)
+    uuid = uuid_of(mps, ref)
+    log_path = mpslayout.control_log(mps.dirs.state, uuid)
+    before = os.path.getsize(log_path)
+    out = mps.tenant(ids, f"""
+        import os, socket
+        sent = 0
+        for i in range(128):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(5)
+            try:
+                s.connect(os.environ["VIEW"] + "{PIPE}/control")
+                s.sendall(bytes([97 + i % 26]) * (1 << 20) + b"\\n")
+                sent += 1
+            except OSError:  # the daemon closed the connection part-way
+                sent += 1
+            finally:
+                s.close()
+        print("sent", sent, "words of 1 MiB")
+    """, timeout=120)
+    print("tenant:", out.strip())
+    assert "sent 128" in out
+    mps.plugin.driver.mps.command(uuid, mpslayout.GET_SERVERS)  # still serving, and it logged everything first
+    with open(log_path, "rb") as f:
+        f.seek(before)
+        added = f.read()
+    lines = added.splitlines()
+    print(f"control.log grew {len(added)} bytes in {len(lines)} lines, the longest {max(map(len, lines))} bytes")
+    assert len(added) < 64 << 10, len(added)
+    assert max(map(len, lines)) < 512
+    assert sum(b"Refused" in line for line in lines) >= 1
+
+
 def test_an_impostor_socket_never_receives_the_limits(mps):
     ref, ids = mps.mps_claim(30)
     uuid = uuid_of(mps, ref)
