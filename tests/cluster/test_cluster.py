@@ -257,10 +257,11 @@ def test_the_plugins_token_writes_only_its_own_driver_and_node(installed, tmp_pa
     a claim on another node and another node's slice, with the API server's own reasons."""
     kube = installed
     as_plugin = plugin_token(kube, tmp_path)
-    ours = {"op": "add", "path": "/status/devices/-",
-            "value": {"driver": DRIVER, "pool": kube.node, "device": "gpu-0", "data": {"probe": 1}}}
-    forged = {"op": "replace", "path": "/status/devices/0/data", "value": {"mac": "forged"}}  # the other driver's
 
+    def ours(node: str) -> dict:  # our entry for the device claim_allocated_on(node) gave
+        return {"op": "add", "path": "/status/devices/-",
+                "value": {"driver": DRIVER, "pool": node, "device": "gpu-0", "data": {"probe": 1}}}
+    forged = {"op": "replace", "path": "/status/devices/0/data", "value": {"mac": "forged"}}  # the other driver's
     resource = client.ResourceV1Api(config.new_client_from_config(config_file=as_plugin.kubeconfig))
 
     def status_patch(name: str, op: dict) -> str | None:
@@ -272,16 +273,18 @@ def test_the_plugins_token_writes_only_its_own_driver_and_node(installed, tmp_pa
         except client.ApiException as e:
             return f"{e.status} {json.loads(e.body)['message']}"
         return None
+
     try:
         claim_allocated_on(kube, "least-privilege-here", kube.node)
         claim_allocated_on(kube, "least-privilege-there", "other-node")
+        # The API server's check (422, status.devices: Forbidden) names the subresource and the driver.
         refused = status_patch("least-privilege-here", forged)
-        print(refused)
-        assert refused and refused.startswith("422 ") and 'resource="resourceclaims/driver"' in refused, refused
-        refused = status_patch("least-privilege-there", ours)  # our driver, a claim on another node
-        print(refused)
-        assert refused and refused.startswith("422 ") and 'verb="[arbitrary-node:patch]"' in refused, refused
-        assert status_patch("least-privilege-here", ours) is None
+        assert refused and refused.startswith("422 ") and 'resource="resourceclaims/driver"' in refused \
+            and f'"{OTHER_DRIVER}" is forbidden' in refused, refused
+        refused = status_patch("least-privilege-there", ours("other-node"))  # our driver, another node's claim
+        assert refused and refused.startswith("422 ") and 'verb="[arbitrary-node:patch]"' in refused \
+            and f'"{DRIVER}" is forbidden' in refused and "must be an allocated device" not in refused, refused
+        assert status_patch("least-privilege-here", ours(kube.node)) is None
         devices = {d["driver"]: d for d in kube.get("resourceclaim", "least-privilege-here")["status"]["devices"]}
         assert devices[DRIVER]["data"] == {"probe": 1} and devices[OTHER_DRIVER]["data"] == {"mac": "a"}, devices
         for ask in (["list", "pods"], ["update", "resourceclaims"],
