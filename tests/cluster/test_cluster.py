@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 import yaml
-from kubernetes import config
+from kubernetes import client, config
 
 from tests.support import GiB, roots
 from tests.support.claimstatus import check_status_writer
@@ -211,10 +211,21 @@ def test_an_extended_resource_pod_gets_a_claim_from_the_real_scheduler(installed
         kube("delete", "-f", path, "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
 
 
-def test_node_restriction_refuses_a_slice_for_another_node_with_a_real_bound_token(installed, tmp_path):
-    kube = installed
-    policy = "deploy/components/node-restriction/policy.yaml"
-    slice_for = """
+def plugin_token(kube, tmp_path):
+    """kubectl as the plugin: a token the API server binds to the node's plugin pod, so it
+    carries the pod's node name (authentication.kubernetes.io/node-name), as the pod's own does."""
+    plugin = [p for p in kube.items("pods", "-n", "gpushare-system", "-l", "app.kubernetes.io/name=gpushare-dra")
+              if p["spec"].get("nodeName") == kube.node and p["status"].get("phase") == "Running"][0]
+    token = kube("create", "token", "gpushare-dra", "-n", "gpushare-system", "--bound-object-kind", "Pod",
+                 "--bound-object-name", plugin["metadata"]["name"]).strip()
+    as_plugin = kube.with_token(token, tmp_path / "plugin.kubeconfig")
+    who = json.loads(as_plugin("auth", "whoami", "-o", "json"))["status"]["userInfo"]
+    assert who["username"] == "system:serviceaccount:gpushare-system:gpushare-dra", who
+    assert who["extra"]["authentication.kubernetes.io/node-name"] == [kube.node], who
+    return as_plugin
+
+
+SLICE_FOR = """
 apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
 metadata: {{name: restriction-probe-{node}}}
@@ -224,28 +235,76 @@ spec:
   pool: {{name: {node}, generation: 1, resourceSliceCount: 1}}
   devices: [{{name: probe}}]
 """
-    try:
-        kube("apply", "-f", policy)
-        plugin = [p for p in kube.items("pods", "-n", "gpushare-system", "-l", "app.kubernetes.io/name=gpushare-dra")
-                  if p["spec"].get("nodeName") == kube.node and p["status"].get("phase") == "Running"][0]
-        # A token the API server binds to the plugin's pod: it carries the pod's node name.
-        token = kube("create", "token", "gpushare-dra", "-n", "gpushare-system", "--bound-object-kind", "Pod",
-                     "--bound-object-name", plugin["metadata"]["name"]).strip()
-        as_plugin = kube.with_token(token, tmp_path / "plugin.kubeconfig")
-        who = as_plugin("auth", "whoami", "-o", "json")
-        assert "system:serviceaccount:gpushare-system:gpushare-dra" in who, who
+OTHER_DRIVER = "other.example.com"
 
-        def refused_for_other_node():
-            out = as_plugin.run("create", "--dry-run=server", "-f", "-", input=slice_for.format(node="other-node"),
+
+def claim_allocated_on(kube, name: str, node: str) -> None:
+    """A claim allocated (by the admin, as a scheduler would) a gpushare device and another
+    driver's on node, with the other driver's status entry written."""
+    kube.apply(claim_manifest(name))
+    results = [{"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"},
+               {"request": "gpu", "driver": OTHER_DRIVER, "pool": "p", "device": "nic-0"}]
+    on_node = {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+    kube("patch", "resourceclaim", name, "--subresource=status", "--type=merge", "-p", json.dumps(
+        {"status": {"allocation": {"devices": {"results": results}, "nodeSelector": on_node},
+                    "devices": [{"driver": OTHER_DRIVER, "pool": "p", "device": "nic-0", "data": {"mac": "a"}}]}}))
+
+
+def test_the_plugins_token_writes_only_its_own_driver_and_node(installed, tmp_path):
+    """Least privilege (docs/security.md): the plugin's pod-bound token writes gpushare.dev's
+    entries of a claim on its node and its node's slices; it is refused another driver's entry,
+    a claim on another node and another node's slice, with the API server's own reasons."""
+    kube = installed
+    as_plugin = plugin_token(kube, tmp_path)
+
+    def ours(node: str) -> dict:  # our entry for the device claim_allocated_on(node) gave
+        return {"op": "add", "path": "/status/devices/-",
+                "value": {"driver": DRIVER, "pool": node, "device": "gpu-0", "data": {"probe": 1}}}
+    forged = {"op": "replace", "path": "/status/devices/0/data", "value": {"mac": "forged"}}  # the other driver's
+    resource = client.ResourceV1Api(config.new_client_from_config(config_file=as_plugin.kubeconfig))
+
+    def status_patch(name: str, op: dict) -> str | None:
+        """None when the write is taken, else the API server's refusal (kubectl would GET first,
+        which the plugin may not)."""
+        try:
+            resource.patch_namespaced_resource_claim_status(name, "default", [op],
+                                                            _content_type="application/json-patch+json")
+        except client.ApiException as e:
+            return f"{e.status} {json.loads(e.body)['message']}"
+        return None
+
+    try:
+        claim_allocated_on(kube, "least-privilege-here", kube.node)
+        claim_allocated_on(kube, "least-privilege-there", "other-node")
+        # The API server's check (422, status.devices: Forbidden) names the subresource and the driver.
+        refused = status_patch("least-privilege-here", forged)
+        assert refused and refused.startswith("422 ") and 'resource="resourceclaims/driver"' in refused \
+            and f'"{OTHER_DRIVER}" is forbidden' in refused, refused
+        refused = status_patch("least-privilege-there", ours("other-node"))  # our driver, another node's claim
+        assert refused and refused.startswith("422 ") and 'verb="[arbitrary-node:patch]"' in refused \
+            and f'"{DRIVER}" is forbidden' in refused and "must be an allocated device" not in refused, refused
+        assert status_patch("least-privilege-here", ours(kube.node)) is None
+        devices = {d["driver"]: d for d in kube.get("resourceclaim", "least-privilege-here")["status"]["devices"]}
+        assert devices[DRIVER]["data"] == {"probe": 1} and devices[OTHER_DRIVER]["data"] == {"mac": "a"}, devices
+        for ask in (["list", "pods"], ["update", "resourceclaims"],
+                    ["patch", "resourceclaims", "--subresource=binding"],
+                    ["arbitrary-node:patch", "resourceclaims/gpushare.dev", "--subresource=driver"]):
+            assert as_plugin.run("auth", "can-i", *ask, check=False).stdout.strip() == "no", ask
+        assert as_plugin("auth", "can-i", "associated-node:patch", "resourceclaims/gpushare.dev",
+                         "--subresource=driver").strip() == "yes"
+
+        def refused_for_other_node():  # the policy is in deploy/base: installed with the product
+            out = as_plugin.run("create", "--dry-run=server", "-f", "-", input=SLICE_FOR.format(node="other-node"),
                                 check=False)
             return out if out.returncode != 0 and "gpushare.dev-own-node-slices" in out.stderr else None
         out = kube.wait_until("the policy to refuse the slice", refused_for_other_node, timeout=60)
         assert (f"the gpushare plugin on node '{kube.node}' may only write ResourceSlices with "
                 f"spec.nodeName '{kube.node}' (got 'other-node')") in " ".join(out.stderr.split()), out.stderr
         # Its own node's slice passes the policy (and RBAC).
-        as_plugin("create", "--dry-run=server", "-f", "-", input=slice_for.format(node=kube.node))
+        as_plugin("create", "--dry-run=server", "-f", "-", input=SLICE_FOR.format(node=kube.node))
     finally:
-        kube("delete", "-f", policy, "--ignore-not-found")
+        kube("delete", "resourceclaim", "least-privilege-here", "least-privilege-there", "--ignore-not-found")
 
 
 ROOT_POD = """
@@ -391,6 +450,8 @@ def test_kubectl_delete_k_leaves_nothing_on_the_node(installed):
     kube("delete", "-k", "deploy/overlays/mock", "--wait=true", timeout=300)
     kube.wait_until("the plugin pods to be gone", lambda: not kube.items("pods", "-n", "gpushare-system"),
                     timeout=180)
-    left = node_shell("sh", "-c", "ls /var/run/cdi/ /etc/cdi/ 2>/dev/null | grep -i gpushare; "
-                                  "ls /var/lib/gpushare/claims/ 2>/dev/null")
+    # Only the cluster's specs (they mount its state dir): podman tests on the same machine write
+    # gpushare specs of their own temporary state dirs there too.
+    left = node_shell("sh", "-c", "grep -l /var/lib/gpushare/ /var/run/cdi/*gpushare* /etc/cdi/*gpushare* "
+                                  "2>/dev/null; ls /var/lib/gpushare/claims/ 2>/dev/null")
     assert left.strip() == "", left

@@ -145,3 +145,43 @@ def test_upgrade_surges_with_sockets_per_pod(rendered, folder):
     _, plugin = plugin_container(rendered[folder])
     env = {e["name"]: e for e in plugin["env"]}
     assert env["GPUSHARE_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+
+
+@needs_kubectl
+def test_the_init_container_is_not_privileged(rendered):
+    """install-hook copies a file into a root-owned host folder: root, no capability, no way to
+    gain one (the chart renders the same DaemonSet: tests/operators/test_helm.py)."""
+    for folder in (DEPLOY, MOCK):
+        pod, _ = plugin_container(rendered[folder])
+        (init,) = pod["initContainers"]
+        assert init["securityContext"] == {
+            "runAsUser": 0, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}, folder
+
+
+def documented_grants() -> dict[tuple[str, str, str], list[str]]:
+    """docs/security.md's "Least privilege" table: (API group, resource, names) -> verbs."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    table = text[text.index("| API group | resource | names | verbs |"):].split("\n\n")[0]
+    grants = {}
+    for row in table.splitlines()[2:]:
+        group, resource, names, verbs = (c.strip().replace("`", "") for c in row.strip("|").split("|")[:4])
+        grants[("" if group == "core" else group, resource, "" if names == "all" else names)] = verbs.split(", ")
+    return grants
+
+
+@needs_kubectl
+def test_the_plugin_is_granted_exactly_what_docs_security_md_says(rendered):
+    (role,) = [o for o in rendered[DEPLOY] if o["kind"] == "ClusterRole"]
+    granted: dict[tuple[str, str, str], list[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for name in rule.get("resourceNames") or [""]:
+                    granted.setdefault((group, resource, name), []).extend(rule["verbs"])
+    assert granted == documented_grants()
+    assert ("", "pods", "") in granted and granted["", "pods", ""] == ["get"]  # never list or watch
+    # status.devices of gpushare.dev only, and only of claims on the plugin's own node
+    assert granted["resource.k8s.io", "resourceclaims/driver", "gpushare.dev"] == ["associated-node:patch"]
+    assert not any(r in ("resourceclaims/binding", "resourceclaims/driver") for _, r, name in granted
+                   if name != "gpushare.dev")

@@ -107,13 +107,12 @@ def test_network_policy_component_admits_only_prometheus_to_the_metrics_port(pla
 
 
 @needs_kubectl
-def test_node_restriction_component_adds_the_policy_and_its_binding(plain, render):
-    objects = render(["node-restriction"])
-    added, removed, modified = changed(plain, objects)
-    assert sorted(o["kind"] for o in added) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
-    assert (removed, modified) == ([], [])
-    policy = next(o for o in added if o["kind"] == "ValidatingAdmissionPolicy")
-    binding = next(o for o in added if o["kind"] == "ValidatingAdmissionPolicyBinding")
+def test_node_restriction_is_in_the_base_with_its_binding(plain):
+    """Each node's plugin writes only its own node's slices by default (no component to add)."""
+    (policy,) = [o for o in plain if o["kind"] == "ValidatingAdmissionPolicy"
+                 and o["metadata"]["name"] == "gpushare.dev-own-node-slices"]
+    (binding,) = [o for o in plain if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                  and o["spec"]["policyName"] == policy["metadata"]["name"]]
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     for expression in [v["expression"] for v in policy["spec"]["variables"] + policy["spec"]["validations"]]:
         assert admission.compile_error(expression) is None, expression
@@ -139,7 +138,7 @@ def test_kubelet_dir_component_moves_every_place_of_each_folder(plain, render):
 
 @needs_kubectl
 def test_namespace_and_image_are_set_once_by_the_overlay(plain, render):
-    objects = render(["servicemonitor", "network-policy", "node-restriction"], namespace="gpu-sharing",
+    objects = render(["servicemonitor", "network-policy"], namespace="gpu-sharing",
                      images=[{"name": "gpushare-dra", "newName": "registry.example.com/gpushare-dra",
                               "newTag": "v1.2.3"}])
     namespaced = [o for o in objects if o["kind"] in (
@@ -165,15 +164,14 @@ def test_every_component_renders_valid_objects(render, version):
     settings = {"apiVersion": "v1", "kind": "ConfigMap", "data": KUBELET_DIR, "metadata": {
         "name": "gpushare-kubelet-dir", "annotations": {"config.kubernetes.io/local-config": "true"}}}
     components = sorted(p.name for p in COMPONENTS.iterdir() if (p / "kustomization.yaml").is_file())
-    assert {"gpu-operator", "network-policy", "node-restriction", "kubelet-dir", "node-label",
-            "servicemonitor"} <= set(components)
+    assert {"gpu-operator", "network-policy", "kubelet-dir", "node-label", "servicemonitor"} <= set(components)
     for o in render(components, files={"kubelet-dir.yaml": [settings]}):
         if o["kind"] != "ServiceMonitor":  # a CRD of prometheus-operator, not in Kubernetes' schemas
             kubernetes_validate.validate(o, version, strict=True)
 
 
-# The node-restriction policy's CEL as the API emulator evaluates it (as kube-apiserver does).
-NODE_POLICY = next(d for d in yaml.safe_load_all((COMPONENTS / "node-restriction" / "policy.yaml").read_text())
+# The node-restriction policy's CEL (deploy/base) as the API emulator evaluates it (as kube-apiserver does).
+NODE_POLICY = next(d for d in yaml.safe_load_all((DEPLOY / "base" / "node-restriction.yaml").read_text())
                    if d["kind"] == "ValidatingAdmissionPolicy")
 PLUGIN = "system:serviceaccount:gpushare-system:gpushare-dra"
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
@@ -245,7 +243,7 @@ def test_an_overlay_with_its_own_namespace_applies(render, tmp_path):
     """What kustomize writes (a namespace on cluster-scoped kinds included) is what the API server
     takes: applied with kubectl to the API emulator, which drops the namespace of a cluster-scoped
     object as kube-apiserver does."""
-    objects = render(["node-restriction"], namespace="gpu-sharing")
+    objects = render(namespace="gpu-sharing")
     with ApiEmulator() as emulator:
         kubectl = Kubectl(tmp_path, kubeconfig=emulator.write_kubeconfig(str(tmp_path / "kubeconfig")))
         kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))

@@ -105,7 +105,7 @@ def same_objects(chart: list[dict], kust: list[dict]) -> None:
 # chart's too; `helm package` stores their content, and Helm says so once per link).
 LINKS = {"admission.yaml": "base/admission.yaml", "admission-requests.yaml": "base/admission-requests.yaml",
          "deviceclass.yaml": "base/deviceclass.yaml", "deviceclass-extended.yaml": "base/deviceclass-extended.yaml",
-         "node-restriction.yaml": "components/node-restriction/policy.yaml"}
+         "node-restriction.yaml": "base/node-restriction.yaml"}
 
 
 @pytest.mark.parametrize("link,original", LINKS.items())
@@ -116,7 +116,7 @@ def test_the_charts_files_are_deploys(link, original):
 
 def test_lint_passes_with_defaults_and_every_option(tmp_path):
     for values in ([], ["mock.enabled=true", "serviceMonitor.enabled=true", "networkPolicy.enabled=true",
-                        "nodeRestriction.enabled=true", "namespace.create=true", "driverRoot=/run/nvidia/driver"]):
+                        "nodeRestriction.enabled=false", "namespace.create=true", "driverRoot=/run/nvidia/driver"]):
         sets = [a for v in values for a in ("--set", v)]
         out = helm(tmp_path, "lint", "--strict", str(CHART), *sets)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -141,7 +141,7 @@ def test_mock_is_the_mock_overlay(template, kustomize):
 
 @pytest.mark.parametrize("value,component", [
     ("serviceMonitor.enabled=true", "servicemonitor"), ("networkPolicy.enabled=true", "network-policy"),
-    ("nodeRestriction.enabled=true", "node-restriction"), ("driverRoot=/run/nvidia/driver", "gpu-operator"),
+    ("driverRoot=/run/nvidia/driver", "gpu-operator"),
     ("nodeSelector.gpushare\\.dev/node=true", "node-label")])
 def test_each_option_is_its_component(template, kustomize, tmp_path, value, component):
     overlay = tmp_path / "overlay"
@@ -187,12 +187,18 @@ def test_operator_settings_land_where_they_belong(template):
 
 
 def test_without_admission_policies_none_is_rendered(template):
-    kinds = {o["kind"] for o in template("admissionPolicies.enabled=false")}
-    assert "ValidatingAdmissionPolicy" not in kinds and "ValidatingAdmissionPolicyBinding" not in kinds
+    """admissionPolicies: the claim checks; the plugin's own-node restriction has its own switch."""
+    def policies(*values):
+        return sorted((o["kind"], o["metadata"]["name"]) for o in template(*values)
+                      if o["kind"].startswith("ValidatingAdmissionPolicy"))
+    own_node = [("ValidatingAdmissionPolicy", "gpushare.dev-own-node-slices"),
+                ("ValidatingAdmissionPolicyBinding", "gpushare.dev-own-node-slices")]
+    assert policies("admissionPolicies.enabled=false") == own_node
+    assert policies("admissionPolicies.enabled=false", "nodeRestriction.enabled=false") == []
+    assert set(own_node) < set(policies())  # on by default, as in deploy/base
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_rendered_objects_are_valid(template, version):
-    for obj in template("mock.enabled=true", "networkPolicy.enabled=true", "nodeRestriction.enabled=true",
-                        "namespace.create=true"):
+    for obj in template("mock.enabled=true", "networkPolicy.enabled=true", "namespace.create=true"):
         kubernetes_validate.validate(obj, version, strict=True)

@@ -1,4 +1,4 @@
-"""The overlay docs/operations.md recommends (deploy/ with node-restriction and network-policy)
+"""The overlay docs/operations.md recommends (deploy/ with network-policy)
 validates with `kubectl apply --dry-run=client` and applies, against the API emulator: every kind
 it holds is served, with its OpenAPI schema (a missing NetworkPolicy made kubectl's client-side
 validation fail with "unable to respond with a content type")."""
@@ -23,8 +23,7 @@ def test_the_recommended_overlay_validates_and_applies(emulator, tmp_path):
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": ["../gpushare-dra/deploy"],
         "images": [{"name": "gpushare-dra", "newName": "registry.example.com/gpushare-dra", "newTag": "v0.1.0"}],
-        "components": ["../gpushare-dra/deploy/components/node-restriction",
-                       "../gpushare-dra/deploy/components/network-policy"]}))
+        "components": ["../gpushare-dra/deploy/components/network-policy"]}))
     k = Kubectl(tmp_path / "kubectl", kubeconfig=emulator.write_kubeconfig(tmp_path / "kubeconfig"))
     dry = k.run("apply", "--dry-run=client", "-k", overlay, check=False)
     assert dry.returncode == 0, dry.stderr
