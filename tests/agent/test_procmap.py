@@ -237,3 +237,38 @@ def test_a_mapped_process_follows_its_claim_going(tmp_path):
         p.wait()
     assert m.settle() > g  # exited: forgotten by the settle itself
     assert m.owners({p.pid}) == {} and p.pid not in m._mapped
+
+
+def fake_task(folder, cgroup: str, exiting: bool) -> str:
+    """A /proc folder of one task: its cgroup text and a stat line whose flags say PF_EXITING."""
+    os.makedirs(folder, exist_ok=True)
+    (folder / "cgroup").write_text(cgroup)
+    flags = procmap.PF_EXITING if exiting else 0
+    (folder / "stat").write_text(f"7 (relay (x)) S 1 7 7 0 -1 {flags} 0 0 0 0\n")
+    return str(folder)
+
+
+def test_a_thread_that_exits_while_read_is_not_believed_the_next_one_is(tmp_path, monkeypatch):
+    """Issue 40, cgroup v2 (systemd layout) and v1 side by side: the main thread is a zombie, each
+    thread starts the next and exits. A read of a thread that began to exit during it (its stat
+    says so after the read) is thrown away, v1 `/` and all; the thread list is read again and a
+    thread that was live through its read answers."""
+    cid = "ab" * 32
+    path = f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/cri-containerd-{cid}.scope"
+    live_text = f"8:pids:{path}\n0::{path}\n"
+    leader = fake_task(tmp_path / "7", "8:pids:/\n0::" + path + "\n", exiting=True)
+    rounds = [[leader, fake_task(tmp_path / "7" / "task" / "8", live_text, exiting=False)],
+              [leader, fake_task(tmp_path / "7" / "task" / "9", live_text, exiting=False)]]
+    monkeypatch.setattr(procmap, "_threads", lambda pid: iter(rounds.pop(0) if rounds else [leader]))
+
+    def read(at):
+        text = procmap._read(f"{at}/cgroup")
+        if at.endswith("/8"):  # thread 8 exits while it is read: v1 shows the root from then on
+            fake_task(tmp_path / "7" / "task" / "8", "8:pids:/\n0::" + path + "\n", exiting=True)
+        return text
+
+    at, text = procmap.live(7, read)
+    assert at == str(tmp_path / "7" / "task" / "9") and text == live_text
+    assert pod_uid(text) == UID and container_id(text) == cid
+    # every thread exiting: what the main thread's folder shows (the lookup maps no v1 root)
+    assert procmap.live(7, read) == (leader, "8:pids:/\n0::" + path + "\n")
