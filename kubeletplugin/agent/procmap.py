@@ -148,7 +148,7 @@ def _threads(pid: int) -> Iterator[str]:
         yield f"/proc/{pid}/task/{tid}"
 
 
-def live(pid: int, read: Callable[[str], T]) -> tuple[str, T]:
+def live(pid: int, read: Callable[[str], T]) -> tuple[str | None, T]:
     """(folder, read(folder)) of a thread of pid that had not begun to exit when read: the main
     thread's /proc/<pid> while it lives, else another thread's /proc/<pid>/task/<tid>. A main
     thread that called pthread_exit is a zombie until the last thread ends: /proc/<pid>/cgroup
@@ -156,17 +156,23 @@ def live(pid: int, read: Callable[[str], T]) -> tuple[str, T]:
     gone (issue 26, attack 2); and threads that keep replacing each other are often gone by the
     time their folder is read (issue 40). So each read is checked AFTER it is made: PF_EXITING is
     never cleared, so a thread not exiting after the read was not exiting during it; the thread
-    list is read again (LIVE_ROUNDS times) until a read passes. Every thread exiting (the
-    process is leaving): what /proc/<pid> shows."""
+    list is read again (LIVE_ROUNDS times) until a read passes. None and what /proc/<pid> shows:
+    every thread was exiting (the process is leaving)."""
     for _ in range(LIVE_ROUNDS):
-        threads = list(_threads(pid))
+        threads = _threads(pid)
+        main = next(threads)
+        value = read(main)
+        if not _exiting_at(main):
+            return main, value
+        others = 0  # (the task list is read only now: the main thread was not live)
         for at in threads:
+            others += 1
             value = read(at)
             if not _exiting_at(at):
                 return at, value
-        if len(threads) == 1:  # no other thread to ask
+        if not others:
             break
-    return threads[0], read(threads[0])
+    return None, read(main)
 
 
 QOS = ("burstable", "besteffort")
@@ -328,6 +334,7 @@ class ProcessMap:
         self._by_container: dict[str, str] = {}            # container ID -> uid (pods with several claims)
         self._by_slot: dict[tuple[int, int], str] = {}     # (pid, start_time) in our namespace -> uid
         self._cache: dict[tuple[int, int], Owner] = {}     # (pid, start_time) -> owner
+        self._misses: dict[tuple[int, int], str] = {}      # (pid, start_time) -> its cgroup when it mapped nowhere
         self._known: dict[int, tuple[int, int]] = {}       # pid -> (pidfd, start_time) of a live process
         self._mapped: dict[int, Owner] = {}                # pid -> its cached owner, for known pids: one get each
         self.generation = 0                                # bumped by every change of _mapped
@@ -364,10 +371,13 @@ class ProcessMap:
         with self._lock:
             if by_limits != self._by_limits or by_pod != self._by_pod or containers != self._by_container:
                 self._cache.clear()  # a claim, a pod or a container came or went
+                self._misses.clear()
                 self._mapped.clear()
                 self.generation += 1
                 self.unknown_pods -= set(by_pod)
                 self.unresolved_pods.clear()
+            if by_slot != self._by_slot:  # a host process's slot may map one that missed
+                self._misses.clear()
             self._by_limits, self._by_mount, self._by_pod, self._by_slot = by_limits, by_mount, by_pod, by_slot
             self._by_container = containers
 
@@ -461,21 +471,32 @@ class ProcessMap:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-            # A miss is looked up again at the next call (the backstop's next poll), never held
-            # for a while: a process whose facts could not be read now (its threads came and
-            # went) would hold its memory unseen that long (issue 40).
-            owner = self._lookup(pid, key)
+            # A miss is looked at again at every call (the backstop's next poll), never left for
+            # a while: one whose facts could not be read (its threads came and went) held its
+            # memory unseen for that long (issue 40). What decides a miss, with the claims, pods
+            # and slots unchanged (they clear the misses), is its cgroup and its mount table; a
+            # tenant can only hide a claim's mount, not come to show one: so a process whose
+            # /proc/<pid>/cgroup reads as it did before a miss read from a live thread still
+            # maps nowhere (one small read, not the whole lookup).
+            cgroup = _read(f"/proc/{pid}/cgroup")
+            if cgroup is not None and self._misses.get(key) == cgroup:
+                return None
+            owner, sure = self._lookup(pid, key)
             if owner:
                 self._cache[key] = owner
                 if self._known.get(pid, (None, None))[1] == started:  # (still the process its pidfd holds)
                     self._mapped[pid] = owner
                     self.generation += 1
+            elif sure and cgroup is not None:
+                self._misses[key] = cgroup
             return owner
 
-    def _lookup(self, pid: int, key: tuple[int, int]) -> Owner | None:
-        at, (cgroup, table) = live(pid, lambda at: (_read(f"{at}/cgroup"), mounts(at)))  # one thread's facts
-        if cgroup and V1_AT_ROOT.search(cgroup) and exiting(pid) and at == f"/proc/{pid}":  # (asked after the read)
-            return None  # not its container's paths: mapped, it would be killed alone and its container live on
+    def _lookup(self, pid: int, key: tuple[int, int]) -> tuple[Owner | None, bool]:
+        """pid's owner, and whether its facts came from a thread live through their read."""
+        live_at, (cgroup, table) = live(pid, lambda at: (_read(f"{at}/cgroup"), mounts(at)))  # one thread's facts
+        sure = live_at is not None
+        if cgroup and V1_AT_ROOT.search(cgroup) and not sure:
+            return None, sure  # not its container's paths: mapped, it would be killed alone and its container live on
         own = cgroup is None or cgroup == self._cgroup  # the agent's own cgroup: never kill it whole
         found = layout(cgroup) if cgroup and not own else None
         pod = found[0] if found else None
@@ -484,28 +505,30 @@ class ProcessMap:
             container = found[2]  # its container's cgroup, whatever the tenant made below it
             candidates = self._by_pod.get(found[0], [])
             if len(candidates) == 1:
-                return Owner(candidates[0], pod, container)
+                return Owner(candidates[0], pod, container), sure
             if not candidates:
                 self.unknown_pods.add(found[0])
             else:  # several claims in one pod: the container tells which
                 by_id = self._by_container.get(container_id(container) or "")
                 if by_id in candidates:
-                    return Owner(by_id, pod, container)
+                    return Owner(by_id, pod, container), sure
                 self.unresolved_pods.add(found[0])
                 by_mount &= set(candidates)  # until the pod is read, its mounts if they show
             cgroup = container
         if len(by_mount) == 1:
-            return Owner(by_mount.pop(), pod, None if own else cgroup)
+            return Owner(by_mount.pop(), pod, None if own else cgroup), sure
+        at = live_at or f"/proc/{pid}"
         if _key(f"{at}/root") != self._root:
-            return None
+            return None, sure
         run_dir = _run_dir(at)
         limits = _key(os.path.join(run_dir, "limits")) if run_dir else None
         uid = (self._by_limits.get(limits) if limits else None) or self._by_slot.get(key)
-        return Owner(uid, None, None) if uid else None
+        return Owner(uid, None, None) if uid else None, sure
 
     def forget_except(self, pids: set[int]) -> None:
         """Drop what is known of processes no longer on any GPU."""
         with self._lock:
             self._cache = {k: v for k, v in self._cache.items() if k[0] in pids}
+            self._misses = {k: v for k, v in self._misses.items() if k[0] in pids}
             for pid in set(self._known) - pids:
                 self._drop(pid)
