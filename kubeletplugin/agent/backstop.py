@@ -290,8 +290,9 @@ class Backstop:
                 break
             # The processes on the GPU first, by the pidfds the map holds: they hold the memory,
             # and whatever their threads do, no read of their cgroup is needed (issue 40)
-            for pid in pids:
-                self._kill_pid(pid)
+            for pid in pids:  # (one the map no longer knows has exited since the poll)
+                if self._procs is not None:
+                    self._procs.kill(pid)
             gone = list(pids) if unit.startswith("pid:") else \
                 list(dict.fromkeys([*pids, *kill_cgroup(unit)]))
             killed += gone
@@ -304,14 +305,6 @@ class Backstop:
                         bytes=sum(process_memory[p] for p in pids), claim=f"{claim.namespace}/{claim.name}",
                         uid=claim.uid, gpu=claim.gpus[i].uuid)
         return killed
-
-    def _kill_pid(self, pid: int) -> None:
-        if self._procs is not None and self._procs.kill(pid):
-            return
-        try:  # not known to the map (a test's stand-in agent): by its pid
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     # ---- Events ---------------------------------------------------------------------------------
     def _send_events(self) -> None:

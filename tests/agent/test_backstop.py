@@ -4,6 +4,7 @@ inside the claim's mapping, so the region never sees it while NVML does)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from types import SimpleNamespace
 
@@ -118,8 +119,7 @@ class _Agent:
         self.claims = {"u1": SimpleNamespace(uid="u1", namespace="ns", name="c1", gpus=(gpu,), regions=[None],
                                              pods={})}
         self.claims_generation = 1
-        self.procs = SimpleNamespace(owners=self._owners, settle=lambda: self.map_generation,
-                                     kill=lambda pid: False)  # (no pidfds here: the backstop kills by pid)
+        self.procs = SimpleNamespace(owners=self._owners, settle=lambda: self.map_generation, kill=self._kill)
         self.map_generation = 0
         self.mapped = {10}
         self.owner_calls = 0
@@ -131,6 +131,10 @@ class _Agent:
 
     def refresh_if_needed(self):
         pass
+
+    def _kill(self, pid):  # (ProcessMap.kill signals through the pidfd it holds; here by the pid)
+        os.kill(pid, signal.SIGKILL)
+        return True
 
     def sampler_process_memory(self, uuids=None):
         assert uuids == {"GPU-a"}  # only the GPUs the claims have
