@@ -3,14 +3,15 @@
 - Threads that keep replacing each other: the main thread exits (a zombie leader) and every
   thread starts the next one and exits at once (relay_threads.c), so by the time the agent
   reads /proc/<pid>/task/<tid>/cgroup of a thread it saw, that thread is often gone. A lookup
-  that failed was not tried again for 1 s: 1 GiB in a 256 MiB claim lived 0.03-4.13 s.
+  that failed was not tried again for 1 s (1 GiB in a 256 MiB claim lived 0.03-4.13 s), and the
+  kill, which read the process's cgroup the same way, signalled nothing: here it lived 20 s.
 - Root in the container renames /var/run/gpushare (the limits file's mount moves with it) and
   puts a limits file of its own at the old name: the library, which runs inside the tenant's
   process, believes it and allows 1 GiB in a 256 MiB claim. Only the backstop holds there.
 
 Each run's hold is timed from the tenant's own clock reading right after its allocation
-(CLOCK_MONOTONIC, the host's) to the backstop's SIGKILL (its kill, wrapped here). Needs root,
-podman, runc, busybox and a C compiler.
+(CLOCK_MONOTONIC, the host's) to its death (a pidfd opened when the backstop's kill, wrapped
+here, begins). Needs root, podman, runc, busybox and a C compiler.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import time
 import uuid
 
 import pytest
+from kubernetes import client
 
 from playground.containers import PodmanRunner
-from tests.support import BUILD, GiB, podman_busybox_why_not
+from tests.support import BUILD, GiB, podman_busybox_why_not, wait_for
 
 pytestmark = pytest.mark.podman
 
@@ -172,3 +174,7 @@ def test_root_renaming_the_claims_folder_is_killed_within_the_bound(podman_node,
                 shutil.rmtree(os.path.join(run, "gpushare"))
                 os.rename(os.path.join(run, "moved"), os.path.join(run, "gpushare"))
     report("root renaming the claim's folder", holds)
+    # the attack on the library worked: it let the 1 GiB through and accounted it in the region
+    evs = wait_for(lambda: [e for e in client.CoreV1Api(node.api).list_namespaced_event(ref.namespace).items
+                            if e.involved_object.uid == ref.uid and e.reason == "GpuMemoryLimitExceeded"])
+    assert f"the library accounted {GiB}" in evs[0].message, evs[0].message
