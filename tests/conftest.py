@@ -30,6 +30,7 @@ SERIAL = (
     "tests/cluster/",
     "tests/e2e/test_e2e.py",  # the demo's checks read each strategy's share of the simulated GPU
     "tests/agent/test_short_holds.py",  # holds timed to the backstop's polls
+    "tests/agent/test_backstop_bound.py",  # holds before the kill held to the 200 ms promise
     "tests/agent/test_mps_daemon_attacks.py",  # Events within 2 s of the daemon's end (agent period 0.5 s)
 )
 # In SERIAL's folders but timing nothing: they run beside the rest.

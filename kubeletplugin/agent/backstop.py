@@ -29,7 +29,7 @@ from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_deadline, plain, warni
 from dra_driver.log import get_logger
 
 from .claimview import ClaimView
-from .procmap import Owner, ProcessMap, exiting, view
+from .procmap import Owner, ProcessMap, exiting, live
 
 log = get_logger("agent.backstop")
 
@@ -100,8 +100,8 @@ def kill_cgroup(cgroup: str) -> list[int]:
                 with open(f"/proc/{name}/cgroup") as f:
                     inside = _inside(_paths(f.read()), container)
                 if not inside and exiting(int(name)):  # a zombie main thread reads "/": its live threads tell
-                    with open(f"{view(int(name))}/cgroup") as f:
-                        inside = _inside(_paths(f.read()), container)
+                    text = live(int(name), lambda at: _read(f"{at}/cgroup"))[1]
+                    inside = text is not None and _inside(_paths(text), container)
             except OSError:
                 inside = False
             if inside:
@@ -138,9 +138,9 @@ def poll_times(interval: float, stop: threading.Event) -> Iterator[float]:
         start = max(start + interval, time.monotonic() - interval)  # fell behind: no burst of polls to catch up
 
 
-def _read_own_cgroup() -> str | None:
+def _read(path: str) -> str | None:
     try:
-        with open("/proc/self/cgroup") as f:
+        with open(path) as f:
             return f.read()
     except OSError:
         return None
@@ -154,6 +154,7 @@ class Backstop:
         self.backend = backend
         self.interval = interval
         self._over: set[tuple[str, int]] = set()  # (uid, gpu) currently over: one Event per episode
+        self._killed: dict[tuple[str, int], set[int]] = {}  # (uid, gpu) over -> the pids its episode killed
         self.violations: dict[tuple[str, int], int] = {}
         self.kills: dict[tuple[str, int], int] = {}
         self.total_violations = 0  # node totals: outlive the claims (the per-claim ones go with them)
@@ -163,7 +164,8 @@ class Backstop:
         self._last_cue: tuple[object, ...] | None = None  # its NVML answer, map and claims generations
         self._claims_at: int | None = None  # the claims generation of _claims
         self._claims: tuple[dict[str, ClaimView], set[str]] = ({}, set())  # the claims, their GPUs
-        self._own = _read_own_cgroup()
+        self._own = _read("/proc/self/cgroup")
+        self._procs: ProcessMap | None = None  # the agent's map: its pidfds name the processes NVML named
         # Events go out on their own thread: a slow API server never delays a kill
         self._events: queue.Queue[tuple[ClaimView, str, str, list[str]] | None] = queue.Queue()
         self._stop = threading.Event()
@@ -196,6 +198,7 @@ class Backstop:
 
     # ---- one poll -------------------------------------------------------------------------------
     def poll(self, agent: Agent) -> None:
+        self._procs = agent.procs
         agent.refresh_if_needed()
         generation = agent.claims_generation
         if generation != self._claims_at:  # read again when they changed, not at each poll (100s of claims)
@@ -242,8 +245,16 @@ class Backstop:
         held = sum(process_memory.values())
         if held <= limit + tolerance(limit, len(process_memory), self.backend):
             self._over.discard(key)
+            self._killed.pop(key, None)
             return
         if key in self._over:
+            # The same episode: the processes killed may still show (their memory goes as they
+            # exit), but one that came since is no part of the kill: over the limit without the
+            # killed ones, it is killed too (else it would live as long as the episode lasts)
+            earlier = self._killed.get(key, set())
+            rest = {pid: used for pid, used in process_memory.items() if pid not in earlier}
+            if self.enforce == "kill" and sum(rest.values()) > limit + tolerance(limit, len(rest), self.backend):
+                self._kill(claim, i, limit, rest, owners or {})
             return
         self._over.add(key)
         self.violations[key] = self.violations.get(key, 0) + 1
@@ -277,17 +288,17 @@ class Backstop:
         for unit, pids in sorted(units.items(), key=lambda kv: -sum(process_memory[p] for p in kv[1])):
             if left <= limit:
                 break
-            if unit.startswith("pid:"):
-                try:
-                    os.kill(pids[0], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                gone = pids
-            else:
-                gone = kill_cgroup(unit) or pids
+            # The processes on the GPU first, by the pidfds the map holds: they hold the memory,
+            # and whatever their threads do, no read of their cgroup is needed (issue 40)
+            for pid in pids:  # (one the map no longer knows has exited since the poll)
+                if self._procs is not None:
+                    self._procs.kill(pid)
+            gone = list(pids) if unit.startswith("pid:") else \
+                list(dict.fromkeys([*pids, *kill_cgroup(unit)]))
             killed += gone
             left -= sum(process_memory[p] for p in pids)
             key = (claim.uid, i)
+            self._killed.setdefault(key, set()).update(pids)
             self.kills[key] = self.kills.get(key, 0) + len(gone)
             self.total_kills += len(gone)
             log.warning("killed a container above its claim's memory limit (--enforce=kill)", pids=gone,

@@ -15,7 +15,7 @@ anything a tenant can write (docs/security.md, "The trusted layer"):
    of our claims (one per container) is resolved to the container: the container ID of that
    component against the pod's status.containerStatuses, and the container's resources.claims
    in its spec (the agent reads the pod; the API server's word, like reservedFor).
-   Every fact is read from a live thread (`view`): a process whose main thread has exited
+   Every fact is read from a live thread (`live`): a process whose main thread has exited
    (a zombie leader) shows `/` as its cgroup, and no mount table or environment, at /proc/<pid>.
 2. Outside kubelet pods (podman, tests), or before the pod is read: the process's mount table
    (/proc/<pid>/mountinfo, written by the kernel). The claim's limits file reaches the
@@ -35,10 +35,11 @@ from __future__ import annotations
 import os
 import re
 import select
+import signal
 import threading
-import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 _ESCAPE = re.compile(r"\\([0-7]{3})")
-MISS_TTL_S = 1.0  # an unmapped process is looked up again after this (or when claims change)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,14 @@ def _key(path: str) -> tuple[int, int] | None:
 
 
 def _read(path: str) -> str | None:
+    data = _read_bytes(path)
+    return data.decode(errors="replace") if data is not None else None
+
+
+def _read_bytes(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
+            return f.read()
     except OSError:
         return None
 
@@ -108,6 +114,18 @@ def _exited(pidfd: int) -> bool:
 
 PF_EXITING = 0x4  # the task flag do_exit() sets first, before the task leaves its namespaces
 V1_AT_ROOT = re.compile(r"^[0-9]+:[^:\n]+:/$", re.M)  # a cgroup v1 hierarchy's line at its root
+LIVE_ROUNDS = 20  # times the thread list is read again while its threads come and go
+
+
+def _exiting_at(at: str) -> bool:
+    """The task of a /proc folder (a process's or a thread's) has begun to exit (PF_EXITING,
+    field 9 of its stat), or is gone."""
+    try:
+        with open(f"{at}/stat", "rb") as f:
+            data = f.read()
+        return bool(int(data[data.rindex(b")") + 2:].split()[6]) & PF_EXITING)
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 def exiting(pid: int) -> bool:
@@ -115,33 +133,46 @@ def exiting(pid: int) -> bool:
     then on its cgroup v1 paths read as the root (the kernel shows exiting tasks there; v2 keeps
     the path) while its mount table still reads as its container's. (Only the leader's flag: a
     process whose main thread exited and whose other threads run on keeps its v2 mapping.)"""
-    flags = _stat_field(pid, 9)
-    return flags is None or bool(flags & PF_EXITING)
+    return _exiting_at(f"/proc/{pid}")
 
 
-def _tid_exiting(pid: int, tid: int) -> bool:
+def _threads(pid: int) -> Iterator[str]:
+    """/proc/<pid>, then /proc/<pid>/task/<tid> of its other threads, newest first (in a
+    process whose threads replace each other the newest is the likeliest to live)."""
+    yield f"/proc/{pid}"
     try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-            data = f.read()
-        return bool(int(data[data.rindex(b")") + 2:].split()[6]) & PF_EXITING)
-    except (OSError, ValueError, IndexError):
-        return True
-
-
-def view(pid: int) -> str:
-    """Where to read a process's kernel facts: /proc/<pid> while its main thread lives, else
-    /proc/<pid>/task/<tid> of a thread that has not begun to exit. A main thread that called
-    pthread_exit is a zombie until the last thread ends: /proc/<pid>/cgroup then reads `/` in
-    every cgroup v1 hierarchy, and its mount table, environment and root are gone, while the
-    other threads go on using the GPU (issue 26, attack 2). /proc/<pid> when no thread lives."""
-    if not exiting(pid):
-        return f"/proc/{pid}"
-    try:
-        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+        tids = sorted((int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit() and int(t) != pid), reverse=True)
     except OSError:
-        return f"/proc/{pid}"
-    return next((f"/proc/{pid}/task/{tid}" for tid in tids if tid != pid and not _tid_exiting(pid, tid)),
-                f"/proc/{pid}")
+        return
+    for tid in tids:
+        yield f"/proc/{pid}/task/{tid}"
+
+
+def live(pid: int, read: Callable[[str], T]) -> tuple[str | None, T]:
+    """(folder, read(folder)) of a thread of pid that had not begun to exit when read: the main
+    thread's /proc/<pid> while it lives, else another thread's /proc/<pid>/task/<tid>. A main
+    thread that called pthread_exit is a zombie until the last thread ends: /proc/<pid>/cgroup
+    then reads `/` in every cgroup v1 hierarchy, and its mount table, environment and root are
+    gone (issue 26, attack 2); and threads that keep replacing each other are often gone by the
+    time their folder is read (issue 40). So each read is checked AFTER it is made: PF_EXITING is
+    never cleared, so a thread not exiting after the read was not exiting during it; the thread
+    list is read again (LIVE_ROUNDS times) until a read passes. None and what /proc/<pid> shows:
+    every thread was exiting (the process is leaving)."""
+    for _ in range(LIVE_ROUNDS):
+        threads = _threads(pid)
+        main = next(threads)
+        value = read(main)
+        if not _exiting_at(main):
+            return main, value
+        others = 0  # (the task list is read only now: the main thread was not live)
+        for at in threads:
+            others += 1
+            value = read(at)
+            if not _exiting_at(at):
+                return at, value
+        if not others:
+            break
+    return None, read(main)
 
 
 QOS = ("burstable", "besteffort")
@@ -250,13 +281,11 @@ _MAPPED_FILE = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ [0-9a-f]+ ([0-9a-f]+:[0-9a
 
 def mapped_files(pid: int) -> set[tuple[str, int]]:
     """(device, inode) of each file a process maps, as /proc/<pid>/maps shows them, read from a
-    live thread (`view`): the kernel's word, so a process cannot map a file and not show it (a
+    live thread (`live`): the kernel's word, so a process cannot map a file and not show it (a
     hard link or a bind mount of the file shows the same pair, a copy another); empty when it is
     gone or unreadable (another user's process, to an agent not root)."""
-    try:
-        with open(f"{view(pid)}/maps", "rb") as f:
-            data = f.read()
-    except OSError:
+    data = live(pid, lambda at: _read_bytes(f"{at}/maps"))[1]
+    if data is None:
         return set()
     return {(dev.decode(), int(ino)) for dev, ino in _MAPPED_FILE.findall(data) if ino != b"0"}
 
@@ -305,7 +334,7 @@ class ProcessMap:
         self._by_container: dict[str, str] = {}            # container ID -> uid (pods with several claims)
         self._by_slot: dict[tuple[int, int], str] = {}     # (pid, start_time) in our namespace -> uid
         self._cache: dict[tuple[int, int], Owner] = {}     # (pid, start_time) -> owner
-        self._misses: dict[tuple[int, int], float] = {}    # (pid, start_time) -> when it missed
+        self._misses: dict[tuple[int, int], str] = {}      # (pid, start_time) -> its cgroup when it mapped nowhere
         self._known: dict[int, tuple[int, int]] = {}       # pid -> (pidfd, start_time) of a live process
         self._mapped: dict[int, Owner] = {}                # pid -> its cached owner, for known pids: one get each
         self.generation = 0                                # bumped by every change of _mapped
@@ -342,11 +371,13 @@ class ProcessMap:
         with self._lock:
             if by_limits != self._by_limits or by_pod != self._by_pod or containers != self._by_container:
                 self._cache.clear()  # a claim, a pod or a container came or went
+                self._misses.clear()
                 self._mapped.clear()
                 self.generation += 1
-                self._misses.clear()
                 self.unknown_pods -= set(by_pod)
                 self.unresolved_pods.clear()
+            if by_slot != self._by_slot:  # a host process's slot may map one that missed
+                self._misses.clear()
             self._by_limits, self._by_mount, self._by_pod, self._by_slot = by_limits, by_mount, by_pod, by_slot
             self._by_container = containers
 
@@ -373,6 +404,20 @@ class ProcessMap:
     def owner(self, pid: int) -> Owner | None:
         self._forget_exited(pid)
         return self._owner(pid)
+
+    def kill(self, pid: int) -> bool:
+        """SIGKILL the process known by pid through the pidfd held since its lookup: the one NVML
+        named, never a process that took its pid since (gone already: nothing to do). False: not
+        known here."""
+        with self._lock:
+            known = self._known.get(pid)
+            if known is None:
+                return False
+            try:
+                signal.pidfd_send_signal(known[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return True
 
     def _forget_exited(self, pid: int | None = None) -> None:
         """Drop the pidfds (and so the start times) of processes that have exited: all known
@@ -426,49 +471,59 @@ class ProcessMap:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-            if time.monotonic() - self._misses.get(key, -MISS_TTL_S) < MISS_TTL_S:
+            # A miss is looked at again at every call (the backstop's next poll), never left for
+            # a while: one whose facts could not be read (its threads came and went) held its
+            # memory unseen for that long (issue 40). What decides a miss, with the claims, pods
+            # and slots unchanged (they clear the misses), is its cgroup and its mount table; a
+            # tenant can only hide a claim's mount, not come to show one: so a process whose
+            # /proc/<pid>/cgroup reads as it did before a miss read from a live thread still
+            # maps nowhere (one small read, not the whole lookup).
+            cgroup = _read(f"/proc/{pid}/cgroup")
+            if cgroup is not None and self._misses.get(key) == cgroup:
                 return None
-            owner = self._lookup(pid, key)
+            owner, sure = self._lookup(pid, key)
             if owner:
                 self._cache[key] = owner
                 if self._known.get(pid, (None, None))[1] == started:  # (still the process its pidfd holds)
                     self._mapped[pid] = owner
                     self.generation += 1
-            else:
-                self._misses[key] = time.monotonic()
+            elif sure and cgroup is not None:
+                self._misses[key] = cgroup
             return owner
 
-    def _lookup(self, pid: int, key: tuple[int, int]) -> Owner | None:
-        at = view(pid)  # a live thread's facts: a zombie main thread shows none
-        cgroup = _read(f"{at}/cgroup")
-        if cgroup and V1_AT_ROOT.search(cgroup) and exiting(pid) and at == f"/proc/{pid}":  # (asked after the read)
-            return None  # not its container's paths: mapped, it would be killed alone and its container live on
+    def _lookup(self, pid: int, key: tuple[int, int]) -> tuple[Owner | None, bool]:
+        """pid's owner, and whether its facts came from a thread live through their read."""
+        live_at, (cgroup, table) = live(pid, lambda at: (_read(f"{at}/cgroup"), mounts(at)))  # one thread's facts
+        sure = live_at is not None
+        if cgroup and V1_AT_ROOT.search(cgroup) and not sure:
+            return None, sure  # not its container's paths: mapped, it would be killed alone and its container live on
         own = cgroup is None or cgroup == self._cgroup  # the agent's own cgroup: never kill it whole
         found = layout(cgroup) if cgroup and not own else None
         pod = found[0] if found else None
-        by_mount = {uid for dev, root, _ in mounts(at) if (uid := self._by_mount.get((dev, root)))}
+        by_mount = {uid for dev, root, _ in table if (uid := self._by_mount.get((dev, root)))}
         if found:
             container = found[2]  # its container's cgroup, whatever the tenant made below it
             candidates = self._by_pod.get(found[0], [])
             if len(candidates) == 1:
-                return Owner(candidates[0], pod, container)
+                return Owner(candidates[0], pod, container), sure
             if not candidates:
                 self.unknown_pods.add(found[0])
             else:  # several claims in one pod: the container tells which
                 by_id = self._by_container.get(container_id(container) or "")
                 if by_id in candidates:
-                    return Owner(by_id, pod, container)
+                    return Owner(by_id, pod, container), sure
                 self.unresolved_pods.add(found[0])
                 by_mount &= set(candidates)  # until the pod is read, its mounts if they show
             cgroup = container
         if len(by_mount) == 1:
-            return Owner(by_mount.pop(), pod, None if own else cgroup)
+            return Owner(by_mount.pop(), pod, None if own else cgroup), sure
+        at = live_at or f"/proc/{pid}"
         if _key(f"{at}/root") != self._root:
-            return None
+            return None, sure
         run_dir = _run_dir(at)
         limits = _key(os.path.join(run_dir, "limits")) if run_dir else None
         uid = (self._by_limits.get(limits) if limits else None) or self._by_slot.get(key)
-        return Owner(uid, None, None) if uid else None
+        return Owner(uid, None, None) if uid else None, sure
 
     def forget_except(self, pids: set[int]) -> None:
         """Drop what is known of processes no longer on any GPU."""

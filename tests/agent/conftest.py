@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import urllib.request
 from collections.abc import Callable
@@ -32,6 +33,18 @@ def sim_hook_dir():
     shutil.copytree(BUILD / "sim", os.path.join(folder, "sim"), symlinks=True)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def relay_threads(tmp_path_factory) -> str:
+    """relay_threads.c built: a tenant whose threads keep replacing each other (issue 40)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    binary = str(tmp_path_factory.mktemp("relay") / "relay_threads")
+    subprocess.run([compiler, "-O2", "-Wall", "-pthread", "-o", binary,
+                    os.path.join(os.path.dirname(__file__), "relay_threads.c"), "-ldl"], check=True)
+    return binary
 
 
 class Node:

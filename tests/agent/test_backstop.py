@@ -4,6 +4,7 @@ inside the claim's mapping, so the region never sees it while NVML does)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from types import SimpleNamespace
 
@@ -118,17 +119,22 @@ class _Agent:
         self.claims = {"u1": SimpleNamespace(uid="u1", namespace="ns", name="c1", gpus=(gpu,), regions=[None],
                                              pods={})}
         self.claims_generation = 1
-        self.procs = SimpleNamespace(owners=self._owners, settle=lambda: self.map_generation)
+        self.procs = SimpleNamespace(owners=self._owners, settle=lambda: self.map_generation, kill=self._kill)
         self.map_generation = 0
+        self.mapped = {10}
         self.owner_calls = 0
         self.reads = list(reads)
 
     def _owners(self, pids):
         self.owner_calls += 1
-        return {10: Owner("u1", None, None)} if 10 in pids else {}
+        return {pid: Owner("u1", None, None) for pid in pids if pid in self.mapped}
 
     def refresh_if_needed(self):
         pass
+
+    def _kill(self, pid):  # (ProcessMap.kill signals through the pidfd it holds; here by the pid)
+        os.kill(pid, signal.SIGKILL)
+        return True
 
     def sampler_process_memory(self, uuids=None):
         assert uuids == {"GPU-a"}  # only the GPUs the claims have
@@ -182,3 +188,48 @@ def test_the_owners_are_looked_up_again_when_the_map_or_answer_changes():
     # answer a: looked up, skipped, map moved: looked up; b: looked up, skipped; pid 11 unmapped: every time
     assert calls == [1, 1, 2, 3, 3, 4, 5]
     assert b.violations == {("u1", 0): 1}  # one episode: over at a, within at b
+
+
+def test_a_process_that_comes_while_the_killed_one_still_shows_is_killed_too():
+    """Issue 40: a killed process may still show on the GPU for a poll or more (its memory goes as
+    it exits). A process of the claim that came in the meantime, over the limit on its own, was
+    part of the same episode and never killed: it held its memory as long as the claim stayed
+    over. It is killed at the poll that sees it; the one still leaving is not counted twice."""
+    first, second = (subprocess.Popen(["sleep", "30"]) for _ in range(2))
+    try:
+        wait_exec(first, second, program="sleep")
+        killed = {"GPU-a": {first.pid: 512 * MiB}}
+        both = {"GPU-a": {first.pid: 512 * MiB, second.pid: 512 * MiB}}
+        agent = _Agent(killed, both, both)
+        agent.mapped = {first.pid, second.pid}
+        b = Backstop(None, "node", "kill", "mock")
+        b.poll(agent)
+        assert first.wait(timeout=10) == -9
+        b.poll(agent)  # the killed one still shows, and the newcomer
+        assert second.wait(timeout=10) == -9
+        b.poll(agent)
+        assert b.violations == {("u1", 0): 1} and b.kills == {("u1", 0): 2}
+    finally:
+        for p in (first, second):
+            p.kill()
+            p.wait()
+
+
+def test_the_process_on_the_gpu_is_killed_whatever_its_cgroup_reads_at_the_kill():
+    """Issue 40: the kill found a container's processes by reading each one's cgroup; a process
+    whose threads keep replacing each other read as no one's (the thread read was gone), so the
+    process NVML named was counted as killed and signalled nothing. It is signalled first, by the
+    pid the map holds, and its container's cgroup is searched after."""
+    tenant = subprocess.Popen(["sleep", "30"])
+    try:
+        wait_exec(tenant, program="sleep")
+        agent = _Agent({"GPU-a": {tenant.pid: 512 * MiB}})
+        container = "0::/kubepods/pod0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0/gone\n"  # no process reads as in it
+        agent.procs.owners = lambda pids: {pid: Owner("u1", None, container) for pid in pids}
+        b = Backstop(None, "node", "kill", "mock")
+        b.poll(agent)
+        assert tenant.wait(timeout=10) == -9
+        assert b.kills == {("u1", 0): 1}
+    finally:
+        tenant.kill()
+        tenant.wait()

@@ -98,7 +98,9 @@ def test_private_loader_in_var_run_link_image_is_killed(node_factory, runner):
         print(f"backstop: allocation line -> container gone in {took * 1000:.0f} ms")
         assert w.proc.returncode != 0
         assert took < KILL_BOUND_S, took
-        assert node.claim_metric("gpushare_claim_backstop_kills_total", ref) >= 2  # the probe and the sleep
+        # the probe, signalled first: the container's pid 1, so the kernel ends the sleep with it (or the
+        # search of its cgroup finds it); the shell of the repeated-holds test is the search's
+        assert node.claim_metric("gpushare_claim_backstop_kills_total", ref) >= 1
         evs = wait_for(lambda: [e for e in events(node.api, ref, "ResourceClaim") if e.involved_object.uid == ref.uid])
         assert "killed pid(s)" in evs[0].message and "above the limit 268435456" in evs[0].message
     finally:

@@ -185,7 +185,9 @@ def test_a_process_that_has_begun_to_exit_is_not_mapped_to_be_killed_alone(monke
     real_read = procmap._read
     monkeypatch.setattr(procmap, "_read", lambda path: now["cgroup"] if path == f"/proc/{p.pid}/cgroup"
                         else real_read(path))
-    monkeypatch.setattr(procmap, "exiting", lambda pid: now["exiting"], raising=False)
+    real_exiting = procmap._exiting_at
+    monkeypatch.setattr(procmap, "_exiting_at", lambda at: now["exiting"] if at == f"/proc/{p.pid}"
+                        else real_exiting(at))
     try:
         m = ProcessMap()
         m.update({"u1": str(limits)}, {})
@@ -237,3 +239,76 @@ def test_a_mapped_process_follows_its_claim_going(tmp_path):
         p.wait()
     assert m.settle() > g  # exited: forgotten by the settle itself
     assert m.owners({p.pid}) == {} and p.pid not in m._mapped
+
+
+def fake_task(folder, cgroup: str, exiting: bool) -> str:
+    """A /proc folder of one task: its cgroup text and a stat line whose flags say PF_EXITING."""
+    os.makedirs(folder, exist_ok=True)
+    (folder / "cgroup").write_text(cgroup)
+    flags = procmap.PF_EXITING if exiting else 0
+    (folder / "stat").write_text(f"7 (relay (x)) S 1 7 7 0 -1 {flags} 0 0 0 0\n")
+    return str(folder)
+
+
+def test_a_thread_that_exits_while_read_is_not_believed_the_next_one_is(tmp_path, monkeypatch):
+    """Issue 40, cgroup v2 (systemd layout) and v1 side by side: the main thread is a zombie, each
+    thread starts the next and exits. A read of a thread that began to exit during it (its stat
+    says so after the read) is thrown away, v1 `/` and all; the thread list is read again and a
+    thread that was live through its read answers."""
+    cid = "ab" * 32
+    path = f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/cri-containerd-{cid}.scope"
+    live_text = f"8:pids:{path}\n0::{path}\n"
+    leader = fake_task(tmp_path / "7", "8:pids:/\n0::" + path + "\n", exiting=True)
+    rounds = [[leader, fake_task(tmp_path / "7" / "task" / "8", live_text, exiting=False)],
+              [leader, fake_task(tmp_path / "7" / "task" / "9", live_text, exiting=False)]]
+    monkeypatch.setattr(procmap, "_threads", lambda pid: iter(rounds.pop(0) if rounds else [leader]))
+
+    def read(at):
+        text = procmap._read(f"{at}/cgroup")
+        if at.endswith("/8"):  # thread 8 exits while it is read: v1 shows the root from then on
+            fake_task(tmp_path / "7" / "task" / "8", "8:pids:/\n0::" + path + "\n", exiting=True)
+        return text
+
+    at, text = procmap.live(7, read)
+    assert at == str(tmp_path / "7" / "task" / "9") and text == live_text
+    assert pod_uid(text) == UID and container_id(text) == cid
+    # every thread exiting: no live folder, and what the main thread's shows (the lookup maps no v1 root)
+    assert procmap.live(7, read) == (None, "8:pids:/\n0::" + path + "\n")
+
+
+def test_a_process_that_could_not_be_mapped_is_looked_up_again_at_the_next_call(tmp_path, monkeypatch):
+    """Issue 40: a lookup whose every thread read was raced (the threads came and went) mapped
+    nothing, and a miss was not looked up again for 1 s. It is at the next call (the backstop's
+    next poll)."""
+    limits, m, p = claim_u1_with_a_process(tmp_path)
+    try:
+        real_live = procmap.live
+        raced = iter([True])
+        monkeypatch.setattr(procmap, "live", lambda pid, read: (None, ("4:memory:/\n", []))
+                            if next(raced, False) else real_live(pid, read))
+        assert m.owners({p.pid}) == {}  # no thread was live through its read
+        assert m.owners({p.pid})[p.pid].uid == "u1"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_process_of_no_claim_is_looked_up_again_when_its_cgroup_changes(monkeypatch):
+    """A process that maps nowhere, its facts read from a live thread, costs one read of its
+    cgroup at each call, not a lookup; its cgroup reading otherwise, it is looked up again."""
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        wait_exec(p, program="sleep")
+        m = ProcessMap()
+        m.update({}, {}, {"u1": {UID}})
+        lookups = []
+        real_lookup = m._lookup
+        monkeypatch.setattr(m, "_lookup", lambda pid, key: (lookups.append(pid), real_lookup(pid, key))[1])
+        assert m.owner(p.pid) is None and m.owner(p.pid) is None and len(lookups) == 1
+        pod = f"0::/kubepods/pod{UID}/c\n"
+        real_read = procmap._read
+        monkeypatch.setattr(procmap, "_read", lambda path: pod if path == f"/proc/{p.pid}/cgroup" else real_read(path))
+        assert m.owner(p.pid) == procmap.Owner("u1", UID, pod) and len(lookups) == 2
+    finally:
+        p.kill()
+        p.wait()

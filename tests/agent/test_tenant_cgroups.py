@@ -29,12 +29,14 @@ from kubernetes import client
 
 from playground.claims import make_claim, result
 from playground.containers import _cgroup_mounts, cgroup_mount
-from tests.support import MiB, wait_for
+from tests.support import GiB, MiB, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups)")
 
 # Under a loaded 2-core CI machine; the promise is 200 ms (the measured figure is printed).
 KILL_BOUND_S = 5.0
+RELAY_RUNS = 3
+RELAY_BOUND_S = 0.9  # below the 1 s a failed lookup used to wait before the next
 
 
 def prepare(node, memory: str, pod: str):
@@ -137,6 +139,32 @@ def test_a_process_whose_main_thread_exited_is_killed(node, hierarchy, cleanup, 
     assert took < KILL_BOUND_S, took
     assert "main_exits=" in " ".join(w.lines)  # it did run with its main thread gone
     wait_for(lambda: claim_metric(node, "gpushare_claim_backstop_kills_total", ref) >= 1)
+
+
+def test_a_process_whose_threads_keep_replacing_each_other_is_killed_within_the_bound(
+        node, hierarchy, cleanup, request, relay_threads):
+    """Issue 40: the main thread exits and every thread starts the next and exits at once
+    (relay_threads.c), 1 GiB in a 256 MiB claim. A lookup raced by the threads failed, and a
+    failed one was not tried again for 1 s; a kill found the process by its cgroup, read from a
+    thread that was gone by then, and signalled nothing: the tenant held the memory 20 s. Each
+    run is timed from the tenant's clock reading right after its allocation to its end."""
+    pod = str(uuid.uuid4())
+    ref, ids = prepare(node, "256Mi", pod)
+    pidns = request.node.callspec.params["hierarchy"].endswith("pidns")
+    tenant = f"/usr/bin/unshare --pid --fork {relay_threads}" if pidns else relay_threads
+    holds = []
+    for run in range(RELAY_RUNS):  # a cgroup each: an empty v1 cgroup may go (a host's release agent)
+        folder = make_cgroup(hierarchy, f"kubepods/pod{pod}/relay{run}", cleanup)
+        w = node.runner.start_command(f"relay{run}", ids, in_cgroup(folder, around_the_library(tenant, str(GiB), "20")))
+        node.workloads.append(w)
+        at = int(w.read_until("allocated=", timeout=30)["at_ns"]) / 1e9
+        w.proc.wait(timeout=30)  # (it holds for 20 s unless killed)
+        holds.append(time.monotonic() - at)
+        assert "survived" not in w.wait(), w.lines
+    print(f"backstop ({os.path.basename(hierarchy)}): threads replacing each other held 1 GiB in a 256 MiB claim "
+          f"{', '.join(f'{h * 1000:.0f}' for h in holds)} ms")
+    assert max(holds) < RELAY_BOUND_S, holds
+    wait_for(lambda: claim_metric(node, "gpushare_claim_backstop_kills_total", ref) >= RELAY_RUNS)
 
 
 def test_a_sub_cgroup_named_after_another_pod_gets_nobody_else_killed(node, cleanup):
