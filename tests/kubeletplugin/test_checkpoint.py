@@ -12,6 +12,7 @@ import pytest
 
 from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.agent.shares import PERIOD_US
+from kubeletplugin.claimfiles import unmount_regions
 from kubeletplugin.claimref import ClaimRef
 from kubeletplugin.hooklayout import CONTROL, CONTROL_SIZE, REGION_SIZE
 from playground.claims import make_claim, result
@@ -34,7 +35,7 @@ def prepared(api, start_plugin, dirs):
 
 
 def region(dirs, uid):
-    return os.path.join(dirs.state, "claims", uid, "region-0")
+    return os.path.join(dirs.state, "claims", uid, "region", "0")
 
 
 def edit_checkpoint(dirs, change):
@@ -112,6 +113,7 @@ def test_corrupt_checkpoint_is_moved_aside_and_rebuilt(api, prepared, start_plug
     orphan = make_claim(api, [result("gpu-0-share-0")])
     kubelet.prepare(orphan)
     plugin.stop(grace=1)
+    unmount_regions(os.path.join(dirs.state, "claims", orphan.uid))
     shutil.rmtree(os.path.join(dirs.state, "claims", orphan.uid))  # only its spec is left: an orphan
     path = os.path.join(dirs.state, "checkpoint.json")
     with open(path, "r+b") as f:
@@ -235,7 +237,7 @@ def test_lost_files_are_rewritten_and_the_region_kept(prepared, start_plugin, di
         os.unlink(os.path.join(folder, name))
     os.chmod(folder, 0o711)  # as an older release made it
     start_plugin()
-    assert sorted(os.listdir(folder)) == ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]
+    assert sorted(os.listdir(folder)) == ["control-0", "ld.so.preload", "limits", "prepared.json", "region"]
     assert os.stat(folder).st_mode & 0o777 == 0o700
     assert read_usage(dirs, claim.uid) == b"usage of running pods"
     assert kubelet.prepare(claim) == answer
