@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -301,3 +302,31 @@ def test_an_older_yaml_spec_of_a_claim_is_replaced_not_kept_beside(prepared, sta
     start_plugin()
     assert os.listdir(dirs.cdi) == [os.path.basename(json_spec)]
     assert duplicate_devices(dirs.cdi) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the regions' tmpfs needs root (as a user they stay on the disk)")
+def test_a_reboot_mounts_the_regions_tmpfs_again_and_unprepare_takes_it_away(prepared, start_plugin, dirs):
+    """The regions' tmpfs is gone after a reboot (its folder on the disk is empty): start-up mounts
+    it again with the regions zeroed, a tenant's writes are held to it, Unprepare unmounts it."""
+    plugin, kubelet, claim, answer = prepared
+    folder = os.path.join(dirs.state, "claims", claim.uid)
+    assert os.path.ismount(os.path.join(folder, "region"))
+    write_usage(dirs, claim.uid)
+    plugin.stop(grace=1)
+    unmount_regions(folder)
+    edit_checkpoint(dirs, lambda claims, boot: "an-earlier-boot")
+    start_plugin()
+    assert os.path.ismount(os.path.join(folder, "region"))
+    assert read_usage(dirs, claim.uid, REGION_SIZE) == bytes(REGION_SIZE)
+    fs = os.statvfs(os.path.join(folder, "region"))
+    assert fs.f_blocks * fs.f_frsize == REGION_SIZE
+    with open(region(dirs, claim.uid), "r+b") as f, pytest.raises(OSError) as e:  # a tenant growing it
+        f.seek(REGION_SIZE)
+        f.write(bytes(2 * REGION_SIZE))  # (its sparse region leaves the rest of the 1 MiB free)
+        f.flush()
+    assert e.value.errno == errno.ENOSPC
+    assert kubelet.prepare(claim) == answer
+    assert kubelet.unprepare(claim).claims[claim.uid].error == ""
+    assert not os.path.lexists(folder)
+    with open("/proc/self/mountinfo") as f:
+        assert folder not in f.read()
