@@ -25,8 +25,6 @@ prepared by an older release keeps its `region-<i>` file on the state disk until
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import os
 import shutil
@@ -36,6 +34,7 @@ from dra_driver.config import MPS
 from dra_driver.log import get_logger
 from kubeletplugin.hooklayout import CONTROL_SIZE, REGION_SIZE
 
+from . import tmpfs
 from .claimref import UID
 from .prepared import PreparedClaim, PreparedError
 
@@ -46,8 +45,6 @@ CONTAINER_LIBRARY = "/usr/local/gpushare/lib/libgpushare.so"
 FOLDER_MODE = 0o700
 PREPARED = "prepared.json"
 REGION_DIR = "region"
-_libc = ctypes.CDLL(None, use_errno=True)
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 2, 4, 8, 2
 
 
 def limits_text(claim: PreparedClaim) -> str:
@@ -183,20 +180,13 @@ def _mount_regions(path: str, count: int) -> None:
     each (plus the folder's). Already mounted (a restart): kept, with what is in it. Not allowed
     to mount (a plugin that is not root: a playground or a test as a user): the folder stays on
     the state disk, said once in the log."""
+    global _warned_no_mount
     _mkdir(path, FOLDER_MODE)
-    if os.path.ismount(path):
-        return
-    options = f"size={count * REGION_SIZE},nr_inodes={count + 1},mode=0700,huge=never".encode()
-    if _libc.mount(b"gpushare-region", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                   options) != 0:
-        err = ctypes.get_errno()
-        if err != errno.EPERM:
-            raise OSError(err, f"mounting the regions' tmpfs: {os.strerror(err)}", path)
-        global _warned_no_mount
-        if not _warned_no_mount:
-            _warned_no_mount = True
-            log.warning("not allowed to mount the regions' tmpfs (not root): regions are on the state disk, "
-                        "where a tenant can grow them", path=path)
+    if not tmpfs.mount(path, f"size={count * REGION_SIZE},nr_inodes={count + 1},mode=0700,huge=never") \
+            and not _warned_no_mount:
+        _warned_no_mount = True
+        log.warning("not allowed to mount the regions' tmpfs (not root): regions are on the state disk, "
+                    "where a tenant can grow them", path=path)
 
 
 _warned_no_mount = False
@@ -204,12 +194,8 @@ _warned_no_mount = False
 
 def unmount_regions(folder: str) -> None:
     """Detach a claim folder's region tmpfs (containers that still map a region keep their own
-    mount of it until they end). Nothing mounted: nothing to do."""
-    path = os.path.join(folder, REGION_DIR)
-    while os.path.ismount(path):
-        if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"unmounting the regions' tmpfs: {os.strerror(err)}", path)
+    mount of it until they end)."""
+    tmpfs.unmount(os.path.join(folder, REGION_DIR))
 
 
 def unmount_all_regions(state_dir: str) -> None:
