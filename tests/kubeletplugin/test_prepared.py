@@ -229,3 +229,22 @@ def test_claim_folder_record_of_another_claim_is_refused(files):
     with pytest.raises(PreparedError, match=r"^prepared.json: not JSON"):
         files.read_prepared(other)
     assert files.read_prepared("1f1f1f1f-0000-4000-8000-000000000000") is None  # no folder: no record
+
+
+def test_a_claim_an_older_release_prepared_keeps_its_region_on_the_disk(files):
+    """Its containers mount `region-<i>`: the path stays that one, repair finds nothing missing,
+    and a repeated Prepare (write) makes no tmpfs beside it."""
+    claim = PreparedClaim.from_json(json.loads(fixture("prepared-capacity.json")))
+    files.write(claim)
+    folder = files.dir(claim.uid)
+    unmount_all_regions(os.path.dirname(files.root))
+    os.rmdir(os.path.join(folder, "region"))  # the older layout: region-<i> files in the folder
+    for i in range(len(claim.gpus)):
+        with open(os.path.join(folder, f"region-{i}"), "wb") as f:
+            f.write(b"in use")
+    assert files.region_path(claim.uid, 0) == os.path.join(folder, "region-0")
+    assert files.repair(claim) is False
+    files.write(claim)
+    assert not os.path.lexists(os.path.join(folder, "region"))
+    with open(files.region_path(claim.uid, 0), "rb") as f:
+        assert f.read(6) == b"in use"
