@@ -3,7 +3,8 @@
     claims/                      0700
     claims/<uid>/                0700: no other host user reaches the files below
     claims/<uid>/limits          0444: the authoritative limits (limits file format v1)
-    claims/<uid>/region-<i>      0666: usage region of the container's GPU i, 1 MiB of zeros
+    claims/<uid>/region/         the claim's own tmpfs, as large as its regions (0700)
+    claims/<uid>/region/<i>      0666: usage region of the container's GPU i, 1 MiB of zeros
     claims/<uid>/control-<i>     0644: the node agent's control file of GPU i, 4 KiB of zeros
     claims/<uid>/ld.so.preload   0444: the library's container path, mounted at /etc/ld.so.preload
     claims/<uid>/prepared.json   0600: what Prepare answered (rebuilds a lost checkpoint)
@@ -13,6 +14,13 @@ A claim with sharingStrategy None gets its folder and prepared.json only: nothin
 Containers reach their files through bind mounts of the files themselves, which do not
 traverse the folders: the region stays 0666 so a container of any UID (or user namespace)
 can map it, while the 0700 folders keep every other host user out.
+
+The regions are the only files of the folder a container can write, so they live on a tmpfs of
+their own, sized to hold them and nothing more (`size` = count x REGION_SIZE): a tenant that
+grows its region writes into memory charged to its own cgroup, at most that much, never onto
+the node's state disk (docs/security.md, "Files a tenant can write"). A tmpfs is gone after a
+reboot, when the regions are zeroed anyway: start-up mounts it again (`repair`). A claim
+prepared by an older release keeps its `region-<i>` file on the state disk until it is unprepared.
 """
 
 from __future__ import annotations
@@ -23,15 +31,20 @@ import shutil
 
 from cdi import fsync_dir, remove_durable, remove_temp_files, write_atomic
 from dra_driver.config import MPS
+from dra_driver.log import get_logger
 from kubeletplugin.hooklayout import CONTROL_SIZE, REGION_SIZE
 
+from . import tmpfs
 from .claimref import UID
 from .prepared import PreparedClaim, PreparedError
+
+log = get_logger("claimfiles")
 
 LIMITS_VERSION = 1
 CONTAINER_LIBRARY = "/usr/local/gpushare/lib/libgpushare.so"
 FOLDER_MODE = 0o700
 PREPARED = "prepared.json"
+REGION_DIR = "region"
 
 
 def limits_text(claim: PreparedClaim) -> str:
@@ -53,8 +66,8 @@ def file_names(claim: PreparedClaim) -> list[str]:
     """The files of a prepared claim's folder."""
     if not claim.injects_library:
         return [PREPARED]
-    return ["limits", "ld.so.preload", PREPARED,
-            *(f"{kind}-{i}" for i in range(len(claim.gpus)) for kind in ("region", "control"))]
+    return ["limits", "ld.so.preload", PREPARED, *(f"control-{i}" for i in range(len(claim.gpus))),
+            *(f"{REGION_DIR}/{i}" for i in range(len(claim.gpus)))]
 
 
 class ClaimFiles:
@@ -73,7 +86,8 @@ class ClaimFiles:
         return os.path.join(self.dir(uid), "limits")
 
     def region_path(self, uid: str, i: int) -> str:
-        return os.path.join(self.dir(uid), f"region-{i}")
+        legacy = os.path.join(self.dir(uid), f"region-{i}")  # prepared by an older release
+        return legacy if os.path.lexists(legacy) else os.path.join(self.dir(uid), REGION_DIR, str(i))
 
     def control_path(self, uid: str, i: int) -> str:
         return os.path.join(self.dir(uid), f"control-{i}")
@@ -90,6 +104,8 @@ class ClaimFiles:
         if claim.injects_library:
             write_atomic(self.limits_path(uid), limits_text(claim).encode(), mode=0o444)
             write_atomic(self.preload_path(uid), (CONTAINER_LIBRARY + "\n").encode(), mode=0o444)
+            if not os.path.lexists(os.path.join(folder, "region-0")):
+                _mount_regions(os.path.join(folder, REGION_DIR), len(claim.gpus))
             for i in range(len(claim.gpus)):
                 _create_zeroed(self.region_path(uid, i), REGION_SIZE, 0o666)
                 _create_zeroed(self.control_path(uid, i), CONTROL_SIZE, 0o644)
@@ -101,6 +117,8 @@ class ClaimFiles:
         of interrupted writes, tighten an older release's folder mode. True when files were missing."""
         folder = self.dir(claim.uid)
         names = file_names(claim)
+        if os.path.lexists(os.path.join(folder, "region-0")):  # an older release's layout
+            names = [f"region-{n.rpartition('/')[2]}" if n.startswith(REGION_DIR) else n for n in names]
         remove_temp_files(folder)
         if all(os.path.exists(os.path.join(folder, n)) for n in names):
             os.chmod(folder, FOLDER_MODE)
@@ -134,6 +152,7 @@ class ClaimFiles:
             return False
         # The record first: a removal cut short never leaves a folder that start-up would adopt.
         remove_durable(os.path.join(folder, PREPARED))
+        unmount_regions(folder)
         shutil.rmtree(folder)
         fsync_dir(self.root)
         return True
@@ -154,6 +173,37 @@ class ClaimFiles:
             _zero(self.region_path(uid, i), REGION_SIZE)
             if os.path.exists(self.control_path(uid, i)):  # absent: prepared by an older plugin
                 _zero(self.control_path(uid, i), CONTROL_SIZE)
+
+
+def _mount_regions(path: str, count: int) -> None:
+    """The claim's region tmpfs at `path`: room for its `count` regions and no more, one inode
+    each (plus the folder's). Already mounted (a restart): kept, with what is in it. Not allowed
+    to mount (a plugin that is not root: a playground or a test as a user): the folder stays on
+    the state disk, said once in the log."""
+    global _warned_no_mount
+    _mkdir(path, FOLDER_MODE)
+    if not tmpfs.mount(path, f"size={count * REGION_SIZE},nr_inodes={count + 1},mode=0700,huge=never") \
+            and not _warned_no_mount:
+        _warned_no_mount = True
+        log.warning("not allowed to mount the regions' tmpfs (not root): regions are on the state disk, "
+                    "where a tenant can grow them", path=path)
+
+
+_warned_no_mount = False
+
+
+def unmount_regions(folder: str) -> None:
+    """Detach a claim folder's region tmpfs (containers that still map a region keep their own
+    mount of it until they end)."""
+    tmpfs.unmount(os.path.join(folder, REGION_DIR))
+
+
+def unmount_all_regions(state_dir: str) -> None:
+    """Detach the region tmpfs of every claim folder under `state_dir` (before removing it: an
+    uninstall, a playground's or a test's state dir)."""
+    claims = os.path.join(state_dir, "claims")
+    for uid in os.listdir(claims) if os.path.isdir(claims) else []:
+        unmount_regions(os.path.join(claims, uid))
 
 
 def _zero(path: str, size: int) -> None:

@@ -45,7 +45,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from dra_driver.log import get_logger
-from kubeletplugin import mpslayout, mpsroot
+from kubeletplugin import mpslayout, mpsroot, tmpfs
 
 from .prepared import PreparedGpu
 
@@ -54,6 +54,10 @@ log = get_logger("kubeletplugin.mps")
 COMMAND_TIMEOUT_S = 3.0   # one command program's run (the daemon answers in milliseconds)
 CONNECT_TIMEOUT_S = 1.0   # the plugin's own check of who answers
 START_TIMEOUT_S = 5.0
+# The GPU's /dev/shm on GPU nodes, shared by its MPS claims' containers (read-write): a tmpfs of
+# this size, not the state disk. NVIDIA's server and clients keep small files there; how much is
+# not measured on hardware (hack/gpu-validate.sh's MPS section lists them).
+SHM_SIZE = 64 << 20
 MPS_CONTROL = "nvidia-cuda-mps-control"  # --mps-control: found on PATH (the driver root's bin)
 
 
@@ -199,6 +203,9 @@ class MpsControl:
         if self.root is not None:  # the daemon's /dev/shm, its clients' too: any user's server writes there
             shm = mpslayout.shm_dir(self.state_dir, gpu_uuid)
             os.makedirs(shm, exist_ok=True)
+            if not tmpfs.mount(shm, f"size={SHM_SIZE},mode=1777"):
+                raise MpsError(f"the MPS /dev/shm of GPU {gpu_uuid}: not allowed to mount its tmpfs (the plugin "
+                               "runs privileged on GPU nodes)")
             os.chmod(shm, 0o1777, follow_symlinks=False)
         try:
             os.unlink(mpslayout.stopping(self.state_dir, gpu_uuid))
@@ -265,4 +272,5 @@ class MpsControl:
                 time.sleep(0.02)
             if mpslayout.daemon_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        tmpfs.unmount(mpslayout.shm_dir(self.state_dir, gpu_uuid))
         shutil.rmtree(gpu, ignore_errors=True)

@@ -28,6 +28,7 @@ from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
 from .cdispec import KIND
+from .claimfiles import unmount_all_regions
 from .config import DEFAULTS
 from .instances import LOCK_FILES
 
@@ -84,6 +85,8 @@ def _remove(folder: str, patterns: tuple[str, ...]) -> int:
     for pattern in patterns:
         for path in glob.glob(os.path.join(glob.escape(folder), pattern)):
             if os.path.isdir(path) and not os.path.islink(path):
+                if pattern == "claims":
+                    unmount_all_regions(folder)
                 shutil.rmtree(path)
             else:
                 os.unlink(path)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from dra_driver.log import get_logger
 from dra_driver.runloop import serve
+from kubeletplugin.claimfiles import unmount_all_regions
 
 POLL_S = 0.2
 log = get_logger("playground")
@@ -112,4 +113,5 @@ def run(args: argparse.Namespace) -> int:
         return serve(start, log, "playground stopping")
     finally:
         if not args.workdir:
+            unmount_all_regions(os.path.join(workdir, "state"))  # claims its node left prepared
             shutil.rmtree(workdir, ignore_errors=True)

@@ -284,7 +284,7 @@ class Demo:
                "A second Prepare of a prepared claim returns the identical answer and leaves the usage "
                "region alone, so trainer-a's processes keep sharing one budget with trainer-b's.")
         claim = self.claims["shared-gpu"]
-        region = Path(self.workdir, "state", "claims", claim.uid, "region-0")
+        region = Path(self.workdir, "state", "claims", claim.uid, "region", "0")
         before = (region.stat().st_ino, region_used(region))
         self.node.stop_plugin()
         self.node.start_plugin(self.emu.api_client())

@@ -9,6 +9,8 @@ import shutil
 import tempfile
 import time
 
+from kubeletplugin.claimfiles import unmount_all_regions
+
 from .demo import Demo
 from .demo_strategies import StrategiesDemo
 
@@ -28,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
             code = Demo(args.mock_gpus, workdir, args.runtime).run()
     finally:
         if not args.workdir:
+            unmount_all_regions(os.path.join(workdir, "state"))  # claims its node left prepared
             shutil.rmtree(workdir, ignore_errors=True)
     print(f"({time.monotonic() - started:.1f}s)")
     return code

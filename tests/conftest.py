@@ -15,6 +15,7 @@ import pytest
 import structlog
 from kubernetes import client
 
+from kubeletplugin.claimfiles import unmount_all_regions
 from kubeletplugin.main import Plugin
 from playground.emulator import ApiEmulator
 from playground.kubelet import Kubelet
@@ -128,6 +129,7 @@ def hook_dir() -> Iterator[str]:
 def dirs() -> Iterator[Dirs]:
     root = tempfile.mkdtemp(prefix="gskp")
     yield Dirs(root)
+    unmount_all_regions(Dirs(root).state)  # claims a test left prepared
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -32,6 +32,8 @@ anything a tenant can write (docs/security.md, "The trusted layer"):
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import re
 import select
@@ -290,18 +292,24 @@ def mapped_files(pid: int) -> set[tuple[str, int]]:
     return {(dev.decode(), int(ino)) for dev, ino in _MAPPED_FILE.findall(data) if ino != b"0"}
 
 
-def own_mapping(address: int) -> tuple[str, int] | None:
-    """(device, inode) of the file this process maps at `address`, as the maps of every process
-    that maps the file show it (`mapped_files`): the kernel prints the device of the file mapped,
-    which is not always stat's st_dev (overlayfs maps the layer's file). None: no file there."""
+def map_key(path: str) -> tuple[str, int] | None:
+    """(device, inode) of the file at `path` as the maps of every process that maps it show it
+    (`mapped_files`): the kernel prints the device of the file mapped, which is not always stat's
+    st_dev (overlayfs maps the layer's file). Learnt from a private mapping of its first page,
+    made a moment and never touched (a tenant can cut a region short: a touch could SIGBUS).
+    None: it cannot be mapped."""
     try:
-        with open("/proc/self/maps", "rb") as f:
-            for line in f:
-                span, _, _, dev, ino = line.split(maxsplit=5)[:5]
-                start, _, end = span.partition(b"-")
-                if int(start, 16) <= address < int(end, 16):
-                    return (dev.decode(), int(ino)) if ino != b"0" else None
-    except OSError:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), mmap.PAGESIZE, access=mmap.ACCESS_COPY) as m:
+            byte = ctypes.c_char.from_buffer(m)  # (an export of the map: dropped at once, close still works)
+            address = ctypes.addressof(byte)
+            del byte
+            with open("/proc/self/maps", "rb") as maps:
+                for line in maps:
+                    span, _, _, dev, ino = line.split(maxsplit=5)[:5]
+                    start, _, end = span.partition(b"-")
+                    if int(start, 16) <= address < int(end, 16):
+                        return (dev.decode(), int(ino)) if ino != b"0" else None
+    except (OSError, ValueError):
         pass
     return None
 

@@ -5,30 +5,40 @@ stores: the library uses each with one atomic operation): `pace_rate_ppm`, writt
 without a control file (control.py; prepared by an older plugin), and `pace_kernel_us`, zeroed
 after each read. Everything read here is
 tenant-writable, so it is treated as a claim's own report about itself, never as a limit.
+
+A tenant can also truncate, grow or rewrite the file itself at any moment (its container mounts
+it read-write), so the agent never maps it: a mapping of a file that shrank kills its reader with
+SIGBUS, and the agent is the plugin's process. It reads and writes with pread/pwrite, and a region
+cut shorter than its layout reads as empty (logged once).
 """
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
+import stat
 import struct
+import threading
 from dataclasses import dataclass
 
+from dra_driver.log import get_logger
 from kubeletplugin.hooklayout import (
     REGION_HEADER,
     REGION_MAGIC,
-    REGION_SIZE,
     REGION_VERSION,
     SLOT_COUNT,
+    SLOT_SIZE,
     SLOT_STRUCT,
+    Field,
     slot_offset,
 )
 
-_MAGIC, _VERSION, _USED, _SLOTS_HW = (REGION_HEADER[f].offset for f in ("magic", "version", "used", "slots_hw"))
+log = get_logger("agent.regions")
+
+_MAGIC, _VERSION, _USED, _SLOTS_HW = (REGION_HEADER[f] for f in ("magic", "version", "used", "slots_hw"))
 _PACE_RATE_PPM, _PACE_KERNEL_US, _PACE_GPU_NS, _PACED_NS, _OOM_REFUSALS, _PACE_QEND_NS = (
-    REGION_HEADER[f].offset
+    REGION_HEADER[f]
     for f in ("pace_rate_ppm", "pace_kernel_us", "pace_gpu_ns", "paced_ns", "oom_refusals", "pace_qend_ns"))
+_HEADER_READ = max(f.offset + f.size for f in REGION_HEADER.values())  # the header's fields, in one pread
 
 
 @dataclass(frozen=True)
@@ -40,94 +50,117 @@ class Slot:
 
 
 class Region:
-    """One mapped region file. A region nobody has used yet is all zeros and reads as empty."""
+    """One region file, open for pread/pwrite. A region nobody has used yet is all zeros and reads
+    as empty. ValueError when `path` is not a regular file (a FIFO, a folder; a symlink is
+    refused by the open), and from every read once closed."""
 
     def __init__(self, path: str):
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        try:
-            if os.fstat(fd).st_size != REGION_SIZE:
-                raise ValueError(f"{path}: size {os.fstat(fd).st_size}, expected {REGION_SIZE}")
-            self._map = mmap.mmap(fd, REGION_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)  # the mapping keeps the file
-        # one aligned 32-bit store for pace_rate_ppm (struct.pack_into writes byte by byte)
-        self._words = memoryview(self._map).cast("I")  # x86-64: native = little endian
+        # O_NONBLOCK: opening a FIFO never waits for a writer; O_NOFOLLOW: never a link's target
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError(f"{path}: not a regular file")
+        self._fd = fd
+        self._fd_lock = threading.Lock()  # the backstop reads while the period may close: no read of a reused fd
+        self._told_short = False
 
     def close(self) -> None:
-        self._words.release()
-        self._map.close()
+        with self._fd_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
-    @property
-    def address(self) -> int:
-        """Where this process maps the region (its line in /proc/self/maps: procmap.own_mapping)."""
-        byte = ctypes.c_char.from_buffer(self._map)  # (an export of the map: dropped at once, close still works)
-        try:
-            return ctypes.addressof(byte)
-        finally:
-            del byte
+    def _read(self, offset: int, size: int) -> bytes | None:
+        """`size` bytes at `offset`; None when the file is shorter (a tenant cut it) or unreadable."""
+        with self._fd_lock:
+            if self._fd < 0:
+                raise ValueError(f"{self.path}: closed")
+            try:
+                data = os.pread(self._fd, size, offset)
+            except OSError as e:
+                data, error = b"", str(e)
+            else:
+                error = f"{offset + len(data)} bytes where the layout reads {offset + size}"
+        if len(data) == size:
+            return data
+        if not self._told_short:
+            self._told_short = True
+            log.warning("usage region cut short or unreadable (its tenant can write it): read as empty",
+                        path=self.path, error=error)
+        return None
 
-    def _u64(self, offset: int) -> int:
-        value: int = struct.unpack_from("<Q", self._map, offset)[0]
-        return value
+    def _store32(self, offset: int, value: int) -> None:
+        # one 4-byte pwrite at an aligned offset (the library uses the field atomically)
+        with self._fd_lock:
+            if self._fd >= 0:
+                os.pwrite(self._fd, struct.pack("<I", value), offset)
+
+    def _header(self) -> bytes | None:
+        """The header's bytes when the region is initialised (whole and of this layout), else None."""
+        h = self._read(0, _HEADER_READ)
+        return h if h is not None and _MAGIC.read(h) == REGION_MAGIC and _VERSION.read(h) == REGION_VERSION else None
 
     @property
     def initialised(self) -> bool:
-        return self._u64(_MAGIC) == REGION_MAGIC and struct.unpack_from("<I", self._map, _VERSION)[0] == REGION_VERSION
+        return self._header() is not None
+
+    def _field(self, field: Field) -> int:
+        h = self._header()
+        return field.read(h) if h is not None else 0
 
     @property
     def used(self) -> int:
-        return self._u64(_USED) if self.initialised else 0
+        return self._field(_USED)
 
     @property
     def charged_ns(self) -> int:
         """GPU time the library charged the claim's launches (`pace_gpu_ns`)."""
-        return self._u64(_PACE_GPU_NS) if self.initialised else 0
+        return self._field(_PACE_GPU_NS)
 
     @property
     def queue_end_ns(self) -> int:
         """When the claim's queued work ends, as its last launching process predicts
         (`pace_qend_ns`, CLOCK_MONOTONIC; 0 = not said)."""
-        return self._u64(_PACE_QEND_NS) if self.initialised else 0
+        return self._field(_PACE_QEND_NS)
 
     @property
     def paced_ns(self) -> int:
-        return self._u64(_PACED_NS) if self.initialised else 0
+        return self._field(_PACED_NS)
 
     @property
     def oom_refusals(self) -> int:
-        return self._u64(_OOM_REFUSALS) if self.initialised else 0
+        return self._field(_OOM_REFUSALS)
 
     def take_kernel_us(self) -> int:
         """The longest launch the library booked since the last call, us (0: none), and zero it. A
         launch between the read and the store is lost: the next one reports it again."""
-        if not self.initialised:
-            return 0
-        us: int = self._words[_PACE_KERNEL_US // 4]
+        us = self._field(_PACE_KERNEL_US)
         if us:
-            self._words[_PACE_KERNEL_US // 4] = 0
+            self._store32(_PACE_KERNEL_US.offset, 0)
         return us
 
     @property
     def rate_ppm(self) -> int:
         """`pace_rate_ppm` (named like Control.rate_ppm: the agent writes one or the other)."""
-        return self._words[_PACE_RATE_PPM // 4]
+        return self._field(_PACE_RATE_PPM)
 
     @rate_ppm.setter
     def rate_ppm(self, ppm: int) -> None:
         # Only into an initialised region: the first user's initialisation zeroes the header.
         ppm = max(0, min(ppm, 1_000_000))
-        if self.initialised and self.rate_ppm != ppm:
-            self._words[_PACE_RATE_PPM // 4] = ppm
+        h = self._header()
+        if h is not None and _PACE_RATE_PPM.read(h) != ppm:
+            self._store32(_PACE_RATE_PPM.offset, ppm)
 
     def slots(self) -> list[Slot]:
         """Slots in use (their owners may have died and not been reaped yet)."""
-        if not self.initialised:
-            return []
-        hw = min(struct.unpack_from("<I", self._map, _SLOTS_HW)[0], SLOT_COUNT)
+        h = self._header()
+        hw = min(_SLOTS_HW.read(h), SLOT_COUNT) if h is not None else 0
+        data = (self._read(slot_offset(0), hw * SLOT_SIZE) if hw else None) or b""
         out = []
-        for i in range(hw):
-            in_use, pid, start, pidns, used = SLOT_STRUCT.unpack_from(self._map, slot_offset(i))
+        for i in range(len(data) // SLOT_SIZE):
+            in_use, pid, start, pidns, used = SLOT_STRUCT.unpack_from(data, i * SLOT_SIZE)
             if in_use:
                 out.append(Slot(pid, start, pidns, used))
         return out

@@ -32,7 +32,7 @@ from dra_driver.runloop import serve
 from kubeletplugin.hooklayout import CONTROL_SIZE
 
 from .control import Control
-from .procmap import mapped_files, own_mapping
+from .procmap import map_key, mapped_files
 from .regions import Region
 from .relay import Relay, fill_pairs
 from .shares import Share, plan_gpu
@@ -67,8 +67,8 @@ class RunDirClaim:
             share = Share(limit=limit / 100.0, burst=kv.get(f"GPUSHARE_COMPUTE_POLICY_{i}") == "Burst", trusted=True)
             region = Region(os.path.join(root, "region", str(i)))
             self.gpus.append((kv.get(f"GPUSHARE_DEVICE_UUID_{i}", str(i)), share, region, Control(path)))
-            # how a process's maps shows this region file (the agent maps it too)
-            self.map_keys.append(own_mapping(region.address))
+            # how a process's maps shows this region file
+            self.map_keys.append(map_key(region.path))
         self.mps = kv.get("GPUSHARE_SHARING_STRATEGY") == MPS
         self.charged = [0] * len(self.gpus)
 

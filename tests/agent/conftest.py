@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeletplugin.claimfiles import unmount_all_regions
 from kubeletplugin.claimref import ClaimRef
 from playground.claims import make_claim, result
 from playground.containers import PodmanRunner, ProcessRunner
@@ -116,6 +117,7 @@ class Node:
 def node_root():
     root = tempfile.mkdtemp(prefix="gsag")
     yield root
+    unmount_all_regions(Dirs(root).state)  # claims a test left prepared
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -133,6 +135,7 @@ def node_factory(api, sim_hook_dir, node_root):
             if entry != "state":
                 shutil.rmtree(os.path.join(node_root, entry))
         state = os.path.join(node_root, "state")
+        unmount_all_regions(state)
         for entry in os.listdir(state) if os.path.isdir(state) else []:
             if entry != "sim.state":
                 path = os.path.join(state, entry)

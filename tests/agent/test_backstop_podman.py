@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 import time
 import uuid
 
 import pytest
 from kubernetes import client
 
+from kubeletplugin.hooklayout import REGION_SIZE
 from playground.claims import make_claim, result
 from playground.containers import PodmanRunner
 from tests.support import BUILD, podman_busybox_why_not, wait_for
@@ -153,3 +155,63 @@ def test_repeated_10ms_holds_between_polls_are_caught(node_factory, runner):
     finally:
         for r in node.refs:
             node.kubelet.unprepare(r)
+
+
+# ---- the tenant's writable files: the region (docs/security.md, "Files a tenant can write") ----
+
+REGION = "/var/run/gpushare/region/0"
+PROBE = "/usr/local/bin/gpushare-probe"
+# Each runs in a container of the claim after the library has used the region (a slot taken and
+# given back: the agent reads the header and the slots), and prints `attack=<exit status>`.
+ATTACKS = {  # the image's busybox has no applet links but its shell's
+    "truncate-to-0": f": > {REGION}",
+    "truncate-to-4096": f"busybox truncate -s 4096 {REGION}",
+    "grow-by-64MiB": f"busybox dd if=/dev/zero of={REGION} bs=1M count=64 seek=1 conv=notrunc",
+    "garbage": f"busybox dd if=/dev/urandom of={REGION} bs=4096 count=256 conv=notrunc",
+    "replace": f"busybox rm -f {REGION} || busybox mv {REGION} /tmp/moved || busybox mkfifo /tmp/fifo && "
+               f"busybox mv /tmp/fifo {REGION} || busybox ln -sf /etc/passwd {REGION}",
+}
+
+
+def claim_mounts(root: str) -> list[str]:
+    """Mount points under `root` in this process's mount table."""
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(root)]
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_a_tenant_changing_its_region_file_stops_neither_the_plugin_nor_the_backstop(node_factory, runner, attack):
+    """A tenant truncates, grows, scribbles over or tries to replace its region from a container of
+    the claim. The agent (in the plugin's process, here pytest's: a SIGBUS would end the run) reads
+    it through a period and a scrape, and the backstop still kills the claim's next container past
+    the limit; the region's bytes on the node stay within the claim's tmpfs (1 MiB: the 64 MiB
+    written before went to the state disk), and unprepare leaves no mount or file behind."""
+    node = node_factory(cdi_root=PodmanRunner.CDI_ROOT)
+    node.refs = []
+    try:
+        ref, ids = prepare(node)
+        folder = node.plugin.driver.files.dir(ref.uid)
+        host_region = node.plugin.driver.files.region_path(ref.uid, 0)
+        script = f"{PROBE} alloc --chunk 64Mi --max 64Mi --hold 0; {ATTACKS[attack]}; echo attack=$?"
+        w = runner.start_command(f"file{uuid.uuid4().hex[:6]}", ids, ["/bin/sh", "-c", script])
+        node.workloads.append(w)
+        status = w.read_until("attack=", timeout=120)["attack"]
+        w.proc.wait(timeout=60)
+        if attack == "replace":  # the path is a mount point of the container: nothing replaces it
+            assert status != "0", w.lines
+        time.sleep(2 * node.plugin.agent.interval + 0.2)  # two agent periods read the region
+        node.scrape()  # the collector reads `used` and the slots
+        assert node.plugin.agent._thread.is_alive()
+        st = os.lstat(host_region)
+        assert stat.S_ISREG(st.st_mode), attack
+        assert st.st_blocks * 512 <= REGION_SIZE, (attack, st.st_blocks)
+        disk = sum(os.lstat(os.path.join(folder, n)).st_blocks * 512 for n in os.listdir(folder))
+        assert disk < REGION_SIZE, (attack, disk)  # the claim's files on the state disk (the tmpfs: one folder)
+        _, took = run_escape(node, runner, ids)
+        print(f"after {attack}: backstop killed the next escape {took * 1000:.0f} ms after its allocation line")
+        assert took < KILL_BOUND_S, took
+    finally:
+        for r in node.refs:
+            node.kubelet.unprepare(r)
+    assert not os.path.lexists(folder)
+    assert claim_mounts(folder) == []

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,9 +21,11 @@ import pytest
 from dra_driver.discovery import MockBackend
 from dra_driver.hookpath import native_paths
 from kubeletplugin import mpslayout
+from kubeletplugin.mps import SHM_SIZE
 from playground.claims import gpushare_config, opaque_config
 from tests.support import BUILD, CPU_TIMED, REPO
 from tests.support.hook import throughput
+from tests.support.tenant import run_tenant
 
 MPS = [opaque_config(gpushare_config(sharingStrategy="MPS"))]
 KERNEL_US = 200
@@ -106,3 +110,36 @@ def _spec(node, uid: str) -> dict:
 
     (path,) = Path(node.dirs.cdi).glob(f"*{uid}*.json")
     return json.loads(path.read_text())
+
+
+def test_an_mps_tenant_fills_the_gpus_dev_shm_only_up_to_its_tmpfs(node_factory, driver_root, tmp_path):
+    """The GPU's /dev/shm is read-write in its MPS claims' containers: a tenant writing 2 x
+    SHM_SIZE there stops at SHM_SIZE (ENOSPC), in memory, not on the state disk; the GPU's last
+    claim unprepared takes the mount away with its folder."""
+    node = node_factory(backend=MockBackend("1x16Gi"), driver_root=str(driver_root), mps_control=(
+        "nvidia-cuda-mps-control",), mps_gpus="all", mixed_strategies=False)
+    ref, ids = node.claim(memory="1Gi", compute=25, config=MPS)
+    uuid = node.plugin.driver.prepared_claims()[ref.uid].gpus[0].uuid
+    shm = mpslayout.shm_dir(node.dirs.state, uuid)
+    try:
+        out = run_tenant(node.dirs.cdi, ids, str(tmp_path / "view"), textwrap.dedent(f"""
+            import errno, os
+            written = 0
+            with open(os.environ["VIEW"] + "/dev/shm/fill", "wb", buffering=0) as f:
+                try:
+                    while written < {2 * SHM_SIZE}:
+                        written += f.write(bytes(1 << 20))
+                except OSError as e:
+                    print("error", errno.errorcode[e.errno])
+            print("written", written)
+        """), timeout=60)
+        print(out)
+        assert "error ENOSPC" in out, out
+        assert int(out.split("written ")[1].split()[0]) <= SHM_SIZE
+        assert os.path.ismount(shm) and os.statvfs(shm).f_blocks * os.statvfs(shm).f_frsize == SHM_SIZE
+        assert stat.S_IMODE(os.stat(shm).st_mode) == 0o1777
+    finally:
+        assert node.kubelet.unprepare(ref).claims[ref.uid].error == ""
+    assert not os.path.lexists(shm)
+    with open("/proc/self/mountinfo") as f:
+        assert shm not in f.read()

@@ -51,6 +51,8 @@ def test_daemonset_has_what_the_plugin_needs(rendered):
     volumes = by_name(pod["volumes"])
     assert {"/var/lib/kubelet/plugins/gpushare.dev", "/var/lib/kubelet/plugins_registry", "/var/run/cdi",
             "/var/lib/gpushare", "/opt/gpushare/lib"} <= {m["mountPath"] for m in mounts.values()}
+    # the claims' region tmpfs the plugin mounts reach the host's container runtime
+    assert mounts["state-dir"]["mountPropagation"] == "Bidirectional" and plugin["securityContext"]["privileged"]
     env = by_name(plugin["env"])
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert plugin["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}

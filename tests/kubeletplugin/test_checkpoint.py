@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -12,6 +13,7 @@ import pytest
 
 from kubeletplugin import checkpoint as ckpt
 from kubeletplugin.agent.shares import PERIOD_US
+from kubeletplugin.claimfiles import unmount_regions
 from kubeletplugin.claimref import ClaimRef
 from kubeletplugin.hooklayout import CONTROL, CONTROL_SIZE, REGION_SIZE
 from playground.claims import make_claim, result
@@ -34,7 +36,7 @@ def prepared(api, start_plugin, dirs):
 
 
 def region(dirs, uid):
-    return os.path.join(dirs.state, "claims", uid, "region-0")
+    return os.path.join(dirs.state, "claims", uid, "region", "0")
 
 
 def edit_checkpoint(dirs, change):
@@ -112,6 +114,7 @@ def test_corrupt_checkpoint_is_moved_aside_and_rebuilt(api, prepared, start_plug
     orphan = make_claim(api, [result("gpu-0-share-0")])
     kubelet.prepare(orphan)
     plugin.stop(grace=1)
+    unmount_regions(os.path.join(dirs.state, "claims", orphan.uid))
     shutil.rmtree(os.path.join(dirs.state, "claims", orphan.uid))  # only its spec is left: an orphan
     path = os.path.join(dirs.state, "checkpoint.json")
     with open(path, "r+b") as f:
@@ -235,7 +238,7 @@ def test_lost_files_are_rewritten_and_the_region_kept(prepared, start_plugin, di
         os.unlink(os.path.join(folder, name))
     os.chmod(folder, 0o711)  # as an older release made it
     start_plugin()
-    assert sorted(os.listdir(folder)) == ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]
+    assert sorted(os.listdir(folder)) == ["control-0", "ld.so.preload", "limits", "prepared.json", "region"]
     assert os.stat(folder).st_mode & 0o777 == 0o700
     assert read_usage(dirs, claim.uid) == b"usage of running pods"
     assert kubelet.prepare(claim) == answer
@@ -299,3 +302,31 @@ def test_an_older_yaml_spec_of_a_claim_is_replaced_not_kept_beside(prepared, sta
     start_plugin()
     assert os.listdir(dirs.cdi) == [os.path.basename(json_spec)]
     assert duplicate_devices(dirs.cdi) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the regions' tmpfs needs root (as a user they stay on the disk)")
+def test_a_reboot_mounts_the_regions_tmpfs_again_and_unprepare_takes_it_away(prepared, start_plugin, dirs):
+    """The regions' tmpfs is gone after a reboot (its folder on the disk is empty): start-up mounts
+    it again with the regions zeroed, a tenant's writes are held to it, Unprepare unmounts it."""
+    plugin, kubelet, claim, answer = prepared
+    folder = os.path.join(dirs.state, "claims", claim.uid)
+    assert os.path.ismount(os.path.join(folder, "region"))
+    write_usage(dirs, claim.uid)
+    plugin.stop(grace=1)
+    unmount_regions(folder)
+    edit_checkpoint(dirs, lambda claims, boot: "an-earlier-boot")
+    start_plugin()
+    assert os.path.ismount(os.path.join(folder, "region"))
+    assert read_usage(dirs, claim.uid, REGION_SIZE) == bytes(REGION_SIZE)
+    fs = os.statvfs(os.path.join(folder, "region"))
+    assert fs.f_blocks * fs.f_frsize == REGION_SIZE
+    with open(region(dirs, claim.uid), "r+b") as f, pytest.raises(OSError) as e:  # a tenant growing it
+        f.seek(REGION_SIZE)
+        f.write(bytes(2 * REGION_SIZE))  # (its sparse region leaves the rest of the 1 MiB free)
+        f.flush()
+    assert e.value.errno == errno.ENOSPC
+    assert kubelet.prepare(claim) == answer
+    assert kubelet.unprepare(claim).claims[claim.uid].error == ""
+    assert not os.path.lexists(folder)
+    with open("/proc/self/mountinfo") as f:
+        assert folder not in f.read()

@@ -141,7 +141,7 @@ def assert_exactly(dirs, prepared: set[str]) -> None:
     assert {uid: e.state for uid, e in recorded(dirs).items()} == {uid: ckpt.PREPARE_COMPLETED for uid in prepared}
     for uid in prepared:
         assert sorted(os.listdir(os.path.join(dirs.state, "claims", uid))) == \
-            ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]
+            ["control-0", "ld.so.preload", "limits", "prepared.json", "region"]
     assert duplicate_devices(dirs.cdi) == []
 
 

@@ -82,7 +82,7 @@ def test_capacity_mode(api, kubelet, dirs):
     assert limits["GPUSHARE_MEMORY_LIMIT_0"] == str(4 * GiB) and limits["GPUSHARE_COMPUTE_LIMIT_0"] == "30"
     assert limits["GPUSHARE_LIMITS_VERSION"] == "1" and limits["GPUSHARE_GPU_COUNT"] == "1"
     claim_dir = os.path.join(dirs.state, "claims", uid)
-    region = os.path.join(claim_dir, "region-0")
+    region = os.path.join(claim_dir, "region", "0")
     assert stat.S_IMODE(os.stat(claim_dir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(os.path.dirname(claim_dir)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(region).st_mode) == 0o666 and os.path.getsize(region) == 1 << 20
@@ -95,7 +95,8 @@ def test_capacity_mode(api, kubelet, dirs):
     assert (stat.S_IMODE(control.st_mode), control.st_uid, control.st_size) == (0o644, os.geteuid(), 4096)
     with open(os.path.join(claim_dir, "control-0"), "rb") as f:
         assert f.read() == bytes(4096)
-    assert sorted(os.listdir(claim_dir)) == ["control-0", "ld.so.preload", "limits", "prepared.json", "region-0"]
+    assert sorted(os.listdir(claim_dir)) == ["control-0", "ld.so.preload", "limits", "prepared.json", "region"]
+    assert os.listdir(os.path.join(claim_dir, "region")) == ["0"]
 
 
 def test_capacity_mode_missing_consumed_capacity_is_whole_gpu(api, kubelet, dirs):
@@ -127,7 +128,7 @@ def test_multi_gpu_claim_orders_gpus_by_index(api, kubelet, dirs):
     env = env_of(load_spec(dirs, claim.uid))
     assert env["GPUSHARE_DEVICE_UUID_0"] == sim_uuid(1) and env["GPUSHARE_MEMORY_LIMIT_0"] == str(4 * GiB)
     assert env["GPUSHARE_DEVICE_UUID_1"] == sim_uuid(3) and env["GPUSHARE_COMPUTE_LIMIT_1"] == "10"
-    assert os.path.getsize(os.path.join(dirs.state, "claims", claim.uid, "region-1")) == 1 << 20
+    assert os.path.getsize(os.path.join(dirs.state, "claims", claim.uid, "region", "1")) == 1 << 20
     assert os.path.getsize(os.path.join(dirs.state, "claims", claim.uid, "control-1")) == 4096
     assert len(load_spec(dirs, claim.uid)["devices"]) == 2
 
@@ -136,7 +137,7 @@ def test_shared_claim_second_prepare_is_identical_and_keeps_region(api, kubelet,
     claim = make_claim(api, [result("gpu-0", share_id=str(uuid.uuid4()), consumed={"memory": "1Gi", "compute": "5"})])
     first = kubelet.prepare(claim)
     # a running container's usage, and the agent's rate
-    files = {name: os.path.join(dirs.state, "claims", claim.uid, name) for name in ("region-0", "control-0")}
+    files = {name: os.path.join(dirs.state, "claims", claim.uid, name) for name in ("region/0", "control-0")}
     for path in files.values():
         with open(path, "r+b") as f:
             f.write(b"in use")
@@ -363,7 +364,7 @@ def test_other_host_users_cannot_open_a_region(api, kubelet, dirs):
     claim = make_claim(api, [result("gpu-0-share-3")])
     assert kubelet.prepare(claim).claims[claim.uid].error == ""
     os.chmod(dirs.root, 0o755)  # the test's own temporary folder must not be what stops them
-    region = os.path.join(dirs.state, "claims", claim.uid, "region-0")
+    region = os.path.join(dirs.state, "claims", claim.uid, "region", "0")
     # setpriv, not subprocess's user=: that makes Python fork() rather than vfork(), and the fork
     # runs gRPC's atfork handlers in the child (this process serves gRPC), which crashed it once
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",

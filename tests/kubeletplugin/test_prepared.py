@@ -11,7 +11,7 @@ import os
 import pytest
 
 from kubeletplugin import checkpoint as ckpt
-from kubeletplugin.claimfiles import ClaimFiles, limits_text
+from kubeletplugin.claimfiles import ClaimFiles, limits_text, unmount_all_regions
 from kubeletplugin.prepared import PreparedClaim, PreparedDevice, PreparedError, PreparedGpu
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
@@ -45,11 +45,18 @@ def test_the_model_holds_what_the_file_says():
     assert [partition.gpu_of(d).index for d in partition.devices] == [2, 0, 2]
 
 
-def test_files_write_the_same_prepared_json(tmp_path):
-    written = fixture("prepared-partition.json")
-    claim = PreparedClaim.from_json(json.loads(written))
+@pytest.fixture
+def files(tmp_path):
+    """A claims folder under tmp_path; the claims' region tmpfs detached at the end."""
     files = ClaimFiles(str(tmp_path))
     files.setup()
+    yield files
+    unmount_all_regions(str(tmp_path))
+
+
+def test_files_write_the_same_prepared_json(files):
+    written = fixture("prepared-partition.json")
+    claim = PreparedClaim.from_json(json.loads(written))
     files.write(claim)
     with open(os.path.join(files.dir(claim.uid), "prepared.json"), "rb") as f:
         assert f.read() == written
@@ -210,10 +217,8 @@ def test_v1_checkpoint_with_a_malformed_claim_is_corrupt():
         ckpt.decode(json.dumps({**doc, "checksum": ckpt.checksum(doc)}).encode())
 
 
-def test_claim_folder_record_of_another_claim_is_refused(tmp_path):
+def test_claim_folder_record_of_another_claim_is_refused(files):
     claim = PreparedClaim.from_json(json.loads(fixture("prepared-capacity.json")))
-    files = ClaimFiles(str(tmp_path))
-    files.setup()
     files.write(claim)
     other = "0f0f0f0f-0000-4000-8000-000000000000"
     os.rename(files.dir(claim.uid), files.dir(other))
@@ -224,3 +229,22 @@ def test_claim_folder_record_of_another_claim_is_refused(tmp_path):
     with pytest.raises(PreparedError, match=r"^prepared.json: not JSON"):
         files.read_prepared(other)
     assert files.read_prepared("1f1f1f1f-0000-4000-8000-000000000000") is None  # no folder: no record
+
+
+def test_a_claim_an_older_release_prepared_keeps_its_region_on_the_disk(files):
+    """Its containers mount `region-<i>`: the path stays that one, repair finds nothing missing,
+    and a repeated Prepare (write) makes no tmpfs beside it."""
+    claim = PreparedClaim.from_json(json.loads(fixture("prepared-capacity.json")))
+    files.write(claim)
+    folder = files.dir(claim.uid)
+    unmount_all_regions(os.path.dirname(files.root))
+    os.rmdir(os.path.join(folder, "region"))  # the older layout: region-<i> files in the folder
+    for i in range(len(claim.gpus)):
+        with open(os.path.join(folder, f"region-{i}"), "wb") as f:
+            f.write(b"in use")
+    assert files.region_path(claim.uid, 0) == os.path.join(folder, "region-0")
+    assert files.repair(claim) is False
+    files.write(claim)
+    assert not os.path.lexists(os.path.join(folder, "region"))
+    with open(files.region_path(claim.uid, 0), "rb") as f:
+        assert f.read(6) == b"in use"

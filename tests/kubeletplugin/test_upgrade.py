@@ -64,7 +64,7 @@ def test_rolling_upgrade_keeps_prepared_claims(api, dirs, builds):
         uid = claim.uid
         first = kubelet.prepare(claim).claims[uid]
         assert first.error == ""
-        region = os.path.join(dirs.state, "claims", uid, "region-0")
+        region = os.path.join(dirs.state, "claims", uid, "region", "0")
         with open(region, "r+b") as f:  # usage a running container left in its region
             f.seek(4096)
             f.write(b"in use")

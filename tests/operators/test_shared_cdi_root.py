@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 
+from kubeletplugin.claimfiles import unmount_all_regions
 from playground.claims import make_claim, result
 from playground.containers import OWNER_LABEL, PodmanRunner
 from playground.kubelet import Kubelet
@@ -40,6 +41,7 @@ def test_a_plugin_leaves_another_plugins_specs_alone(api, hook_dir):
         theirs = prepare_one(api, a, hook_dir, cdi_root)
         mine = prepare_one(api, b, hook_dir, cdi_root)
         # b's state is lost (its spec is now an orphan of b's); a's claim is still prepared on a
+        unmount_all_regions(b.state)
         shutil.rmtree(b.state)
         launch_plugin(api, b, hook_dir, cdi_root).stop(grace=1)
         assert not os.path.exists(spec(cdi_root, mine))  # b's own orphan: removed
@@ -48,6 +50,7 @@ def test_a_plugin_leaves_another_plugins_specs_alone(api, hook_dir):
         assert os.path.exists(spec(cdi_root, theirs))  # and still a's after a's own restart
     finally:
         for root in roots:
+            unmount_all_regions(Dirs(root).state)
             shutil.rmtree(root, ignore_errors=True)
 
 
