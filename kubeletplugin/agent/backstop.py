@@ -81,33 +81,39 @@ def killable(cgroup: str, own: str | None) -> bool:
         not (own and _inside(_paths(own), container))
 
 
-def kill_cgroup(cgroup: str) -> list[int]:
-    """SIGKILL every process in the container's cgroup (or below it); the pids. Each process is
-    held by a pidfd while its cgroup is read, so a pid reused in between is never signalled."""
+def cgroup_pidfds(cgroup: str) -> dict[int, int]:
+    """Every process in the container's cgroup (or below it), pid -> a pidfd the caller closes:
+    each is held while its cgroup is read, so a pid reused in between is never signalled."""
     container = _paths(cgroup)
-    killed: list[int] = []
+    held: dict[int, int] = {}
     me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            fd = os.pidfd_open(int(name))
+        except OSError:
+            continue
+        try:
+            with open(f"/proc/{name}/cgroup") as f:
+                inside = _inside(_paths(f.read()), container)
+            if not inside and exiting(int(name)):  # a zombie main thread reads "/": its live threads tell
+                text = live(int(name), lambda at: _read(f"{at}/cgroup"))[1]
+                inside = text is not None and _inside(_paths(text), container)
+        except OSError:
+            inside = False
+        if inside:
+            held[int(name)] = fd
+        else:
+            os.close(fd)
+    return held
+
+
+def kill_cgroup(cgroup: str) -> list[int]:
+    """SIGKILL every process in the container's cgroup (or below it); the pids."""
+    killed: list[int] = []
     for _ in range(KILL_ROUNDS):
-        held: dict[int, int] = {}  # pid -> pidfd, for every process of the container
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == me:
-                continue
-            try:
-                fd = os.pidfd_open(int(name))
-            except OSError:
-                continue
-            try:
-                with open(f"/proc/{name}/cgroup") as f:
-                    inside = _inside(_paths(f.read()), container)
-                if not inside and exiting(int(name)):  # a zombie main thread reads "/": its live threads tell
-                    text = live(int(name), lambda at: _read(f"{at}/cgroup"))[1]
-                    inside = text is not None and _inside(_paths(text), container)
-            except OSError:
-                inside = False
-            if inside:
-                held[int(name)] = fd
-            else:
-                os.close(fd)
+        held = cgroup_pidfds(cgroup)
         for fd in held.values():
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)

@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 
 from dra_driver.log import get_logger
 
+from .backstop import cgroup_pidfds
+
 log = get_logger("agent.guard")
 
 SAMPLES_PER_S = 5      # NVML's per-process samples (docs/compute.md)
@@ -335,24 +337,8 @@ def stop_all(pids: list[int]) -> None:
 
 
 def container_pids(cgroup: str) -> list[int]:
-    """Every process in the container's cgroup or below it (/proc/<pid>/cgroup text), read from a
-    live thread when the main one exited."""
-    from .backstop import _inside, _paths  # (the backstop's reading of the kubelet's layout)
-    from .procmap import exiting, view
-
-    container = _paths(cgroup)
-    me, out = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/cgroup") as f:
-                inside = _inside(_paths(f.read()), container)
-            if not inside and exiting(int(name)):
-                with open(f"{view(int(name))}/cgroup") as f:
-                    inside = _inside(_paths(f.read()), container)
-        except OSError:
-            continue
-        if inside:
-            out.append(int(name))
-    return out
+    """Every process in the container's cgroup or below it (/proc/<pid>/cgroup text)."""
+    held = cgroup_pidfds(cgroup)
+    for fd in held.values():
+        os.close(fd)
+    return sorted(held)

@@ -13,7 +13,6 @@ Needs root, podman, runc and busybox (CI installs them); podman reads CDI specs 
 
 from __future__ import annotations
 
-import glob
 import os
 import stat
 import time
@@ -25,11 +24,11 @@ from kubernetes import client
 from kubeletplugin.hooklayout import REGION_SIZE
 from playground.claims import make_claim, result
 from playground.containers import PodmanRunner
-from tests.support import BUILD, podman_busybox_why_not, wait_for
+from tests.support import podman_busybox_why_not, wait_for
+from tests.support.tenant import PRIVATE_LOADER, private_loader_runner
 
 pytestmark = pytest.mark.podman
 
-PRIVATE_LOADER = "/lib64/ld-private.so"
 # Under a loaded 2-core CI machine; the promise is 200 ms (the measured figure is printed).
 KILL_BOUND_S = 5.0
 
@@ -39,20 +38,7 @@ if why_not := podman_busybox_why_not():
 
 @pytest.fixture(scope="module")
 def runner():
-    """An image whose /var/run is a link to /run, with a private loader beside the real one."""
-    r = PodmanRunner(os.path.join(BUILD, "gpushare-probe"))
-    var_run = os.path.join(r.rootfs, "var", "run")
-    os.rmdir(var_run)
-    os.makedirs(os.path.join(r.rootfs, "run"), exist_ok=True)
-    os.symlink("../run", var_run)
-    loader = glob.glob(os.path.join(r.rootfs, "lib*", "ld-linux*.so*"))[0]
-    data = open(loader, "rb").read()
-    assert b"/etc/ld.so.preload" in data
-    target = os.path.join(r.rootfs, PRIVATE_LOADER.lstrip("/"))
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(target, "wb") as f:
-        f.write(data.replace(b"/etc/ld.so.preload", b"/etc/ld.so.nothing"))
-    os.chmod(target, 0o755)
+    r = private_loader_runner()
     yield r
     r.close()
 

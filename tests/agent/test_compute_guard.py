@@ -27,8 +27,8 @@ import pytest
 from kubernetes import client
 
 from playground.containers import PodmanRunner, parse_kv
-from tests.agent.test_backstop_podman import PRIVATE_LOADER, runner  # noqa: F401 (the image, a fixture)
 from tests.support import CPU_TIMED, podman_busybox_why_not, wait_for
+from tests.support.tenant import PRIVATE_LOADER, private_loader_runner
 
 pytestmark = pytest.mark.podman
 
@@ -40,6 +40,13 @@ WINDOW_S = 10
 TENANT_PROCS = 4
 BOUND = 3.0  # points, both ways (issue 40)
 PROBE = "/usr/local/bin/gpushare-probe"
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = private_loader_runner()
+    yield r
+    r.close()
 
 
 def windows_argv(start: int, bypass: bool) -> list[str]:
@@ -62,7 +69,7 @@ def window_shares(workloads, killed: bool = False) -> list[float]:
     return [round(s, 1) for s in shares]
 
 
-def run_pair(node, runner, bypass: bool) -> tuple[list[float], list[float], object, object]:  # noqa: F811
+def run_pair(node, runner, bypass: bool) -> tuple[list[float], list[float], object, object]:
     tenant, t_ids = node.claim(memory="256Mi", compute=25)
     neighbour, n_ids = node.claim(memory="256Mi", compute=75)
     node.refs += [tenant, neighbour]
@@ -80,7 +87,7 @@ def guard_events(node, ref):
 
 
 @CPU_TIMED
-def test_a_bypassing_tenant_is_held_to_its_share_and_an_honest_one_is_never_held(node_factory, runner):  # noqa: F811
+def test_a_bypassing_tenant_is_held_to_its_share_and_an_honest_one_is_never_held(node_factory, runner):
     node = node_factory(cdi_root=PodmanRunner.CDI_ROOT)
     node.refs = []
     try:

@@ -4,17 +4,23 @@ options, so a read-only mount is read-only by the kernel's word, as runc makes i
 what a container could do to the node's MPS control daemon (tests/agent/test_mps_daemon_attacks.py).
 
 Only the mounts are a container's: the process still sees the host's other files, so an attack
-must use the view's paths only, as a real container's process could."""
+must use the view's paths only, as a real container's process could.
+
+Also the image of a tenant that bypasses the library (private_loader_runner), for real podman
+containers (tests/agent/test_backstop_podman.py, test_compute_guard.py)."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
-from playground.containers import spec_edits
+from playground.containers import PodmanRunner, spec_edits
+
+from . import BUILD
 
 # Runs in the new mount namespace: bind each mount at <view>/<containerPath> (read-only when the
 # spec says so), then run the attack with VIEW set.
@@ -57,3 +63,28 @@ def run_tenant(cdi_root: str, device_ids: list[str], view: str, code: str, timeo
     proc = start_tenant(cdi_root, device_ids, view, code)
     out, _ = proc.communicate(timeout=timeout)
     return out
+
+
+PRIVATE_LOADER = "/lib64/ld-private.so"
+
+
+def private_loader_runner():
+    """A busybox image with the probe, whose /var/run is a link to /run (Debian, Ubuntu), and a
+    private dynamic loader beside the real one: a copy of ld.so that reads another preload file
+    than /etc/ld.so.preload, so a tenant running through it with LD_PRELOAD unset bypasses the
+    library the way the library cannot stop. The caller closes it."""
+    r = PodmanRunner(os.path.join(BUILD, "gpushare-probe"))
+    var_run = os.path.join(r.rootfs, "var", "run")
+    os.rmdir(var_run)
+    os.makedirs(os.path.join(r.rootfs, "run"), exist_ok=True)
+    os.symlink("../run", var_run)
+    loader = glob.glob(os.path.join(r.rootfs, "lib*", "ld-linux*.so*"))[0]
+    with open(loader, "rb") as f:
+        data = f.read()
+    assert b"/etc/ld.so.preload" in data
+    target = os.path.join(r.rootfs, PRIVATE_LOADER.lstrip("/"))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "wb") as f:
+        f.write(data.replace(b"/etc/ld.so.preload", b"/etc/ld.so.nothing"))
+    os.chmod(target, 0o755)
+    return r
