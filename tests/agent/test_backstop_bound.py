@@ -16,7 +16,6 @@ here, begins). Needs root, podman, runc, busybox and a C compiler.
 
 from __future__ import annotations
 
-import glob
 import os
 import select
 import shutil
@@ -31,13 +30,13 @@ from kubernetes import client
 
 from playground.containers import PodmanRunner
 from tests.support import BUILD, GiB, podman_busybox_why_not, wait_for
+from tests.support.tenant import PRIVATE_LOADER, install_private_loader
 
 pytestmark = pytest.mark.podman
 
 if why_not := podman_busybox_why_not():
     pytest.skip(why_not, allow_module_level=True)
 
-PRIVATE_LOADER = "/lib64/ld-private.so"  # ld.so reading /etc/ld.so.nothing: the library never loads
 TENANT = "/usr/local/bin/relay_threads"
 RUNS = 6
 PROMISE_S = 0.2
@@ -59,13 +58,7 @@ def runner(relay_threads):
     shutil.copy(real, target)
     for tool in ("mv", "mkdir", "ln"):
         os.symlink("busybox", os.path.join(r.rootfs, "bin", tool))
-    loader = glob.glob(os.path.join(r.rootfs, "lib*", "ld-linux*.so*"))[0]
-    data = open(loader, "rb").read()
-    target = os.path.join(r.rootfs, PRIVATE_LOADER.lstrip("/"))
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(target, "wb") as f:
-        f.write(data.replace(b"/etc/ld.so.preload", b"/etc/ld.so.nothing"))
-    os.chmod(target, 0o755)
+    install_private_loader(r.rootfs)
     yield r
     r.close()
 

@@ -16,6 +16,7 @@ from kubernetes import client
 from kubeletplugin import driver as driver_module
 from playground.claims import make_claim, result
 from playground.kubelet import Kubelet
+from tests.support.hostile import pipe
 from tests.support.plugin import launch_plugin
 
 KUBELET_PREPARE_TIMEOUT_S = 45  # the kubelet's deadline for one NodePrepareResources call
@@ -45,21 +46,7 @@ class Gate:
                 continue
             upstream = socket.create_connection(self.target)
             for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         self._listener.close()

@@ -13,6 +13,22 @@ TRICKLE_S = 0.5  # between two bytes of a trickled answer: far below any read ti
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
 
 
+
+def pipe(a: socket.socket, b: socket.socket) -> None:
+    """Copy a to b until either end closes, then shut both down (one direction of a proxy)."""
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 class HostileFront:
     """A TCP front of the API server: in mode "pass" it passes bytes both ways to the real one;
     else it reads the request and "trickle"s an answer a byte every TRICKLE_S (headers and 40 bytes
@@ -41,7 +57,7 @@ class HostileFront:
                 self._conns.append(upstream)
                 self._passed += [conn, upstream]
                 for a, b in ((conn, upstream), (upstream, conn)):
-                    threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+                    threading.Thread(target=pipe, args=(a, b), daemon=True).start()
             else:
                 threading.Thread(target=self._hostile, args=(conn, self.mode), daemon=True).start()
 
@@ -61,20 +77,6 @@ class HostileFront:
                         return
         except OSError:
             pass
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def turn(self, mode: str) -> None:
         """From now on, `mode`; connections passed before are closed (a client's pool must not

@@ -78,13 +78,18 @@ def private_loader_runner():
     os.rmdir(var_run)
     os.makedirs(os.path.join(r.rootfs, "run"), exist_ok=True)
     os.symlink("../run", var_run)
-    loader = glob.glob(os.path.join(r.rootfs, "lib*", "ld-linux*.so*"))[0]
+    install_private_loader(r.rootfs)
+    return r
+
+
+def install_private_loader(rootfs: str) -> None:
+    """PRIVATE_LOADER in the root: its ld.so, reading /etc/ld.so.nothing instead of /etc/ld.so.preload."""
+    loader = glob.glob(os.path.join(rootfs, "lib*", "ld-linux*.so*"))[0]
     with open(loader, "rb") as f:
         data = f.read()
     assert b"/etc/ld.so.preload" in data
-    target = os.path.join(r.rootfs, PRIVATE_LOADER.lstrip("/"))
+    target = os.path.join(rootfs, PRIVATE_LOADER.lstrip("/"))
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target, "wb") as f:
         f.write(data.replace(b"/etc/ld.so.preload", b"/etc/ld.so.nothing"))
     os.chmod(target, 0o755)
-    return r
