@@ -21,9 +21,9 @@ is far over its share for a whole window while a neighbour on the GPU is short o
 - held: in each period of its GPU's time slots (shares.py) its processes (every process of their
   containers) run from the start of its slot for a part `run` of the period and are stopped
   (SIGSTOP) for the rest, so its work meets its neighbours' as little as it would paced. `run`
-  starts at FIRST_RUN and follows the measured share by factors (the GPU work a process queues
-  while it runs is drained while it is stopped) to HOLD_TARGET below its limit, so that the
-  samples' noise leaves it under its limit plus 3 points in nearly every 10 s window;
+  starts at FIRST_RUN and shrinks by factors while the measured share is over HOLD_TARGET below
+  its limit and a neighbour is short (the GPU work a process queues while it runs is drained
+  while it is stopped), else doubles each second;
 - killed (--enforce=kill): when its neighbours stay short by 3 standard deviations of their
   samples over ESCALATE_S while it still takes more than its share, its processes on the GPU and
   their containers are killed, as the memory backstop kills; it stays held, so what restarts is
@@ -31,9 +31,10 @@ is far over its share for a whole window while a neighbour on the GPU is short o
 - released: once over RELEASE_S it took no more than its share and was barely stopped (run >= 1/2).
 
 Stopped processes keep their GPU work queued: the GPU runs it meanwhile, which the measured share
-counts, so the controller stops them longer. A process of the container that resumes another
-(SIGCONT) is stopped in the same cycle (every process of the container is stopped, rounds until
-all are). A Warning Event `GpuComputeShareExceeded` names the claim when its hold starts, and
+counts, so the controller stops them longer, and a queue of long kernels can keep the neighbours
+short whatever the hold: hence the kill. A process of the container that resumes another
+(SIGCONT) is stopped in the same round (every process of the container is stopped, in rounds
+until all are). A Warning Event `GpuComputeShareExceeded` names the claim when its hold starts, and
 `gpushare_claim_compute_held_seconds_total` counts the time its processes were stopped.
 """
 
@@ -65,7 +66,7 @@ ESCALATE_SIGMAS = 3.0  # short by this many standard deviations of their samples
 HOLD_TARGET = 0.04     # a held claim is driven to its limit less this
 FIRST_RUN = 0.01       # of each period, a held claim runs at first
 MIN_RUN = 0.00002      # and never less (4 us of a 200 ms period: in effect, resumed and stopped again at once)
-RATE = 3.0             # the run part shrinks by exp(RATE x excess) a second (grows when under)
+RATE = 3.0             # the run part shrinks by exp(RATE x excess over the target) a second
 SMOOTHING = 0.4        # weight of a period's measured share in the controller's average
 CYCLE_S = 0.2          # a hold's period where the claim has no slot
 RELEASE_S = 30.0       # a hold ends once the claim stayed within its share this long, barely stopped
