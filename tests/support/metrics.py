@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeletplugin.agent.guard import Guard
 from kubeletplugin.agent.metrics import AgentCollector
 from kubeletplugin.agent.shares import Share
 from kubeletplugin.health import HealthCollector, HealthMonitor
@@ -35,7 +36,7 @@ def agent() -> SimpleNamespace:
                              temperature=50, power_watts=300.0)
     backstop = SimpleNamespace(violations={}, kills={}, total_violations=0, total_kills=0, last_poll_s=0.001)
     return SimpleNamespace(lock=threading.Lock(), claims={"u1": claim}, gpus=[sample], backstop=backstop,
-                           last_tick_s=0.01,
+                           guard=Guard(), last_tick_s=0.01,
                            mps_watch=SimpleNamespace(restarts=lambda: {UUID: 2}, daemon_exits=lambda: {UUID: 1}))
 
 
