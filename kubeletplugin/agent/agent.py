@@ -12,6 +12,7 @@ their files are (ClaimPaths), plus plain values (driver and node name, the backe
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -41,6 +42,7 @@ from .status import TOO_LONG, Condition, StatusWriter, kernels_too_long, oversub
 log = get_logger("agent")
 
 COMPUTE_REASON = "GpuComputeShareExceeded"  # the Event of a compute hold (guard.py)
+GUARD_RECORD = "guard-held.json"  # in the state dir: processes a hold may have stopped (guard.py)
 
 # A pod on a GPU that no claim's reservedFor names (a new pod sharing a claim, or one using the
 # GPU through another driver): the claims are read again at most every RESERVATIONS_S, for its
@@ -86,7 +88,8 @@ class Agent:
         self.mps_watch = MpsWatch(api, node_name, state_dir)
         self.procs = ProcessMap()
         self.relay = Relay()  # the fill's (relay.py): a thread from the first GPU a Burst claim fills
-        self.guard = Guard(enforce, self._compute_action)  # compute shares held from outside (guard.py)
+        self.guard = Guard(enforce, self._compute_action,  # compute shares held from outside (guard.py)
+                           os.path.join(state_dir, GUARD_RECORD) if state_dir else None)
         self._period_owners: dict[int, Owner] = {}  # the last period's process owners (the guard's units)
         self.claims: dict[str, ClaimView] = {}
         self.claims_generation = 0  # bumped after each change of claims: the backstop reads them again
@@ -128,6 +131,7 @@ class Agent:
     def start(self) -> Agent:
         """Sampling, pacing and the backstop: the node's one agent (kubeletplugin/instances.py)."""
         self.start_status()
+        self.guard.resume()
         self._sampler = self._open_nvml()
         self.mps_watch.start()  # before the first period: the logs there are now are followed from their ends
         self._thread.start()

@@ -40,6 +40,7 @@ until all are). A Warning Event `GpuComputeShareExceeded` names the claim when i
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -49,9 +50,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from cdi import remove_durable, write_atomic
 from dra_driver.log import get_logger
 
 from .backstop import cgroup_pidfds
+from .procmap import start_time
 
 log = get_logger("agent.guard")
 
@@ -193,10 +196,14 @@ class Guard:
     """Every claim's guard, and the thread that stops and resumes held claims' processes."""
 
     def __init__(self, enforce: str = "kill",
-                 on_action: Callable[[tuple[str, int], str, float, float], bool] | None = None) -> None:
+                 on_action: Callable[[tuple[str, int], str, float, float], bool] | None = None,
+                 record: str | None = None) -> None:
         """enforce: `kill` (holds, then kills) or `report` (Events and metrics only, as the backstop);
         on_action(key, HOLD or KILL, limit, measured): the agent's Event, and its kill; False when
-        there was nothing to kill (its processes between two runs): it is tried again next period."""
+        there was nothing to kill (its processes between two runs): it is tried again next period.
+        record: a file (the plugin's state dir) naming the processes a hold may have stopped, so
+        that the next agent resumes them if this one dies while they are stopped (None: none)."""
+        self._record = record
         self.claims: dict[tuple[str, int], ClaimGuard] = {}
         self._enforce = enforce
         self._on_action = on_action
@@ -264,6 +271,7 @@ class Guard:
         for h in old.values():  # let go
             if h.stopped:
                 signal_pids(h.pids, signal.SIGCONT)
+        self._write_record()
         if holds and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="compute-guard", daemon=True)
             self._thread.start()
@@ -278,6 +286,26 @@ class Guard:
             holds, self._holds = self._holds, {}
         for h in holds.values():
             signal_pids(h.pids, signal.SIGCONT)
+        self._write_record()
+
+    def resume(self) -> None:
+        """At the agent's start: what a previous agent that died holding claims left stopped runs again."""
+        if self._record is not None:
+            resume_recorded(self._record)
+
+    def _write_record(self) -> None:
+        """The held claims' processes, each with its start time (a pid reused since is not it)."""
+        if self._record is None:
+            return
+        with self._lock:
+            pids = sorted({pid for h in self._holds.values() for pid in h.pids})
+        try:
+            if pids:
+                write_atomic(self._record, json.dumps({str(p): start_time(p) for p in pids}).encode(), 0o600)
+            else:
+                remove_durable(self._record)
+        except OSError as e:  # the holds go on; only a crash's resume is at stake
+            log.error("cannot record the held processes", path=self._record, error=str(e))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -299,6 +327,24 @@ class Guard:
                     wake = min(wake, now + (h.run * h.period_s - phase if running else h.period_s - phase))
             self._wake.clear()
             self._wake.wait(max(0.0, wake - time.monotonic()))
+
+
+def resume_recorded(record: str) -> None:
+    """Resume (SIGCONT) the processes a previous agent's holds may have left stopped: those its
+    record names that still have the start time it wrote."""
+    try:
+        with open(record) as f:
+            named: dict[str, int | None] = json.load(f)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:
+        log.error("cannot read the held processes of the last agent", path=record, error=str(e))
+        return
+    alive = [int(p) for p, started in named.items() if p.isdigit() and started is not None
+             and start_time(int(p)) == started]
+    signal_pids(alive, signal.SIGCONT)
+    log.info("resumed the processes the last agent held", pids=alive)
+    remove_durable(record)
 
 
 def _state(pid: int) -> str | None:

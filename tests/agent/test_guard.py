@@ -5,6 +5,7 @@ simulated GPU)."""
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import time
@@ -12,6 +13,7 @@ import time
 import pytest
 
 from kubeletplugin.agent.guard import HOLD, KILL, RELEASE_S, Guard, Member, signal_pids, stop_all
+from kubeletplugin.agent.procmap import start_time
 
 SAMPLES_PER_S = 5
 PERIOD_S = 1.0
@@ -106,5 +108,23 @@ def test_stop_all_stops_a_process_that_another_keeps_resuming():
         assert state(victim.pid) != "T"
     finally:
         for p in (victim, resumer):
+            p.kill()
+            p.wait()
+
+
+def test_processes_a_dead_agent_left_stopped_are_resumed_by_the_next(tmp_path):
+    """The record names each held process with its start time: the next agent resumes those, and
+    never a process that has its pid but started later."""
+    held, other = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    record = tmp_path / "guard-held.json"
+    try:
+        stop_all([held.pid, other.pid])
+        record.write_text(json.dumps({str(held.pid): start_time(held.pid), str(other.pid): start_time(other.pid) + 1}))
+        Guard("kill", record=str(record)).resume()
+        time.sleep(0.05)
+        assert state(held.pid) != "T" and state(other.pid) == "T"
+        assert not record.exists()
+    finally:
+        for p in (held, other):
             p.kill()
             p.wait()
