@@ -178,15 +178,17 @@ class ClaimFiles:
 def _mount_regions(path: str, count: int) -> None:
     """The claim's region tmpfs at `path`: room for its `count` regions and no more, one inode
     each (plus the folder's). Already mounted (a restart): kept, with what is in it. Not allowed
-    to mount (a plugin that is not root: a playground or a test as a user): the folder stays on
-    the state disk, said once in the log."""
+    to mount (a plugin that is not root: a playground or a test as a user), or a mount there would
+    not reach the container runtime (a state dir that is not a shared mount, tmpfs.seen_by_host):
+    the folder stays on the state disk, said once in the log."""
     global _warned_no_mount
     _mkdir(path, FOLDER_MODE)
     if not tmpfs.mount(path, f"size={count * REGION_SIZE},nr_inodes={count + 1},mode=0700,huge=never") \
             and not _warned_no_mount:
         _warned_no_mount = True
-        log.warning("not allowed to mount the regions' tmpfs (not root): regions are on the state disk, "
-                    "where a tenant can grow them", path=path)
+        log.warning("cannot mount the regions' tmpfs where the container runtime sees it (not root, or the "
+                    "state dir is not a shared mount: mountPropagation Bidirectional on a shared host mount, "
+                    "docs/operations.md): regions are on the state disk, where a tenant can grow them", path=path)
 
 
 _warned_no_mount = False

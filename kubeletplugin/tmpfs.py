@@ -13,12 +13,44 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 2, 4, 8, 2
 
 
+def seen_by_host(path: str) -> bool:
+    """Whether a mount made at `path` reaches the container runtime, which resolves the CDI spec's
+    mount sources in its own mount namespace: this process is in the host's (its init's, in view
+    with hostPID), or `path` is on this namespace's root mount (the plugin runs where the runtime
+    does: a host process), or the mount it is under is shared (a Bidirectional volume on a shared
+    host mount). A plugin whose state dir is a private or slave volume would mount a tmpfs the
+    runtime never sees, and containers would get the empty folder under it."""
+    try:
+        if os.readlink("/proc/self/ns/mnt") == os.readlink("/proc/1/ns/mnt"):
+            return True
+    except OSError:  # (init out of reach: a sandbox's)
+        pass
+    try:
+        with open("/proc/self/mountinfo") as f:
+            table = [line.split() for line in f]
+    except OSError:
+        return False
+    real = os.path.realpath(path)
+    best: list[str] | None = None
+    for fields in table:
+        point = fields[4].replace("\\040", " ")
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and \
+                (best is None or len(point) >= len(best[4])):
+            best = fields
+    if best is None:
+        return False
+    return best[4] == "/" or any(f.startswith("shared:") for f in best[6:best.index("-")])
+
+
 def mount(path: str, options: str) -> bool:
     """A tmpfs at `path` (a folder) with `options` (`size=...` and the like), nosuid, nodev,
     noexec; kept when one is there already (a restart). False: not allowed to mount (a plugin
-    that is not root); any other failure is an OSError naming the path."""
+    that is not root), or a mount there would not reach the host (seen_by_host); any other
+    failure is an OSError naming the path."""
     if os.path.ismount(path):
         return True
+    if not seen_by_host(path):
+        return False
     if _libc.mount(b"gpushare", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
                    options.encode()) == 0:
         return True
