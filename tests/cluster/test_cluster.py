@@ -97,6 +97,10 @@ def test_two_pods_of_one_claim_share_its_budget_allocated_by_the_real_scheduler(
         meminfo = kube("exec", "trainer-b", "-c", "b1", "--", "sh", "-c", '"$(gpushare-dra hook-path probe)" meminfo')
         assert f"cu_total={4 * GiB}" in meminfo, meminfo
         assert f"nvml_total={4 * GiB}" in meminfo, meminfo
+        # The claim's usage region, the one file its containers write, is on the claim's own tmpfs
+        # on the node (the plugin's Bidirectional state dir): no tenant grows it on the node's disk.
+        region = f"/var/lib/gpushare/claims/{claim['metadata']['uid']}/region"
+        assert node_shell("findmnt", "-n", "-o", "FSTYPE,OPTIONS", region).startswith("tmpfs "), region
         assert [pod_phase(kube, p) for p in ("trainer-a", "trainer-b")] == ["Running", "Running"]
         # The plugin's entry in the claim's status: what the device got, applied by the driver.
         entries = kube.wait_until("the claim's status entry", lambda: kube.get("resourceclaim", "shared-gpu")
