@@ -13,9 +13,10 @@ Each process counts its GPU time over consecutive 10 s windows (the probe's --wi
 clock the containers share). Issue 40 asks that after the first window the tenant get at most its
 share + 3 points in every window, and the neighbour at least what it gets beside an honest tenant,
 - 3. The guard holds the tenant 7-10 s after it began and kills it 10 s later, about 20 s after
-it began: the tenant's bound holds from the second window, its neighbour's from the third (the
-second read 45.6-73.0 in four runs: short of the issue's bound). The honest run also checks the
-guard never holds an honest claim.
+it began: the tenant's bound holds from the second window, its neighbour's surely from the third
+(the first read 45.6-59.1 and the second 73.0-78.5 against an honest 71.2-71.6 in four runs, but
+the second failed the bound once in a CI rehearsal: short of the issue's bound). The honest run
+also checks the guard never holds an honest claim.
 
 Needs root, podman, runc and busybox (CI installs them).
 """
