@@ -305,6 +305,12 @@ class PodmanRunner:
                               timeout=timeout)
 
     def close(self) -> None:
+        """Remove its containers (a run that failed halfway, podman's own errors included, leaves
+        them running: `--rm` removes only those that end), its folder and its cgroups."""
+        left = subprocess.run(["podman", "ps", "-aq", "--filter", f"label={OWNER_LABEL}={self.owner}"],
+                              env=self.env, capture_output=True, text=True, timeout=60).stdout.split()
+        if left:
+            subprocess.run(["podman", "rm", "-f", "-t", "0", *left], env=self.env, capture_output=True, timeout=120)
         shutil.rmtree(self.work, ignore_errors=True)
         deadline = time.monotonic() + 2  # a container just killed: its conmon ends a moment later
         for parent in self._cgroup_parents:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
+
+import pytest
 
 from kubeletplugin.claimfiles import unmount_all_regions
 from playground.claims import make_claim, result
 from playground.containers import OWNER_LABEL, PodmanRunner
 from playground.kubelet import Kubelet
+from tests.support import BUILD, podman_busybox_why_not, wait_for
 from tests.support.plugin import Dirs, launch_plugin
 
 
@@ -59,3 +63,28 @@ def test_podman_containers_carry_their_owners_label():
     runner.owner, runner.rootfs = "/tmp/playground-a", "/tmp/rootfs"
     command = runner.command(["k8s.gpushare.dev/claim=x"], ["true"])
     assert command[command.index("--label") + 1] == f"{OWNER_LABEL}=/tmp/playground-a"
+
+
+def test_closing_a_runner_removes_its_containers_that_still_run_and_no_others():
+    """A demo or test that fails halfway (podman's own errors included) leaves containers running
+    (`--rm` removes only those that end): its runner's close removes its own, by its label."""
+    if why := podman_busybox_why_not():
+        pytest.skip(why)
+    probe = os.path.join(BUILD, "gpushare-probe")
+    mine, other = PodmanRunner(probe), PodmanRunner(probe)
+    try:
+        for r in (mine, other):
+            r.start_command("sleeper", [], ["/bin/sh", "-c", "sleep 600"])
+
+        def running(r: PodmanRunner) -> list[str]:
+            return subprocess.run(["podman", "ps", "-q", "--filter", f"label={OWNER_LABEL}={r.owner}"],
+                                  capture_output=True, text=True, check=True).stdout.split()
+
+        assert wait_for(lambda: running(mine) and running(other), timeout=60)
+        mine.close()
+        assert not subprocess.run(["podman", "ps", "-aq", "--filter", f"label={OWNER_LABEL}={mine.owner}"],
+                                  capture_output=True, text=True, check=True).stdout.split()
+        assert running(other)
+    finally:
+        mine.close()
+        other.close()
