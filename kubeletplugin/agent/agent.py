@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 from collections.abc import Collection
@@ -27,10 +26,10 @@ from dra_driver.log import get_logger
 from kubeletplugin.cdispec import SimDriver
 from kubeletplugin.prepared import PreparedClaim
 
-from .backstop import Backstop, kill_cgroup, killable
+from .backstop import Backstop, kill_unit, kill_units
 from .claimview import ClaimView
 from .control import Control
-from .guard import KILL, Guard, Member, container_pids, signal_pids
+from .guard import KILL, Guard, Member, container_pids
 from .mpswatch import MpsWatch
 from .procmap import Owner, ProcessMap
 from .regions import Region
@@ -263,23 +262,11 @@ class Agent:
         self.guard.observe([m for m in on_gpu.values() if len(m) > 1], seconds)
         self.guard.enforce({key: self._held_pids(claims[key[0]], key[1]) for key in self.guard.held()})
 
-    def _units(self, c: ClaimView, i: int) -> tuple[set[str], set[int]]:
-        """The containers (cgroup texts) of the claim's processes on its GPU i (NVML's, mapped), and
-        those of its processes outside a container one can stop or kill whole (host pids)."""
-        cgroups: set[str] = set()
-        pids: set[int] = set()
-        for pid in c.process_memory[i]:
-            owner = self._period_owners.get(pid)
-            cgroup = owner.cgroup if owner else None
-            if cgroup and killable(cgroup, self.backstop.own_cgroup):
-                cgroups.add(cgroup)
-            else:
-                pids.add(pid)
-        return cgroups, pids
-
     def _held_pids(self, c: ClaimView, i: int) -> list[int]:
-        cgroups, pids = self._units(c, i)
-        return sorted(pids.union(*(container_pids(cgroup) for cgroup in cgroups)))
+        """The claim's processes on its GPU i (NVML's, mapped) and every process of their containers."""
+        units = kill_units(c.process_memory[i], self._period_owners, self.backstop.own_cgroup)
+        return sorted({pid for unit, pids in units.items()
+                       for pid in (pids if unit.startswith("pid:") else container_pids(unit))})
 
     def _compute_action(self, key: tuple[str, int], action: str, limit: float, measured: float) -> bool:
         """The guard held the claim (HOLD) or, its hold not enough, kills its processes on the GPU (KILL)."""
@@ -287,10 +274,9 @@ class Agent:
         if c is None:
             return False
         gpu = c.gpus[key[1]].uuid
-        if action == KILL:
-            cgroups, pids = self._units(c, key[1])
-            signal_pids(pids, signal.SIGKILL)  # (stopped ones too: SIGKILL ends a stopped process)
-            killed = sorted(pids.union(*(kill_cgroup(cgroup) for cgroup in cgroups)))
+        if action == KILL:  # as the backstop kills (SIGKILL ends a stopped process too)
+            units = kill_units(c.process_memory[key[1]], self._period_owners, self.backstop.own_cgroup)
+            killed = sorted({pid for unit, pids in units.items() for pid in kill_unit(unit, pids, self.procs)})
             if not killed:
                 return False
             what = f"holding it did not make its neighbours whole: killed pid(s) {', '.join(map(str, killed))}"

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Protocol
 
 from kubernetes import client
@@ -125,6 +125,27 @@ def kill_cgroup(cgroup: str) -> list[int]:
         if not new:  # (killed ones linger as zombies until reaped: only new pids count)
             break
     return killed
+
+
+def kill_units(pids: Iterable[int], owners: dict[int, Owner], own: str | None) -> dict[str, list[int]]:
+    """The processes on a GPU grouped by what is killed (or stopped) whole: their container's
+    cgroup text, or `pid:<n>` for a process outside a container the agent may kill whole (a host
+    process, or one in the agent's own cgroup)."""
+    units: dict[str, list[int]] = {}
+    for pid in pids:
+        cgroup = owners[pid].cgroup if pid in owners else None
+        units.setdefault(cgroup if cgroup and killable(cgroup, own) else f"pid:{pid}", []).append(pid)
+    return units
+
+
+def kill_unit(unit: str, pids: list[int], procs: ProcessMap | None) -> list[int]:
+    """SIGKILL a unit of kill_units; the pids killed. The processes on the GPU first, by the pidfds
+    the process map holds: whatever their threads do, no read of their cgroup is needed (issue 40);
+    then every process of the container."""
+    for pid in pids:  # (one the map no longer knows has exited since the poll)
+        if procs is not None:
+            procs.kill(pid)
+    return list(pids) if unit.startswith("pid:") else list(dict.fromkeys([*pids, *kill_cgroup(unit)]))
 
 
 _RANDOM = random.SystemRandom()  # from the kernel: nothing a tenant can predict
@@ -285,22 +306,13 @@ class Backstop:
     def _kill(self, claim: ClaimView, i: int, limit: int, process_memory: dict[int, int],
               owners: dict[int, Owner]) -> list[int]:
         """Largest first, a whole container (cgroup) at a time, until the rest fits."""
-        units: dict[str, list[int]] = {}  # cgroup text (or the pid for host processes) -> pids on the GPU
-        for pid in process_memory:
-            cgroup = owners[pid].cgroup if pid in owners else None
-            units.setdefault(cgroup if cgroup and killable(cgroup, self._own) else f"pid:{pid}", []).append(pid)
+        units = kill_units(process_memory, owners, self._own)
         left = sum(process_memory.values())
         killed: list[int] = []
         for unit, pids in sorted(units.items(), key=lambda kv: -sum(process_memory[p] for p in kv[1])):
             if left <= limit:
                 break
-            # The processes on the GPU first, by the pidfds the map holds: they hold the memory,
-            # and whatever their threads do, no read of their cgroup is needed (issue 40)
-            for pid in pids:  # (one the map no longer knows has exited since the poll)
-                if self._procs is not None:
-                    self._procs.kill(pid)
-            gone = list(pids) if unit.startswith("pid:") else \
-                list(dict.fromkeys([*pids, *kill_cgroup(unit)]))
+            gone = kill_unit(unit, pids, self._procs)
             killed += gone
             left -= sum(process_memory[p] for p in pids)
             key = (claim.uid, i)

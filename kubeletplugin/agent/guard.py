@@ -90,6 +90,7 @@ class ClaimGuard:
     kills: int = 0             # times its processes were killed (the metric)
     clock: float = 0.0         # its periods' seconds, all told: the time its rules count in
     wanting_limit: float = 0.0  # the shares of the neighbours that wanted more, last period
+    slot: tuple[int, int] = (0, 0)  # its slot as last planned: (period, start) us (Member.slot)
 
     def window(self, seconds: float) -> tuple[float, float, float]:
         """(covered seconds, mean measured share, mean shortfall of its busiest-short neighbour)
@@ -137,8 +138,9 @@ def step(g: ClaimGuard, seconds: float, measured: float, shortfall: float) -> st
     g.clock += seconds
     now = g.clock
     g.periods.append((seconds, measured, shortfall))
-    while sum(dt for dt, _, _ in g.periods) > LONG_WINDOW_S + seconds:
-        g.periods.popleft()
+    covered = sum(dt for dt, _, _ in g.periods)
+    while covered > LONG_WINDOW_S + seconds:
+        covered -= g.periods.popleft()[0]
     target = max(0.0, g.limit - HOLD_TARGET)
     if not g.held:
         share = suspected(g)
@@ -207,7 +209,7 @@ class Guard:
         self.claims: dict[tuple[str, int], ClaimGuard] = {}
         self._enforce = enforce
         self._on_action = on_action
-        self._slots: dict[tuple[str, int], tuple[int, int]] = {}
+        self._recorded: list[int] = []  # the pids the record names
         self._lock = threading.Lock()
         self._holds: dict[tuple[str, int], Hold] = {}
         self._wake = threading.Event()
@@ -220,9 +222,8 @@ class Guard:
         for members in gpus:
             for m in members:
                 seen.add(m.key)
-                self._slots[m.key] = m.slot
                 g = self.claims.setdefault(m.key, ClaimGuard(m.limit))
-                g.limit = m.limit
+                g.limit, g.slot = m.limit, m.slot
                 # its neighbours short of their shares, that wanted more: one that leaves time idle (a
                 # request server) lends it to whoever fills it (docs/compute.md). Summed unclipped: the
                 # samples' noise averages out over a window
@@ -245,7 +246,6 @@ class Guard:
                         g.acted_at -= ESCALATE_S
         for key in set(self.claims) - seen:
             del self.claims[key]
-            self._slots.pop(key, None)
 
     def held(self) -> dict[tuple[str, int], float]:
         """Each held claim's part of its period its processes run (none under --enforce=report)."""
@@ -260,7 +260,7 @@ class Guard:
         with self._lock:
             old, self._holds = self._holds, {}
             for key, run in holds.items():
-                period_us, start_us = self._slots.get(key, (0, 0))
+                period_us, start_us = self.claims[key].slot
                 period_us = period_us or int(CYCLE_S * 1e6)
                 h = old.pop(key, None) or Hold([], run, 0, 0)
                 pids = units.get(key, [])
@@ -294,16 +294,18 @@ class Guard:
             resume_recorded(self._record)
 
     def _write_record(self) -> None:
-        """The held claims' processes, each with its start time (a pid reused since is not it)."""
-        if self._record is None:
-            return
+        """The held claims' processes, each with its start time (a pid reused since is not it);
+        written when they change."""
         with self._lock:
             pids = sorted({pid for h in self._holds.values() for pid in h.pids})
+        if self._record is None or pids == self._recorded:
+            return
         try:
             if pids:
                 write_atomic(self._record, json.dumps({str(p): start_time(p) for p in pids}).encode(), 0o600)
             else:
                 remove_durable(self._record)
+            self._recorded = pids
         except OSError as e:  # the holds go on; only a crash's resume is at stake
             log.error("cannot record the held processes", path=self._record, error=str(e))
 
