@@ -6,8 +6,6 @@ server, and succeed on the next call once the server answers."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
@@ -16,48 +14,18 @@ from kubernetes import client
 from kubeletplugin import driver as driver_module
 from playground.claims import make_claim, result
 from playground.kubelet import Kubelet
-from tests.support.hostile import pipe
+from tests.support.hostile import HostileFront
 from tests.support.plugin import launch_plugin
 
 KUBELET_PREPARE_TIMEOUT_S = 45  # the kubelet's deadline for one NodePrepareResources call
 READ_TIMEOUT_S = 2.0  # the driver's read timeout in this test (20 s in production)
 
 
-class Gate:
-    """A TCP front of the API server: while `hang` it accepts connections and never answers (a
-    hung API server); else it passes bytes both ways to the real one."""
-
-    def __init__(self, target: tuple[str, int]):
-        self.target = target
-        self.hang = True
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._held: list[socket.socket] = []
-        threading.Thread(target=self._accept, name="gate", daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            if self.hang:
-                self._held.append(conn)  # read nothing, answer nothing
-                continue
-            upstream = socket.create_connection(self.target)
-            for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
-
-    def close(self) -> None:
-        self._listener.close()
-        for conn in self._held:
-            conn.close()
-
-
 @pytest.fixture
 def gate(shared_emulator):
-    host, port = shared_emulator.url.removeprefix("http://").rsplit(":", 1)
-    g = Gate((host, int(port)))
+    """A front of the API server that accepts connections and never answers, until turned to pass."""
+    g = HostileFront(shared_emulator.url)
+    g.turn("silent")
     yield g
     g.close()
 
@@ -80,7 +48,7 @@ def test_prepare_under_a_hanging_api_server_fails_in_time_then_succeeds(api, gat
             answer.error
         assert answer.error.count("\n") == 0  # one error, not one per attempt
         assert took < READ_TIMEOUT_S * 1.5, took  # one read, not four
-        gate.hang = False
+        gate.turn("pass")
         answer = kubelet.prepare(ref, timeout=KUBELET_PREPARE_TIMEOUT_S).claims[ref.uid]
         assert answer.error == "" and answer.devices, answer
     finally:

@@ -1,6 +1,6 @@
 """A hostile API server: a TCP front of a real one (the emulator) that, once turned, answers
 requests as no honest server does (issue 40: tests/kubeletplugin/test_api_deadline.py,
-tests/controller/test_controller_deadline.py)."""
+tests/controller/test_controller_deadline.py; issue 26: tests/kubeletplugin/test_api_hang.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import time
 
 TRICKLE_S = 0.5  # between two bytes of a trickled answer: far below any read timeout, so none trips
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
-
 
 
 def pipe(a: socket.socket, b: socket.socket) -> None:
@@ -31,8 +30,9 @@ def pipe(a: socket.socket, b: socket.socket) -> None:
 
 class HostileFront:
     """A TCP front of the API server: in mode "pass" it passes bytes both ways to the real one;
-    else it reads the request and "trickle"s an answer a byte every TRICKLE_S (headers and 40 bytes
-    of body: 60 s in all), "hang"s after the headers and a few bytes, or "reset"s the connection."""
+    "silent" accepts a connection and never reads or answers (a hung server); else it reads the
+    request and "trickle"s an answer a byte every TRICKLE_S (headers and 40 bytes of body: 60 s in
+    all), "hang"s after the headers and a few bytes, or "reset"s the connection."""
 
     def __init__(self, url: str):
         host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -62,6 +62,9 @@ class HostileFront:
                 threading.Thread(target=self._hostile, args=(conn, self.mode), daemon=True).start()
 
     def _hostile(self, conn: socket.socket, mode: str) -> None:
+        if mode == "silent":
+            self._closed.wait()
+            return
         try:
             conn.recv(65536)  # the request
             if mode == "reset":  # SO_LINGER 0: close sends RST
