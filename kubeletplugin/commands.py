@@ -82,8 +82,9 @@ def add_commands(sub: Any) -> None:
                         "around libgpushare.so): kill = SIGKILL the containers of its largest processes on "
                         "that GPU until the rest fits, with Warning Events on the claim and the pod and a "
                         "metric; report = only the Events and the metric. The compute guard likewise: a "
-                        "claim far over its compute share while a neighbour is short is held back, then "
-                        "killed (kill), or only reported (report)")
+                        "claim far over its compute share while a neighbour is short is killed when the "
+                        "neighbour's loss is established, else held back and killed if that is not enough "
+                        "(kill), or only reported (report)")
     g = p.add_argument_group("GPU health")
     g.add_argument("--health-events", default=DEFAULTS.health_events, action=argparse.BooleanOptionalAction,
                    help="watch NVML XID and ECC events; a critical one taints the GPU's devices and is "

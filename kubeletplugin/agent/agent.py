@@ -29,7 +29,7 @@ from kubeletplugin.prepared import PreparedClaim
 from .backstop import Backstop, kill_unit, kill_units
 from .claimview import ClaimView
 from .control import Control
-from .guard import KILL, Guard, Member, container_pids
+from .guard import HOLD, KILL, Guard, Member, container_pids
 from .mpswatch import MpsWatch
 from .procmap import Owner, ProcessMap
 from .regions import Region
@@ -269,7 +269,8 @@ class Agent:
                        for pid in (pids if unit.startswith("pid:") else container_pids(unit))})
 
     def _compute_action(self, key: tuple[str, int], action: str, limit: float, measured: float) -> bool:
-        """The guard held the claim (HOLD) or, its hold not enough, kills its processes on the GPU (KILL)."""
+        """The guard held the claim (HOLD), killed its processes on the GPU (KILL), or, under
+        --enforce=report, would have (REPORT)."""
         c = self.claims.get(key[0])
         if c is None:
             return False
@@ -279,9 +280,11 @@ class Agent:
             killed = sorted({pid for unit, pids in units.items() for pid in kill_unit(unit, pids, self.procs)})
             if not killed:
                 return False
-            what = f"holding it did not make its neighbours whole: killed pid(s) {', '.join(map(str, killed))}"
-        else:
+            what = f"its neighbours stayed short of their shares: killed pid(s) {', '.join(map(str, killed))}"
+        elif action == HOLD:
             what = "its processes are stopped outside part of its time slot until it uses no more"
+        else:
+            what = "nothing done (--enforce=report)"
         self.backstop.event(c, COMPUTE_REASON, f"measured {measured * 100:.0f} % of GPU {gpu} against a compute "
                             f"limit of {limit * 100:.0f} % while a neighbour was short of its share: {what}",
                             sorted(c.pods))

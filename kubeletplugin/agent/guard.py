@@ -13,26 +13,32 @@ sqrt(p(1 - p) / n), 7 points over 10 s at a share of 50 %. So the guard holds a 
 is far over its share for a whole window while a neighbour on the GPU is short of its own and wants it:
 
 - suspected: over one of WINDOWS_S its measured share is over its limit by 5 standard deviations
-  of the window's samples (a claim of 25 %: 31 points over 10 s, 15 over 40 s, 6 over 300 s),
-  while a neighbour that wants more (its library held launches back) is short of its own share.
-  An honest claim is held by its library to its share (and goes past it only into time its
+  of the window's samples (a claim of 25 %: 43 points over 5 s, 31 over 10 s, 15 over 40 s, 6 over
+  300 s), while a neighbour that wants more (its library held launches back) is short of its own
+  share. An honest claim is held by its library to its share (and goes past it only into time its
   neighbours leave idle, when none wants it), so it is never suspected but by a 5-sigma run of
   samples;
-- held: in each period of its GPU's time slots (shares.py) its processes (every process of their
+- killed at once (--enforce=kill) when, over that same window, its wanting neighbours are also
+  short by 3 standard deviations of their samples: the harm is established, and a hold cannot take
+  back the GPU work its processes have queued (seconds of it: below), so only a kill makes the
+  neighbours whole within the window after the one that caught it. It stays held, so what
+  restarts is held from its first launch;
+- held (the excess established but not yet the neighbours' loss, as where idle time absorbs it):
+  in each period of its GPU's time slots (shares.py) its processes (every process of their
   containers) run from the start of its slot for a part `run` of the period and are stopped
   (SIGSTOP) for the rest, so its work meets its neighbours' as little as it would paced. `run`
   starts at FIRST_RUN and shrinks by factors while the measured share is over HOLD_TARGET below
   its limit and a neighbour is short (the GPU work a process queues while it runs is drained
   while it is stopped), else doubles each second;
-- killed (--enforce=kill): when its neighbours stay short by 3 standard deviations of their
-  samples over ESCALATE_S while it still takes more than its share, its processes on the GPU and
-  their containers are killed, as the memory backstop kills; it stays held, so what restarts is
-  held from its first launch;
+- killed (--enforce=kill) when, held, its neighbours stay short by 3 standard deviations of their
+  samples over ESCALATE_S while it still takes more than its share: its processes on the GPU and
+  their containers are killed, as the memory backstop kills;
 - released: once over RELEASE_S it took no more than its share and was barely stopped (run >= 1/2).
 
 Stopped processes keep their GPU work queued: the GPU runs it meanwhile, which the measured share
 counts, so the controller stops them longer, and a queue of long kernels can keep the neighbours
-short whatever the hold: hence the kill. A process of the container that resumes another
+short whatever the hold: hence the kill. Under --enforce=report nothing is stopped or killed: the
+first action of a hold is reported (REPORT) and nothing else. A process of the container that resumes another
 (SIGCONT) is stopped in the same round (every process of the container is stopped, in rounds
 until all are). A Warning Event `GpuComputeShareExceeded` names the claim when its hold starts, and
 `gpushare_claim_compute_held_seconds_total` counts the time its processes were stopped.
@@ -59,7 +65,7 @@ from .procmap import start_time
 log = get_logger("agent.guard")
 
 SAMPLES_PER_S = 5      # NVML's per-process samples (docs/compute.md)
-WINDOWS_S = (10.0, 40.0, 300.0)  # a claim is judged over each of these
+WINDOWS_S = (5.0, 10.0, 40.0, 300.0)  # a claim is judged over each of these
 SIGMAS = 5.0           # how far over its limit, in standard deviations of the window's samples
 LONG_WINDOW_S = WINDOWS_S[-1]
 NEIGHBOUR_SHORT = 0.05  # neighbours whose measured shares are under their limits by this (a window's mean) are short
@@ -120,21 +126,24 @@ def short_by(limit: float, seconds: float) -> float:
     return max(NEIGHBOUR_SHORT, ESCALATE_SIGMAS * math.sqrt(p * (1 - p) / (SAMPLES_PER_S * seconds)))
 
 
-def suspected(g: ClaimGuard) -> float | None:
-    """The window's measured share when the claim is far over its limit with a neighbour short; else None."""
+def suspected(g: ClaimGuard) -> tuple[float, bool] | None:
+    """When the claim is far over its limit with a neighbour short over one of WINDOWS_S: the
+    window's measured share, and whether its wanting neighbours' loss is established over it too
+    (short_by); else None."""
     for seconds in WINDOWS_S:
         covered, share, short = g.window(seconds)
         if covered >= seconds * 0.9 and share > g.limit + over_by(g.limit, seconds) and short > NEIGHBOUR_SHORT:
-            return share
+            return share, short > short_by(g.wanting_limit, seconds)
     return None
 
 
-HOLD, KILL = "hold", "kill"
+HOLD, KILL, REPORT = "hold", "kill", "report"
 
 
 def step(g: ClaimGuard, seconds: float, measured: float, shortfall: float) -> str | None:
-    """One agent period of one claim's guard: HOLD when its hold starts now, KILL when its hold has
-    not made its neighbours whole in ESCALATE_S (the caller kills only under --enforce=kill)."""
+    """One agent period of one claim's guard: HOLD when its hold starts now, KILL when it starts with
+    its neighbours' loss established or its hold has not made them whole in ESCALATE_S (the caller
+    acts only under --enforce=kill)."""
     g.clock += seconds
     now = g.clock
     g.periods.append((seconds, measured, shortfall))
@@ -143,11 +152,12 @@ def step(g: ClaimGuard, seconds: float, measured: float, shortfall: float) -> st
         covered -= g.periods.popleft()[0]
     target = max(0.0, g.limit - HOLD_TARGET)
     if not g.held:
-        share = suspected(g)
-        if share is None:
+        found = suspected(g)
+        if found is None:
             return None
+        share, harmed = found
         g.held, g.average, g.run, g.acted_at = True, share, FIRST_RUN, now
-        return HOLD
+        return KILL if harmed else HOLD
     g.average += (measured - g.average) * SMOOTHING
     # A stopped process's GPU work stays queued (a driver queues about a thousand launches), and a
     # process that runs refills it at once: its share falls only once its run part is short against
@@ -200,8 +210,8 @@ class Guard:
     def __init__(self, enforce: str = "kill",
                  on_action: Callable[[tuple[str, int], str, float, float], bool] | None = None,
                  record: str | None = None) -> None:
-        """enforce: `kill` (holds, then kills) or `report` (Events and metrics only, as the backstop);
-        on_action(key, HOLD or KILL, limit, measured): the agent's Event, and its kill; False when
+        """enforce: `kill` (holds and kills) or `report` (Events and metrics only, as the backstop);
+        on_action(key, HOLD, KILL or REPORT, limit, measured): the agent's Event, and its kill; False when
         there was nothing to kill (its processes between two runs): it is tried again next period.
         record: a file (the plugin's state dir) naming the processes a hold may have stopped, so
         that the next agent resumes them if this one dies while they are stopped (None: none)."""
@@ -230,19 +240,22 @@ class Guard:
                 wanting = [o for o in members if o is not m and o.wanting]
                 shortfall = sum(o.limit - o.measured for o in wanting)
                 g.wanting_limit = sum(o.limit for o in wanting)
+                starts = not g.held
                 action = step(g, seconds, m.measured, shortfall)
                 if action is None:
                     continue
                 log.warning("claim far over its compute share while a neighbour is short", action=action,
                             claim=m.key[0], gpu=m.key[1], limit=round(m.limit * 100, 1),
                             measured=round(g.average * 100, 1), run=g.run, enforce=self._enforce)
-                done = True
-                if self._on_action is not None and (action == HOLD or self._enforce == "kill"):
-                    done = self._on_action(m.key, action, m.limit, g.average)
-                if action == KILL and self._enforce == "kill":
+                if self._enforce != "kill":  # told once, when its hold would start
+                    if starts and self._on_action is not None:
+                        self._on_action(m.key, REPORT, m.limit, g.average)
+                    continue
+                done = self._on_action(m.key, action, m.limit, g.average) if self._on_action else True
+                if action == KILL:
                     if done:
                         g.kills += 1
-                    else:
+                    else:  # nothing to kill this period (its processes between two runs): tried again next
                         g.acted_at -= ESCALATE_S
         for key in set(self.claims) - seen:
             del self.claims[key]

@@ -12,11 +12,10 @@ issue 40, the rename attack) ends the same way, launches nobody paces. Without t
 Each process counts its GPU time over consecutive 10 s windows (the probe's --window-at, on the
 clock the containers share). Issue 40 asks that after the first window the tenant get at most its
 share + 3 points in every window, and the neighbour at least what it gets beside an honest tenant,
-- 3. The guard holds the tenant 7-10 s after it began and kills it 10 s later, about 20 s after
-it began: the tenant's bound holds from the second window, its neighbour's surely from the third
-(the first read 45.6-59.1 and the second 73.0-78.5 against an honest 71.2-71.6 in four runs, but
-the second failed the bound once in a CI rehearsal: short of the issue's bound). The honest run
-also checks the guard never holds an honest claim.
+- 3. The tenant starts about 5 s before the first window; the guard kills it once both its excess
+and its neighbour's loss are established, after 4-14 s of attack (guard.py; test_guard.py has the
+distribution), so both bounds hold from the second window. The honest run also checks the guard
+never holds an honest claim.
 
 Needs root, podman, runc and busybox (CI installs them).
 """
@@ -108,9 +107,7 @@ def test_a_bypassing_tenant_is_held_to_its_share_and_an_honest_one_is_never_held
         tenant, neighbour, t, n = run_pair(node, runner, bypass=True)
         print(f"bypassing tenant {tenant}, its neighbour {neighbour} (honest: {baseline} at the least)")
         assert all(s <= 25 + BOUND for s in tenant[1:]), tenant
-        # held 7-10 s after the attack began, killed 10 s later: its neighbour is whole from the
-        # window after that (the tenant started about 5 s before the first window)
-        assert all(s >= baseline - BOUND for s in neighbour[2:]), (neighbour, baseline)
+        assert all(s >= baseline - BOUND for s in neighbour[1:]), (neighbour, baseline)
         assert node.claim_metric("gpushare_claim_compute_held_seconds_total", t) > 0
         assert not node.claim_metric("gpushare_claim_compute_held_seconds_total", n)
         event = wait_for(lambda: guard_events(node, t))[0]
