@@ -177,20 +177,22 @@ PLUGIN = "system:serviceaccount:gpushare-system:gpushare-dra"
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 
 
-def slice_of(node: str | None) -> dict:
-    spec = {"driver": "gpushare.dev", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}}
+def slice_of(node: str | None, driver: str = "gpushare.dev") -> dict:
+    spec = {"driver": driver, "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}}
     spec.update({"nodeName": node} if node is not None else {"allNodes": True})
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"}, "spec": spec}
 
 
-def write(operation: str, user: str, node: str | None, new: str | None = None, old: str | None = None):
-    """None when the policy admits the write, else its message (the first refusing validation's)."""
+def write(operation: str, user: str, node: str | None, new: str | None = None, old: str | None = None,
+          driver: tuple[str, str] = ("gpushare.dev", "gpushare.dev")):
+    """None when the policy admits the write, else its message (the first refusing validation's);
+    `driver`: the new and the stored slice's."""
     request = admission.request_attributes("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", operation,
                                            "", "s")
     request["userInfo"] = {"username": user, "groups": ["system:serviceaccounts"],
                            **({"extra": {NODE_EXTRA: [node]}} if node else {})}
-    obj = slice_of(new) if operation != "DELETE" else None
-    stored = slice_of(old) if operation != "CREATE" else None
+    obj = slice_of(new, driver[0]) if operation != "DELETE" else None
+    stored = slice_of(old, driver[1]) if operation != "CREATE" else None
     decisions = admission.validate(NODE_POLICY["spec"], admission.activation(NODE_POLICY["spec"], obj, stored, request))
     assert not any(d.error for d in decisions), decisions
     refused = [d for d in decisions if d.denied]
@@ -216,6 +218,17 @@ def test_a_plugin_writes_its_own_nodes_slices():
 def test_a_plugin_is_refused_other_nodes_slices(operation, new, old, got):
     assert write(operation, PLUGIN, "node-a", new=new, old=old) == (
         f"the gpushare plugin on node 'node-a' may only write ResourceSlices with spec.nodeName 'node-a' (got {got})")
+
+
+@pytest.mark.parametrize("operation, drivers", [
+    ("CREATE", ("nic.example.com", "")),
+    ("UPDATE", ("gpushare.dev", "nic.example.com")),  # taking over another driver's slice
+    ("UPDATE", ("nic.example.com", "gpushare.dev")),
+    ("DELETE", ("", "nic.example.com")),
+])
+def test_a_plugin_is_refused_other_drivers_slices_on_its_own_node(operation, drivers):
+    assert write(operation, PLUGIN, "node-a", new="node-a", old="node-a", driver=drivers) == (
+        "the gpushare plugin may only write ResourceSlices with spec.driver 'gpushare.dev' (got 'nic.example.com')")
 
 
 def test_a_plugin_token_without_a_node_is_refused():
