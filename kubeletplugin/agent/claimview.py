@@ -9,7 +9,7 @@ from dra_driver.config import TIME_SLICING
 from kubeletplugin.prepared import PreparedGpu
 
 from .control import Control
-from .regions import Region
+from .regions import EMPTY, Region
 from .shares import Share, to_ppm
 
 
@@ -43,9 +43,13 @@ class ClaimView:
     def count_period(self, seconds: float) -> None:
         """Each share's charged GPU time, longest launch and paced flag over the last period, from
         the regions."""
-        paced_ns = [r.paced_ns if r else 0 for r in self.regions]
-        charged_ns = [r.charged_ns if r else 0 for r in self.regions]
-        kernel_us = [r.take_kernel_us() if r else 0 for r in self.regions]
+        counters = [r.counters() if r else EMPTY for r in self.regions]
+        for r, h in zip(self.regions, counters, strict=True):
+            if r is not None and h.kernel_us:
+                r.clear_kernel_us()
+        paced_ns = [h.paced_ns for h in counters]
+        charged_ns = [h.charged_ns for h in counters]
+        kernel_us = [h.kernel_us for h in counters]
         for s, now, before, c_now, c_before, k in zip(self.shares, paced_ns, self.paced_ns or paced_ns, charged_ns,
                                                       self.charged_ns or charged_ns, kernel_us, strict=True):
             s.measured = 0.0

@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from dra_driver.config import NONE
 
 from .procmap import slot_key
-from .regions import Slot
+from .regions import EMPTY, Slot
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -78,17 +78,18 @@ class AgentCollector:
                 for i, gpu in enumerate(cl.gpus):
                     labels = [cl.namespace, cl.name, str(gpu.index), gpu.uuid]
                     region = cl.regions[i]
+                    counters = region.counters() if region else EMPTY
                     share = cl.shares[i]
                     g["memory_limit_bytes"].add_metric(labels, gpu.memory_limit)
                     strategy.add_metric([*labels, cl.sharing_strategy], 1)
-                    g["memory_used_bytes"].add_metric(labels, region.used if region else 0)
+                    g["memory_used_bytes"].add_metric(labels, counters.used)
                     g["memory_nvml_bytes"].add_metric(labels, sum(cl.process_memory[i].values()))
                     g["compute_limit_ratio"].add_metric(labels, gpu.compute_limit / 100)
                     g["utilization_ratio"].add_metric(labels, round(share.measured, 4))
                     if cl.sharing_strategy != NONE:  # nothing paces a None claim: no rate to show
                         g["pace_rate_ratio"].add_metric(labels, round(share.rate, 4) if share.rate
                                                         else gpu.compute_limit / 100)
-                    c["paced_seconds"].add_metric(labels, (region.paced_ns if region else 0) / 1e9)
+                    c["paced_seconds"].add_metric(labels, counters.paced_ns / 1e9)
                     c["oom_refusals"].add_metric(labels, region.oom_refusals if region else 0)
                     c["backstop_violations"].add_metric(labels, a.backstop.violations.get((cl.uid, i), 0))
                     c["backstop_kills"].add_metric(labels, a.backstop.kills.get((cl.uid, i), 0))

@@ -42,6 +42,20 @@ _HEADER_READ = max(f.offset + f.size for f in REGION_HEADER.values())  # the hea
 
 
 @dataclass(frozen=True)
+class Header:
+    """The header's counters as one pread found them (a period reads each region once)."""
+
+    used: int
+    charged_ns: int    # pace_gpu_ns: GPU time the library charged the claim's launches
+    queue_end_ns: int  # pace_qend_ns: when its queued work ends (CLOCK_MONOTONIC; 0 = not said)
+    paced_ns: int
+    kernel_us: int     # pace_kernel_us: the longest launch booked since the agent last zeroed it
+
+
+EMPTY = Header(0, 0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
 class Slot:
     pid: int          # in the owner's pid namespace
     start_time: int   # /proc/<pid>/stat field 22 of the owner
@@ -101,6 +115,14 @@ class Region:
         h = self._read(0, _HEADER_READ)
         return h if h is not None and _MAGIC.read(h) == REGION_MAGIC and _VERSION.read(h) == REGION_VERSION else None
 
+    def counters(self) -> Header:
+        """The header's counters in one read (EMPTY when the region is not initialised)."""
+        h = self._header()
+        if h is None:
+            return EMPTY
+        return Header(_USED.read(h), _PACE_GPU_NS.read(h), _PACE_QEND_NS.read(h), _PACED_NS.read(h),
+                      _PACE_KERNEL_US.read(h))
+
     @property
     def initialised(self) -> bool:
         return self._header() is not None
@@ -114,31 +136,13 @@ class Region:
         return self._field(_USED)
 
     @property
-    def charged_ns(self) -> int:
-        """GPU time the library charged the claim's launches (`pace_gpu_ns`)."""
-        return self._field(_PACE_GPU_NS)
-
-    @property
-    def queue_end_ns(self) -> int:
-        """When the claim's queued work ends, as its last launching process predicts
-        (`pace_qend_ns`, CLOCK_MONOTONIC; 0 = not said)."""
-        return self._field(_PACE_QEND_NS)
-
-    @property
-    def paced_ns(self) -> int:
-        return self._field(_PACED_NS)
-
-    @property
     def oom_refusals(self) -> int:
         return self._field(_OOM_REFUSALS)
 
-    def take_kernel_us(self) -> int:
-        """The longest launch the library booked since the last call, us (0: none), and zero it. A
-        launch between the read and the store is lost: the next one reports it again."""
-        us = self._field(_PACE_KERNEL_US)
-        if us:
-            self._store32(_PACE_KERNEL_US.offset, 0)
-        return us
+    def clear_kernel_us(self) -> None:
+        """Zero `pace_kernel_us` after counters() found it set. A launch between the read and the
+        store is lost: the next one reports it again."""
+        self._store32(_PACE_KERNEL_US.offset, 0)
 
     @property
     def rate_ppm(self) -> int:

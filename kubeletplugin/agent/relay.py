@@ -104,13 +104,13 @@ class Relay:
         launch (its next launch may be a kernel away), and `margin` after its queue's end."""
         key = (id(region), id(control))
         try:
-            charged = region.charged_ns
-            last, until = self._seen.get(key, (charged, 0))
-            if charged != last:
-                until = max(now + hold, min(region.queue_end_ns, now + QUEUE_SANE_NS) + margin)
+            h = region.counters()
+            last, until = self._seen.get(key, (h.charged_ns, 0))
+            if h.charged_ns != last:
+                until = max(now + hold, min(h.queue_end_ns, now + QUEUE_SANE_NS) + margin)
         except ValueError:  # closed by the agent (claim unprepared) before the next period's watch
             return 0
-        self._seen[key] = (charged, until)
+        self._seen[key] = (h.charged_ns, until)
         return until
 
     def stop(self) -> None:

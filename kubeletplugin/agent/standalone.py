@@ -101,9 +101,11 @@ def tick(claims: list[RunDirClaim], seconds: float, relay: Relay | None = None,
     time_sliced: set[str] = set()
     for c in claims:
         for j, (uuid, share, region, _) in enumerate(c.gpus):
-            now = region.charged_ns
-            share.count(now - c.charged[j], seconds, region.take_kernel_us())
-            c.charged[j] = now
+            h = region.counters()
+            if h.kernel_us:
+                region.clear_kernel_us()
+            share.count(h.charged_ns - c.charged[j], seconds, h.kernel_us)
+            c.charged[j] = h.charged_ns
             on_gpu.setdefault(uuid, []).append(share)
             if not c.mps:
                 time_sliced.add(uuid)

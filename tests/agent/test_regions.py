@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kubeletplugin.agent.regions import Region
+from kubeletplugin.agent.regions import EMPTY, Region
 from kubeletplugin.hooklayout import (
     REGION_HEADER,
     REGION_MAGIC,
@@ -44,7 +44,7 @@ def test_a_region_cut_short_reads_as_empty_and_whole_again_reads_again(tmp_path)
     os.truncate(path, 4096)  # the header without the slots: a mapping would have died of SIGBUS here
     assert (region.used, region.slots()) == (7, [])
     os.truncate(path, 0)
-    assert (region.used, region.slots(), region.charged_ns, region.take_kernel_us()) == (0, [], 0, 0)
+    assert (region.used, region.slots(), region.counters()) == (0, [], EMPTY)
     region.rate_ppm = 5
     assert os.path.getsize(path) == 0  # the agent wrote nothing into what it could not read
     used_region(path)
@@ -72,7 +72,9 @@ def test_the_agents_own_writes_still_land(tmp_path):
     path = tmp_path / "region"
     used_region(path)
     region = Region(str(path))
-    assert region.take_kernel_us() == 500 and region.take_kernel_us() == 0
+    assert region.counters().kernel_us == 500
+    region.clear_kernel_us()
+    assert region.counters().kernel_us == 0
     region.rate_ppm = 250_000
     with open(path, "rb") as f:
         data = f.read()

@@ -299,8 +299,8 @@ def test_the_plugins_token_writes_only_its_own_driver_and_node(installed, tmp_pa
                          "--subresource=driver").strip() == "yes"
 
         def refused_for_other_node():  # the policy is in deploy/base: installed with the product
-            out = as_plugin.run("create", "--dry-run=server", "-f", "-", input=SLICE_FOR.format(node="other-node", driver=DRIVER),
-                                check=False)
+            out = as_plugin.run("create", "--dry-run=server", "-f", "-",
+                                input=SLICE_FOR.format(node="other-node", driver=DRIVER), check=False)
             return out if out.returncode != 0 and "gpushare.dev-own-node-slices" in out.stderr else None
         out = kube.wait_until("the policy to refuse the slice", refused_for_other_node, timeout=60)
         assert (f"the gpushare plugin on node '{kube.node}' may only write ResourceSlices with "
@@ -308,10 +308,12 @@ def test_the_plugins_token_writes_only_its_own_driver_and_node(installed, tmp_pa
         # Nor another driver's slice on its own node.
         out = as_plugin.run("create", "--dry-run=server", "-f", "-",
                             input=SLICE_FOR.format(node=kube.node, driver=OTHER_DRIVER), check=False)
-        assert out.returncode != 0 and (f"the gpushare plugin may only write ResourceSlices with spec.driver "
-                                        f"'gpushare.dev' (got '{OTHER_DRIVER}')") in " ".join(out.stderr.split()), out.stderr
+        refusal = ("the gpushare plugin may only write ResourceSlices with spec.driver 'gpushare.dev' "
+                   f"(got '{OTHER_DRIVER}')")
+        assert out.returncode != 0 and refusal in " ".join(out.stderr.split()), out.stderr
         # Its own node's slice of its driver passes the policy (and RBAC).
-        as_plugin("create", "--dry-run=server", "-f", "-", input=SLICE_FOR.format(node=kube.node, driver=DRIVER))
+        as_plugin("create", "--dry-run=server", "-f", "-",
+                  input=SLICE_FOR.format(node=kube.node, driver=DRIVER))
     finally:
         kube("delete", "resourceclaim", "least-privilege-here", "least-privilege-there", "--ignore-not-found")
 
