@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DIST   ?= dist
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test test-deps tools lint hook codegen bench clean
+.PHONY: demo test test-deps tools lint hook codegen bench image clean
 
 demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster (installs only .[demo])
 	$(BIN)/gpushare-dra demo
@@ -38,6 +39,12 @@ tools:                       ## build helm into .cache/tools for the chart's tes
 
 hook:                        ## build libgpushare.so, the simulated driver and the probe (gcc only)
 	$(MAKE) -C hook
+
+# The product image as a docker archive (`docker save`'s format) that podman load, docker load and
+# ctr images import read, tagged gpushare-dra:VERSION (pyproject.toml's, the chart's appVersion)
+# and gpushare-dra:dev; built without Docker or a registry by hack/cluster/image, as hack/cluster-up does.
+image:                       ## as root: dist/gpushare-dra-VERSION.tar, the product image (podman load -i / ctr images import)
+	hack/cluster/image product --out $(DIST)
 
 codegen: $(STAMP)            ## regenerate the kubelet gRPC stubs from api/kubelet/*.proto
 	PYTHON=$(BIN)/python hack/update-codegen.sh

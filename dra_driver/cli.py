@@ -111,13 +111,10 @@ def _positive_int(text: str) -> int:
 def version_text() -> str:
     """`gpushare-dra --version`: the package version and what it runs on."""
     import platform
-    from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        mine = version("gpushare-dra")
-    except PackageNotFoundError:
-        mine = "unknown (not installed; run from a source tree)"
-    return (f"gpushare-dra {mine} (Python {platform.python_version()}, {platform.system().lower()} "
+    from dra_driver import __version__
+
+    return (f"gpushare-dra {__version__} (Python {platform.python_version()}, {platform.system().lower()} "
             f"{platform.machine()}; libgpushare.so built for glibc 2.17 and later, docs/images.md)")
 
 
