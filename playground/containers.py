@@ -55,6 +55,16 @@ events_logger = "file"
 runc = [{wrapper!r}]
 """
 
+def podman_env(folder: str) -> dict[str, str]:
+    """The environment for podman whose runc is the wrapper above (written into folder)."""
+    wrapper = os.path.join(folder, "runc-wrapper")
+    Path(wrapper).write_text(_RUNC_WRAPPER.format(python=sys.executable, runc=shutil.which("runc")))
+    os.chmod(wrapper, 0o755)
+    conf = os.path.join(folder, "containers.conf")
+    Path(conf).write_text(_CONTAINERS_CONF.format(wrapper=wrapper))
+    return {**os.environ, "CONTAINERS_CONF": conf}
+
+
 # Where the probe lives inside containers.
 CONTAINER_PROBE = "/usr/local/bin/gpushare-probe"
 
@@ -268,12 +278,7 @@ class PodmanRunner:
         self.work = tempfile.mkdtemp(prefix="gspodman")
         self.owner = owner or self.work
         self.rootfs = rootfs or build_rootfs(os.path.join(self.work, "rootfs"), probe, libraries)
-        wrapper = os.path.join(self.work, "runc-wrapper")
-        Path(wrapper).write_text(_RUNC_WRAPPER.format(python=sys.executable, runc=shutil.which("runc")))
-        os.chmod(wrapper, 0o755)
-        conf = os.path.join(self.work, "containers.conf")
-        Path(conf).write_text(_CONTAINERS_CONF.format(wrapper=wrapper))
-        self.env = {**os.environ, "CONTAINERS_CONF": conf}
+        self.env = podman_env(self.work)
         self._cgroup_parents: set[str] = set()  # podman makes them in every hierarchy and leaves them
 
     def command(self, device_ids: list[str], argv: list[str], name: str | None = None,

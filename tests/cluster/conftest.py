@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.cluster import DOWN, STATE, UP, Kube, examples, up_failures, why_not
+from tests.support.cluster import DOWN, HELM, STATE, UP, Helm, Kube, up_failures, why_not
 
 COLD_UP_TIMEOUT = 4800  # a cold Go build of the five binaries on 2 cores, the image and the debs
 
@@ -74,5 +74,7 @@ def installed(cluster: Kube) -> Kube:
 
 
 @pytest.fixture(scope="package")
-def example_text():
-    return examples
+def helm(cluster: Kube) -> Helm:
+    built = subprocess.run([str(HELM)], capture_output=True, text=True, timeout=1800)
+    assert built.returncode == 0, f"hack/helm exited {built.returncode}:\n{built.stderr}"
+    return Helm(built.stdout.strip().splitlines()[-1], cluster)

@@ -32,12 +32,6 @@ def allocated(kube, pod: str, container: str) -> int | None:
     return None
 
 
-def printed(kube, pod: str, marker: str) -> str | None:
-    """The pod's log once it shows marker."""
-    log = kube.logs(pod)
-    return log if marker in log else None
-
-
 def pod_phase(kube, name: str, namespace: str = "default") -> str:
     return kube.get("pod", name, "-n", namespace)["status"].get("phase", "")
 
@@ -136,35 +130,6 @@ def test_the_real_kubelet_shows_the_device_health_in_the_pod_status(installed):
              timeout=180)
 
 
-def test_the_shared_claim_example_runs_both_pods_on_one_allocation(installed, example_text):
-    kube = installed
-    text = example_text("shared-claim.yaml")  # its CUDA image: the product's here (no registry)
-    try:
-        kube.apply(text)
-        kube("wait", "--for=condition=Ready", "pod/team-gpu-a", "pod/team-gpu-b", "--timeout=240s", timeout=260)
-        claim = kube.get("resourceclaim", "team-gpu")
-        assert len(claim["status"]["allocation"]["devices"]["results"]) == 1
-        assert sorted(r["name"] for r in claim["status"]["reservedFor"]) == ["team-gpu-a", "team-gpu-b"]
-    finally:
-        kube.run("delete", "-f", "-", "--ignore-not-found", "--wait=true", "--grace-period=1", input=text, timeout=180)
-
-
-def test_first_available_takes_the_first_subrequest_that_fits(installed):
-    kube = installed
-    path = "deploy/examples/first-available.yaml"
-    try:
-        kube("apply", "-f", path)
-        kube("wait", "--for=condition=Ready", "pod/flexible", "--timeout=240s", timeout=260)
-        pod = kube.get("pod", "flexible")
-        claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-        results = kube.get("resourceclaim", claim_name)["status"]["allocation"]["devices"]["results"]
-        assert [r["request"] for r in results] == ["gpu/share-20gi"], results
-        out = kube.wait_until("the probe's meminfo", lambda: printed(kube, "flexible", "cu_total="))
-        assert f"cu_total={20 * GiB}" in out, out
-    finally:
-        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
-
-
 def test_the_admission_policy_refuses_a_bad_claim_at_apply(installed):
     kube = installed
     bad = """
@@ -197,22 +162,6 @@ spec:
     assert ("spec.devices.config[0].opaque.parameters.priority: Latency needs sharingStrategy MPS (the DeviceClass "
             "mps.gpushare.dev): under TimeSlicing a request waits for the other contexts' time slice and a context "
             "switch (got 'Latency')") in out.stderr, out.stderr
-
-
-def test_an_extended_resource_pod_gets_a_claim_from_the_real_scheduler(installed):
-    kube = installed
-    path = "deploy/examples/extended-resources/whole-gpu.yaml"  # gpushare.dev/gpu: capacity mode's class
-    try:
-        kube("apply", "-f", path)
-        kube("wait", "--for=condition=Ready", "pod/whole-gpu-pod", "--timeout=240s", timeout=260)
-        status = kube.get("pod", "whole-gpu-pod")["status"]
-        claim_name = status["extendedResourceClaimStatus"]["resourceClaimName"]
-        claim = kube.get("resourceclaim", claim_name)
-        assert [r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]] == [DRIVER]
-        out = kube.wait_until("the probe's meminfo", lambda: printed(kube, "whole-gpu-pod", "cu_total="))
-        assert f"cu_total={80 * GiB}" in out, out  # a whole simulated 80Gi GPU
-    finally:
-        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
 
 
 def plugin_token(kube, tmp_path):
@@ -424,35 +373,6 @@ def test_the_real_scheduler_keeps_mps_claims_off_time_sliced_gpus(installed):
              "--force", timeout=180)
         kube("delete", "resourceclaim", *claims, "--ignore-not-found", "--wait=true", timeout=180)
         kube("apply", "-k", "deploy/overlays/mock")  # the manifests' args again
-        kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
-
-
-def test_partition_mode_serves_the_share_extended_resource(installed):
-    """The plugin switched to partition mode (--sharing-mode=partition, as an operator's overlay
-    would): a pod asking for gpushare.dev/share gets one share, 1/8 of an 80Gi GPU."""
-    kube = installed
-    path = "deploy/examples/extended-resources/share.yaml"
-    ds = ["-n", "gpushare-system", "daemonset/gpushare-kubelet-plugin"]
-    try:
-        kube("patch", *ds, "--type=json", "-p",
-             '[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--sharing-mode=partition"}]')
-        kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
-
-        def partition_devices():
-            return [d for s in kube.items("resourceslices") if s["spec"]["driver"] == DRIVER
-                    for d in s["spec"]["devices"]
-                    if d.get("attributes", {}).get("sharing", {}).get("string") == "partition"]
-        kube.wait_until("partition-mode devices in the slices", partition_devices, timeout=120)
-        kube("apply", "-f", path)
-        kube("wait", "--for=condition=Ready", "pod/share-pod", "--timeout=240s", timeout=260)
-        claim_name = kube.get("pod", "share-pod")["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
-        results = kube.get("resourceclaim", claim_name)["status"]["allocation"]["devices"]["results"]
-        assert [r["driver"] for r in results] == [DRIVER]
-        out = kube.wait_until("the probe's meminfo", lambda: printed(kube, "share-pod", "cu_total="))
-        assert f"cu_total={10 * GiB}" in out, out
-    finally:
-        kube("delete", "-f", path, "--ignore-not-found", "--wait=true", "--grace-period=1", timeout=180)
-        kube("apply", "-k", "deploy/overlays/mock")  # the manifests' args again: capacity mode
         kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
 
 

@@ -15,45 +15,31 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.support import REPO, GiB
-from tests.support.cluster import CTR, SOCK, Kube, claim_manifest, pods_start_while
+from tests.support import GiB
+from tests.support.cluster import (
+    CHART,
+    CTR,
+    NAMESPACE,
+    RELEASE,
+    SOCK,
+    Helm,
+    Kube,
+    claim_manifest,
+    plugin_pods,
+    pods_start_while,
+    without_kustomize_install,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(5400)]
 
-CHART = "deploy/helm/gpushare-dra"
-RELEASE = "gpushare-dra"
-NAMESPACE = "gpushare-system"
 MOCK = ["--set", "mock.enabled=true", "--set", "image.tag=dev", "--set", "image.pullPolicy=Never"]
-
-
-class Helm:
-    def __init__(self, binary: str, kube: Kube):
-        self.binary, self.kube = binary, kube
-
-    def __call__(self, *args: str, timeout: float = 420) -> str:
-        cmd = [self.binary, f"--kubeconfig={self.kube.kubeconfig}", *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-        assert out.returncode == 0, f"helm {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
-        return out.stdout
-
-
-@pytest.fixture(scope="module")
-def helm(cluster: Kube) -> Helm:
-    built = subprocess.run([str(REPO / "hack" / "helm")], capture_output=True, text=True, timeout=1800)
-    assert built.returncode == 0, f"hack/helm exited {built.returncode}:\n{built.stderr}"
-    return Helm(built.stdout.strip().splitlines()[-1], cluster)
-
-
-def plugin_pods(kube: Kube) -> list[dict]:
-    return kube.items("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=gpushare-dra")
 
 
 @pytest.fixture(scope="module")
 def released(cluster: Kube, helm: Helm) -> Iterator[Kube]:
     """The chart installed with simulated GPUs; uninstalled at the end (if a test did not)."""
     kube = cluster
-    kube("delete", "-k", "deploy/overlays/mock", "--ignore-not-found", "--wait=true", timeout=300)
-    kube.wait_until("the kustomize install's plugin pods to be gone", lambda: not plugin_pods(kube), timeout=180)
+    without_kustomize_install(kube)
     helm("install", RELEASE, CHART, "-n", NAMESPACE, "--create-namespace", *MOCK, "--wait", "--timeout", "5m")
     try:
         yield kube

@@ -9,7 +9,7 @@ from kubernetes import client
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FILES = [ROOT / "deploy/base/deviceclass.yaml", ROOT / "deploy/base/rbac.yaml",
-         *sorted((ROOT / "deploy/examples").glob("*.yaml")), *sorted((ROOT / "deploy/examples/mps").glob("*.yaml"))]
+         *sorted((ROOT / "deploy/examples").glob("*/*.yaml"))]
 VERSIONS = ["1.34", kubernetes_validate.utils.latest_version()]
 
 
@@ -27,14 +27,14 @@ def test_manifest_valid(path, version):
 
 
 def test_examples_cover_the_documented_cases():
-    examples = {p.name: documents(p) for p in FILES if p.parent.name == "examples"}
+    examples = {f"{p.parent.name}/{p.name}": documents(p) for p in FILES if p.parent.parent.name == "examples"}
     kinds = {n: [d["kind"] for d in docs] for n, docs in examples.items()}
-    assert kinds["capacity-claim-template.yaml"][0] == "ResourceClaimTemplate"
-    assert kinds["shared-claim.yaml"] == ["ResourceClaim", "Pod", "Pod"]
-    template = examples["capacity-claim-template.yaml"][0]
+    assert kinds["capacity/claim-template.yaml"][0] == "ResourceClaimTemplate"
+    assert kinds["capacity/shared-claim.yaml"] == ["ResourceClaim", "Pod", "Pod"]
+    template = examples["capacity/claim-template.yaml"][0]
     assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"] == \
         {"memory": "10Gi", "compute": "30"}
-    [two] = examples["partition-two-shares.yaml"]
+    two, _pod = examples["partition/two-shares.yaml"]
     assert two["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
     assert two["spec"]["devices"]["constraints"][0]["matchAttribute"] == "gpushare.dev/uuid"
 

@@ -17,11 +17,12 @@ from tests.support.kubectl import needs_kubectl
 from tests.support.playground import NODE, applied, meminfo, objects, playground, pod_events, prepared, wait_for
 
 ROOT = Path(__file__).parents[2]
-# Every example that runs beside the others on 2 GPUs: extended-resources/ takes a whole GPU or
-# needs partition mode (tests below and test_playground_partition.py run them), mps/ a GPU that
-# serves MPS claims (test_playground_mps.py).
+# Every example that runs beside the others on 2 GPUs in capacity mode: extended-resources/ takes
+# a whole GPU or needs partition mode (tests below and test_playground_partition.py run them),
+# partition/ partition mode, mps/ and latency/ a GPU that serves MPS claims
+# (test_playground_mps.py), health-taints/ a whole GPU; tests/cluster/test_examples.py runs each.
 EXAMPLES = sorted(p for p in (ROOT / "deploy" / "examples").glob("**/*.yaml")
-                  if not {"extended-resources", "mps"} & set(p.parts))
+                  if not {"extended-resources", "partition", "mps", "latency", "health-taints"} & set(p.parts))
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,8 @@ def test_examples_run_and_delete_cleanly(cluster):
         assert "resource.kubernetes.io/delete-protection" in claims[claim_name]["metadata"]["finalizers"]
     assert {claims[n]["metadata"]["uid"] for n in users} == prepared(node_dir)
     # Claims no pod uses stay pending, as with the scheduler: allocation waits for a consumer.
-    assert set(claims) - set(users) == {"whole-gpu", "two-shares"}
-    assert not any(claims[n].get("status", {}).get("allocation") for n in ("whole-gpu", "two-shares"))
+    assert set(claims) - set(users) == {"whole-gpu"}
+    assert not claims["whole-gpu"].get("status", {}).get("allocation")
 
     # What the containers did: kubectl logs, and the Events on the way.
     assert "GPU 0: " in wait_for("trainer's nvidia-smi -L", lambda: kubectl("logs", "trainer"))
@@ -176,7 +177,7 @@ spec:
   containers:
   - {{name: c, image: x, command: [sleep, infinity], resources: {{claims: [{{name: gpu}}]}}}}
 """ for i in (0, 1))
-    example = ROOT / "deploy/examples/first-available.yaml"
+    example = ROOT / "deploy/examples/first-available/first-available.yaml"
     kubectl("apply", "-f", "-", input=fillers)
     try:
         wait_for("both fillers Running", lambda: [p["status"].get("phase") for p in objects(kubectl, "pods")]

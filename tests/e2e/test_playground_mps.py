@@ -1,4 +1,4 @@
-"""`gpushare-dra playground --mps-gpus all` with the real kubectl: deploy/examples/mps, an
+"""`gpushare-dra playground --mps-gpus all` with the real kubectl: deploy/examples/latency, an
 inference server's claim with `priority: Latency` beside a training job's (Batch), both through
 DeviceClass mps.gpushare.dev. Both pods run; each claim's CDI spec makes its containers clients of
 the GPU's MPS server at its share, the server's streams NORMAL and the trainer's BELOW_NORMAL."""
@@ -12,7 +12,7 @@ from tests.support.kubectl import needs_kubectl
 from tests.support.playground import objects, playground, prepared, wait_for
 
 ROOT = Path(__file__).parents[2]
-EXAMPLE = ROOT / "deploy/examples/mps/inference-beside-training.yaml"
+EXAMPLE = ROOT / "deploy/examples/latency/inference-beside-training.yaml"
 
 
 @pytest.fixture(scope="module")

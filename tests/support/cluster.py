@@ -102,16 +102,26 @@ class Kube:
         return self(*args)
 
 
+PROBE = '"$(gpushare-dra hook-path probe)"'
+
+
 def examples(path: str, image: str = "gpushare-dra:dev") -> str:
-    """A deploy/examples file as YAML text; images no registry here serves become the product's
-    image (it has the probe and a shell: the examples' `sleep infinity` and probe runs work)."""
-    docs = list(yaml.safe_load_all((REPO / "deploy" / "examples" / path).read_text()))
+    """A deploy/examples file, or every file of a folder, as YAML text for this cluster. No
+    registry here serves the examples' CUDA image: their containers get the product's image
+    (it has the probe and a shell), whose probe stands in for `nvidia-smi -L` (its `gpus` prints
+    the same lines, as the playground's node does) and then prints what CUDA and NVML show
+    (`meminfo`: cu_total is the memory the container got)."""
+    where = REPO / "deploy" / "examples" / path
+    files = sorted(where.glob("*.yaml")) if where.is_dir() else [where]
+    docs = [d for f in files for d in yaml.safe_load_all(f.read_text()) if d]
     for doc in docs:
-        spec = (doc or {}).get("spec", {})
+        spec = doc.get("spec", {})
         for c in spec.get("containers", []) + spec.get("initContainers", []):
             if not c["image"].startswith("gpushare-dra"):
                 c["image"] = image
-    return yaml.safe_dump_all([d for d in docs if d])
+                c["command"] = [part.replace("nvidia-smi -L", f"{PROBE} gpus && {PROBE} meminfo")
+                                for part in c.get("command", [])]
+    return yaml.safe_dump_all(docs)
 
 
 def claim_spec(**requests: str) -> dict:
@@ -131,6 +141,36 @@ def claim_template(name: str, memory: str = "1Gi", compute: str = "10") -> str:
     return yaml.safe_dump({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                            "metadata": {"name": name, "namespace": "default"},
                            "spec": {"spec": claim_spec(memory=memory, compute=compute)}})
+
+
+CHART = "deploy/helm/gpushare-dra"
+RELEASE = "gpushare-dra"
+NAMESPACE = "gpushare-system"
+HELM = REPO / "hack" / "helm"  # builds helm into .cache/tools once, prints its path
+
+
+class Helm:
+    """helm with the cluster's admin kubeconfig (hack/helm's build)."""
+
+    def __init__(self, binary: str, kube: Kube):
+        self.binary, self.kube = binary, kube
+
+    def __call__(self, *args: str, timeout: float = 420) -> str:
+        cmd = [self.binary, f"--kubeconfig={self.kube.kubeconfig}", *args]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        assert out.returncode == 0, f"helm {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
+        return out.stdout
+
+
+def plugin_pods(kube: Kube) -> list[dict]:
+    return kube.items("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=gpushare-dra")
+
+
+def without_kustomize_install(kube: Kube) -> None:
+    """The kustomize install (tests/cluster/conftest.py `installed`) removed, for a Helm release
+    of the same objects."""
+    kube("delete", "-k", "deploy/overlays/mock", "--ignore-not-found", "--wait=true", timeout=300)
+    kube.wait_until("the kustomize install's plugin pods to be gone", lambda: not plugin_pods(kube), timeout=180)
 
 
 ROLLING_PODS = 6

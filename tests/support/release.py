@@ -6,6 +6,8 @@ built from its own commit, cached under .cache/releases/<version>-<commit>/ (bui
 from __future__ import annotations
 
 import fcntl
+import io
+import json
 import os
 import re
 import shutil
@@ -38,8 +40,8 @@ def releases() -> dict[str, str]:
 class Release:
     version: str
     commit: str
-    image: Path  # a docker-archive tarball of its product image, tagged gpushare-dra:dev as it built it
-    chart: Path  # its deploy/helm/gpushare-dra
+    image: Path  # a docker-archive tarball of its product image, tagged gpushare-dra:VERSION
+    chart: Path  # its deploy/helm/gpushare-dra (in a copy of its deploy/)
 
 
 def previous() -> tuple[str, str]:
@@ -52,14 +54,14 @@ def build_previous() -> Release:
     """The previous release's image and chart, from its commit (built once, then cached)."""
     ver, commit = previous()
     home = CACHE / f"{ver}-{commit[:12]}"
-    release = Release(ver, commit, home / "image.tar", home / "chart")
+    release = Release(ver, commit, home / "image.tar", home / "deploy" / "helm" / "gpushare-dra")
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not release.chart.is_dir():
-            _extract_chart(commit, release.chart)
+        if not (home / "deploy").is_dir():
+            _extract_deploy(commit, home)
         if not release.image.exists():
-            _build_image(commit, release.image)
+            _build_image(commit, release.image, f"gpushare-dra:{ver}")
     return release
 
 
@@ -71,24 +73,25 @@ def _git(*args: str, cwd: Path = REPO) -> str:
     return out.stdout
 
 
-def _extract_chart(commit: str, dest: Path) -> None:
-    tmp = dest.with_name(dest.name + ".partial")
+def _extract_deploy(commit: str, home: Path) -> None:
+    """The commit's deploy/ into home (its chart's files/ link into deploy/base)."""
+    tmp = home / "deploy.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    archive = subprocess.run(["git", "archive", commit, "deploy/helm/gpushare-dra"], cwd=REPO,
+    archive = subprocess.run(["git", "archive", commit, "deploy"], cwd=REPO,
                              capture_output=True, check=True, timeout=120).stdout
-    tar = tmp / "chart.tar"
+    tar = tmp / "deploy.tar"
     tar.write_bytes(archive)
     with tarfile.open(tar) as t:
         t.extractall(tmp, filter="data")
-    tar.unlink()
-    (tmp / "deploy" / "helm" / "gpushare-dra").rename(dest)
+    (tmp / "deploy").rename(home / "deploy")
     shutil.rmtree(tmp)
 
 
-def _build_image(commit: str, dest: Path) -> None:
+def _build_image(commit: str, dest: Path, tag: str) -> None:
     """The commit's own hack/cluster/image in a detached worktree, with a cache of its own (it
-    keeps one product tarball per cache) seeded with a copy of the debootstrapped base."""
+    keeps one product tarball per cache) seeded with a copy of the debootstrapped base. Tagged
+    `tag` only: 0.1.0 tagged its image gpushare-dra:dev, the name the working tree's image has."""
     with tempfile.TemporaryDirectory(prefix="gpushare-release.") as tmp:
         tree, cache = Path(tmp) / "tree", Path(tmp) / "cluster"
         _git("worktree", "add", "--detach", str(tree), commit)
@@ -103,9 +106,22 @@ def _build_image(commit: str, dest: Path) -> None:
             if out.returncode != 0:
                 raise RuntimeError(f"hack/cluster/image of {commit[:12]} exited {out.returncode}:\n"
                                    f"{out.stderr[-3000:]}")
-            built = Path(out.stdout.strip().splitlines()[-1])
-            tmp_dest = dest.with_suffix(".partial")
-            shutil.move(built, tmp_dest)
-            tmp_dest.rename(dest)
+            retag(Path(out.stdout.strip().splitlines()[-1]), dest, tag)
         finally:
             _git("worktree", "remove", "--force", str(tree))
+
+
+def retag(src: Path, dest: Path, tag: str) -> None:
+    """A copy of the docker archive src whose one image is named tag alone (manifest.json's RepoTags)."""
+    tmp = dest.with_suffix(".partial")
+    with tarfile.open(src) as old, tarfile.open(tmp, "w") as new:
+        for member in old:
+            data = old.extractfile(member) if member.isfile() else None
+            if member.name == "manifest.json" and data is not None:
+                manifest = json.loads(data.read())
+                manifest[0]["RepoTags"] = [tag]
+                body = json.dumps(manifest).encode()
+                member.size = len(body)
+                data = io.BytesIO(body)
+            new.addfile(member, data)
+    tmp.rename(dest)
