@@ -59,10 +59,12 @@ def slices(kube: Kube) -> list[dict]:
 
 
 def cu_total(kube: Kube, pod: str) -> int:
-    """The memory the pod's container got (CUDA's total), once its probe printed it."""
-    log = kube.wait_until(f"{pod}'s meminfo", lambda: out if "cu_total=" in (out := kube.logs(pod)) else None,
-                          timeout=120)
-    return int(log.split("cu_total=")[1].split()[0])
+    """The memory the pod's container sees on its claim's GPU (CUDA's total, the probe's meminfo
+    in the running container). By the GPU's index: every simulated GPU is visible in a mock
+    node's containers (no device nodes to leave out), where on GPU nodes only the claim's are."""
+    gpu = int(results(kube, claim_of(kube, pod))[0]["device"].split("-")[1])  # gpu-<i>[-share-<j>]
+    out = kube("exec", pod, "--", "sh", "-c", f'"$(gpushare-dra hook-path probe)" --device {gpu} meminfo')
+    return int(out.split("cu_total=")[1].split()[0])
 
 
 def results(kube: Kube, claim: str) -> list[dict]:
@@ -70,11 +72,12 @@ def results(kube: Kube, claim: str) -> list[dict]:
 
 
 def claim_of(kube: Kube, pod: str) -> str:
-    """The claim a pod's template or extended resource made for it."""
-    status = kube.get("pod", pod)["status"]
-    if "extendedResourceClaimStatus" in status:
-        return status["extendedResourceClaimStatus"]["resourceClaimName"]
-    return status["resourceClaimStatuses"][0]["resourceClaimName"]
+    """The pod's claim: the one it names, or the one its template or extended resource made."""
+    body = kube.get("pod", pod)
+    if "extendedResourceClaimStatus" in body["status"]:
+        return body["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+    [claim] = body["spec"]["resourceClaims"]
+    return claim.get("resourceClaimName") or body["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
 
 
 def ready(kube: Kube, *pods: str) -> None:
@@ -113,7 +116,7 @@ def test_capacity_and_first_available_examples(product):
         kube.apply(rest)
         ready(kube, "trainer", "team-gpu-a", "team-gpu-b", "flexible")
         assert cu_total(kube, "trainer") == 10 * GiB
-        assert "GPU 0: " in kube.logs("trainer")  # `nvidia-smi -L`'s line, printed before meminfo
+        kube.wait_until("trainer's `nvidia-smi -L`", lambda: "GPU 0: " in kube.logs("trainer"), timeout=60)
         team = kube.get("resourceclaim", "team-gpu")["status"]
         assert len(team["allocation"]["devices"]["results"]) == 1, team
         assert sorted(r["name"] for r in team["reservedFor"]) == ["team-gpu-a", "team-gpu-b"]

@@ -116,6 +116,8 @@ spec:
       --max {max} --hold 3600 & wait']
     resources: {{claims: [{{name: gpu}}]}}
 """
+# On GPU 0: every simulated GPU is visible in a mock node's containers, and the probe allocates
+# on device 0.
 CLAIM = """
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -124,7 +126,10 @@ spec:
   devices:
     requests:
     - name: gpu
-      exactly: {{deviceClassName: gpushare.dev, capacity: {{requests: {{memory: {memory}, compute: "10"}}}}}}
+      exactly:
+        deviceClassName: gpushare.dev
+        capacity: {{requests: {{memory: {memory}, compute: "10"}}}}
+        selectors: [{{cel: {{expression: 'device.attributes["gpushare.dev"].index == 0'}}}}]
 """
 
 
