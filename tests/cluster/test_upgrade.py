@@ -251,4 +251,5 @@ def test_upgrade_from_the_previous_release(cluster: Kube, helm: Helm):
         if RELEASE in helm("list", "-n", NAMESPACE, "-q").split():
             helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
         kube.wait_until("the plugin pods to be gone", lambda: not plugin_pods(kube), timeout=180)
-        ctr("images", "rm", f"docker.io/library/gpushare-dra:{old.version}")
+        subprocess.run([str(CTR), "--address", SOCK, "-n", "k8s.io", "images", "rm",
+                        f"docker.io/library/gpushare-dra:{old.version}"], capture_output=True, timeout=120)
