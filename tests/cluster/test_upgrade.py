@@ -4,7 +4,7 @@ release (its image and chart built from its commit, CHANGELOG.md names it) to th
 with a claim's pods running throughout, as NVIDIA's dra-driver (tests/bats/test_gpu_updowngrade.bats)
 and KAI (hack/run-e2e-upgrade-kind.sh) test theirs.
 
-The upgrade, measured (0.1.0 to 0.2.0, the 2-core machine shared with other work): 10.7 s from
+The upgrade, measured (0.1.0 to 0.2.0, the 2-core machine shared with other work, two runs): 10.3 and 10.7 s from
 `helm upgrade` to the old plugin pod gone, 0.00 s without a registered plugin (sampled every
 50 ms), 0 pods restarted; the test prints its figures (pytest -s).
 Runs after test_helm_install.py, which leaves no install; run alone, it removes the kustomize one.
