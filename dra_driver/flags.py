@@ -139,6 +139,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be zero or more")
+    return value
+
+
 def existing_file(text: str) -> str:
     """argparse type: a file that exists now (a kubeconfig)."""
     if not os.path.isfile(text):

@@ -45,6 +45,13 @@ def add_commands(sub: Any) -> None:
                         "get the UID in their names (<driver-name>-<uid>-reg.sock, dra-<uid>.sock), both "
                         "instances share --state-dir, take turns at calls and hand the node agent over "
                         "(docs/operations.md, Upgrade). Empty: dra.sock and <driver-name>-reg.sock")
+    g.add_argument("--handover-timeout", type=flags.non_negative_float, default=DEFAULTS.handover_timeout,
+                   metavar="SECONDS",
+                   help="with --pod-uid: on SIGTERM (the pod deleted, evicted or replaced) keep serving until "
+                        "the kubelet has registered another plugin pod of this node, at most this long, so a pod "
+                        "created meanwhile is prepared at once instead of after the kubelet's next resync "
+                        "(60 to 90 s); keep it below the pod's terminationGracePeriodSeconds less 10 s; "
+                        "0 stops at once (docs/operations.md, Plugin pod replaced)")
     g.add_argument("--cdi-root", default=DEFAULTS.cdi_root,
                    help="folder for CDI spec files read by the container runtime")
     g.add_argument("--state-dir", default=DEFAULTS.state_dir,

@@ -26,6 +26,7 @@ class PluginConfig:
     plugin_dir: str | None = None  # None: /var/lib/kubelet/plugins/<driver_name>
     registry_dir: str = "/var/lib/kubelet/plugins_registry"
     pod_uid: str = ""
+    handover_timeout: float = 20.0  # with pod_uid: seconds a stopping plugin serves on, awaiting its successor
     cdi_root: str = "/var/run/cdi"
     state_dir: str = "/var/lib/gpushare"
     hook_dir: str | None = None  # None: the library shipped in this package

@@ -14,6 +14,9 @@ may be unprepared by the other. Both share `--state-dir`. Two file locks there k
 - `NodeLeader` (`leader.lock`): the work there must be one of per node (the node agent's
   pacing and backstop, ResourceSlice publishing) runs in the instance that holds it. A new
   instance waits for it and takes over when the old one stops.
+- `Registrations` (`registered/<pod UID>`): which instances the kubelet has registered, so an
+  instance told to stop (its pod deleted or evicted) keeps serving until its successor is
+  registered: a pod created meanwhile never finds the node without a plugin.
 
 flock(2) locks belong to an open file description and go away with the process, so a
 killed instance never leaves either lock held.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -32,7 +36,9 @@ from dra_driver.log import get_logger
 log = get_logger("kubeletplugin.instances")
 
 LEADER_POLL_S = 0.2  # how often a waiting instance tries the leader lock
+HANDOVER_POLL_S = 0.1  # how often a stopping instance looks for its successor's registration
 CALLS_LOCK, CALLS_GATE, LEADER_LOCK = "calls.lock", "calls.gate", "leader.lock"  # in --state-dir
+REGISTERED_DIR = "registered"  # in --state-dir
 LOCK_FILES = (CALLS_LOCK, CALLS_GATE, LEADER_LOCK)
 
 
@@ -171,3 +177,64 @@ class NodeLeader:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             self.held = False
         os.close(self._fd)
+
+
+class Registrations:
+    """One file per instance the kubelet has registered (`registered/<name>`, the pod UID), so
+    that a stopping instance can tell when a newer one took over: the kubelet calls the newest
+    connected instance, and this one may then go without a gap."""
+
+    def __init__(self, state_dir: str, name: str) -> None:
+        self.folder = os.path.join(state_dir, REGISTERED_DIR)
+        self.path = os.path.join(self.folder, name)
+        self._since: int | None = None  # our registration's mtime (ns); None: not registered
+
+    @property
+    def registered(self) -> bool:
+        return self._since is not None
+
+    def mark(self) -> None:
+        """The kubelet registered this instance. Files of older instances go (they are gone, or
+        stopping and looking only for newer ones than themselves)."""
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        with open(self.path, "w"):
+            pass
+        self._since = os.stat(self.path).st_mtime_ns
+        for entry in os.scandir(self.folder):
+            try:
+                if entry.path != self.path and entry.stat().st_mtime_ns < self._since:
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+
+    def successor(self) -> str | None:
+        """The name of an instance registered after this one, if any."""
+        if not self.registered:
+            return None
+        try:
+            entries = list(os.scandir(self.folder))
+        except FileNotFoundError:
+            return None
+        for entry in entries:
+            try:
+                if entry.path != self.path and entry.stat().st_mtime_ns >= self._since:
+                    return entry.name
+            except FileNotFoundError:
+                continue
+        return None
+
+    def wait_for_successor(self, timeout: float) -> str | None:
+        """Waits up to `timeout` seconds for a successor's registration; its name, or None. An
+        instance the kubelet never registered waits for nothing."""
+        if not self.registered:
+            return None
+        deadline = time.monotonic() + timeout
+        while (name := self.successor()) is None and time.monotonic() < deadline:
+            time.sleep(HANDOVER_POLL_S)
+        return name
+
+    def clear(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from concurrent import futures
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,7 @@ from .driver import Driver
 from .faults import NO_FAULTS, Faults
 from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
 from .healthservice import DeviceHealthServicer
-from .instances import NodeLeader
+from .instances import NodeLeader, Registrations
 from .metrics import Metrics
 from .mps import MpsControl, control_program
 from .nodestate import NodeState
@@ -153,7 +154,11 @@ class Plugin:
         self.driver.listeners.append(self.agent)
         self.metrics.registry.register(AgentCollector(self.agent))
         self.metrics.registry.register(HealthCollector(self.gpu_health))
-        self.registration = RegistrationServicer(config.driver_name, self.dra_socket)
+        # With a pod UID, a newer pod's plugin may take over: a stopping one waits for it (stop()).
+        self.registrations = Registrations(os.path.abspath(config.state_dir), config.pod_uid) \
+            if config.pod_uid else None
+        self.registration = RegistrationServicer(config.driver_name, self.dra_socket,
+                                                 self.registrations.mark if self.registrations else lambda: None)
         self.health = health.HealthServicer()
         self.device_health = DeviceHealthServicer(config.node_name, self._device_health)
         self.gpu_health.listeners += [self.device_health.notify, self._rediscover]
@@ -218,6 +223,22 @@ class Plugin:
                  dra_socket=self.dra_socket, registration_socket=self.reg_socket, metrics_port=self.metrics_port)
         return self
 
+    def _hand_over(self) -> None:
+        """A pod deleted or evicted gets SIGTERM while the DaemonSet starts its successor: serve
+        on until the kubelet has registered the successor (at most --handover-timeout), so a pod
+        created meanwhile finds a plugin. Without one, the kubelet fails the pod's prepare with
+        "not registered" and retries only at its next resync, 60 to 90 s later."""
+        if self.registrations is None or self.config.handover_timeout <= 0:
+            return
+        start = time.monotonic()
+        successor = self.registrations.wait_for_successor(self.config.handover_timeout)
+        waited = round(time.monotonic() - start, 1)
+        if successor:
+            log.info("the kubelet registered this node's next plugin; stopping", successor=successor,
+                     waited_s=waited)
+        elif self.registrations.registered:
+            log.info("no other plugin registered on this node; stopping", waited_s=waited)
+
     def _start_node_work(self) -> None:
         """What one instance per node does: the node agent, GPU health events, the slices."""
         self.agent.start()  # first: on mock nodes it loads the simulated NVML the health monitor uses
@@ -269,12 +290,16 @@ class Plugin:
                 for d in desired_devices([gpu], mode, self.config.partitions, taints=True)]
 
     def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None:
-        """Finish in-flight calls, remove the sockets; slices are left in place."""
+        """Hand over to a successor, finish in-flight calls, remove the sockets; slices are left in place."""
+        if grace > 0:
+            self._hand_over()
         self.health.enter_graceful_shutdown()
         self.device_health.close()  # its streams would hold up the servers' grace period
         # The registration socket goes first: the kubelet's plugin watcher sees it go and stops
         # calling this instance (another one, in a rolling upgrade, takes the calls).
         _unlink(self.reg_socket)
+        if self.registrations is not None:
+            self.registrations.clear()
         for server in reversed(self._servers):
             server.stop(grace).wait()
         self._servers.clear()

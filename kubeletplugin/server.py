@@ -45,10 +45,11 @@ _Result = TypeVar("_Result")
 
 
 class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
-    def __init__(self, driver_name: str, endpoint: str):
+    def __init__(self, driver_name: str, endpoint: str, on_registered: Callable[[], None] = lambda: None):
         self.driver_name = driver_name
         self.endpoint = endpoint
         self.registered: bool | None = None
+        self.on_registered = on_registered
 
     def GetInfo(self, request: pluginregistration_pb2.InfoRequest,
                 context: grpc.ServicerContext) -> pluginregistration_pb2.PluginInfo:
@@ -60,6 +61,10 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
         self.registered = request.plugin_registered
         if request.plugin_registered:
             log.info("registered with the kubelet", driver=self.driver_name, endpoint=self.endpoint)
+            try:
+                self.on_registered()
+            except OSError as e:  # the hand-over at a later stop waits for nothing; serving goes on
+                log.error("recording the registration", error=str(e))
         else:
             log.error("the kubelet refused the registration", driver=self.driver_name, reason=request.error)
         return pluginregistration_pb2.RegistrationStatusResponse()

@@ -10,7 +10,9 @@ or left half-done, and the node agent moves to the new pod once the old one has 
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 import uuid
 
 import grpc
@@ -115,6 +117,52 @@ def test_upgrade_under_continuous_calls_fails_none_and_loses_none(api, dirs, pod
         assert new.terminate() == 0
     finally:
         kubelet.close()
+
+
+def test_a_stopping_plugin_serves_until_the_kubelet_registered_its_successor(api, dirs, hook_dir, kubeconfig):
+    """The plugin pod deleted or evicted: SIGTERM while the DaemonSet starts the next pod. The old
+    plugin serves on (its registration stays, calls are answered) until the kubelet registered the
+    new one, so a pod created meanwhile is prepared at once: the real kubelet fails a prepare with
+    no plugin registered and retries it only at its resync, 60 to 90 s later (docs/operations.md)."""
+    old = PluginProcess(dirs, hook_dir, kubeconfig, pod_uid=str(uuid.uuid4()), handover_timeout=60)
+    new = PluginProcess(dirs, hook_dir, kubeconfig, pod_uid=str(uuid.uuid4()))
+    kubelet = PluginManager(dirs.registry, DRIVER).start()
+    try:
+        old.start()
+        wait_for(lambda: kubelet.endpoints() == [old.dra_socket])
+        assert old.proc is not None
+        old.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.5)  # the kubelet reconciles every second: it would have deregistered by now
+        assert old.proc.poll() is None, old.output()[-3000:]
+        assert kubelet.endpoints() == [old.dra_socket]
+        claim = make_claim(api, [result("gpu-0-share-0")])
+        assert kubelet.prepare(claim).claims[claim.uid].error == ""
+        new.start()
+        assert old._wait("stop once its successor registered") == 0
+        assert "the kubelet registered this node's next plugin; stopping" in old.output(), old.output()[-3000:]
+        wait_for(lambda: kubelet.endpoints() == [new.dra_socket])
+        assert kubelet.unprepare(claim).claims[claim.uid].error == ""  # the new one knows the claim
+    finally:
+        kubelet.close()
+        old.kill()
+        new.kill()
+
+
+def test_a_stopping_plugin_without_a_successor_stops_after_the_handover_timeout(dirs, hook_dir, kubeconfig):
+    """The DaemonSet deleted (uninstall) or the node going down: no successor comes."""
+    plugin = PluginProcess(dirs, hook_dir, kubeconfig, pod_uid=str(uuid.uuid4()), handover_timeout=1)
+    kubelet = PluginManager(dirs.registry, DRIVER).start()
+    try:
+        plugin.start()
+        wait_for(lambda: kubelet.endpoints() == [plugin.dra_socket])
+        start = time.monotonic()
+        assert plugin.terminate() == 0
+        assert 1 <= time.monotonic() - start < 20, time.monotonic() - start
+        assert "no other plugin registered on this node; stopping" in plugin.output()
+        assert os.listdir(os.path.join(dirs.state, "registered")) == []  # its record goes with it
+    finally:
+        kubelet.close()
+        plugin.kill()
 
 
 def test_a_pod_uid_that_is_not_one_is_refused(dirs, hook_dir, kubeconfig):

@@ -77,10 +77,13 @@ GPUSHARE_DRA = os.path.join(os.path.dirname(sys.executable), "gpushare-dra")
 
 class PluginProcess:
     """`gpushare-dra kubelet-plugin` as a subprocess on `dirs` (one simulated GPU state per
-    process), as a DaemonSet pod runs it; with `pod_uid`, its sockets carry the UID."""
+    process), as a DaemonSet pod runs it; with `pod_uid`, its sockets carry the UID, and on SIGTERM
+    it waits up to `handover_timeout` seconds for a successor's registration."""
 
-    def __init__(self, dirs: Dirs, hook_dir: str, kubeconfig: str, pod_uid: str = "") -> None:
+    def __init__(self, dirs: Dirs, hook_dir: str, kubeconfig: str, pod_uid: str = "",
+                 handover_timeout: float = 2.0) -> None:
         self.dirs, self.hook_dir, self.kubeconfig, self.pod_uid = dirs, hook_dir, kubeconfig, pod_uid
+        self.handover_timeout = handover_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         part = f"-{pod_uid}" if pod_uid else ""
@@ -94,7 +97,7 @@ class PluginProcess:
             env["GPUSHARE_FAULT_POINT"] = fault
         flags = self.dirs.flags(self.hook_dir)
         if self.pod_uid:
-            flags += ["--pod-uid", self.pod_uid]
+            flags += ["--pod-uid", self.pod_uid, "--handover-timeout", str(self.handover_timeout)]
         # its log goes to a file: a pipe nobody reads while it runs would fill and block it
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([GPUSHARE_DRA, "kubelet-plugin", "--kubeconfig", self.kubeconfig, "--log-format",
