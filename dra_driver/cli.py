@@ -153,6 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.set_defaults(run=lazy("dra_driver.top", "run"))
 
+    p = sub.add_parser("uninstall-check", formatter_class=Formatter,
+                       help="before an uninstall: exit 1 naming the claims still in use (the Helm chart's "
+                            "pre-delete hook); --force deletes their pods and waits until they are unprepared",
+                       description="List the ResourceClaims with a device of --driver-name that pods use or a "
+                                   "plugin has prepared. None: exit 0. Some: print each (namespace/name, node, "
+                                   "pods) and exit 1, because once the plugins are gone the kubelet cannot "
+                                   "unprepare them and their pods hang in Terminating. --force deletes those "
+                                   "pods and waits (--timeout) until the plugins have unprepared every claim.")
+    g = p.add_argument_group("cluster")
+    g.add_argument("--kubeconfig", default=None, type=flags.existing_file,
+                   help="kubeconfig file; unset, as kubectl: $KUBECONFIG, then ~/.kube/config if it exists, "
+                        "then the in-cluster service account")
+    g.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name of the claims' devices")
+    p.add_argument("--force", action="store_true",
+                   help="delete the pods that use the claims and wait until the plugins unprepared them all")
+    p.add_argument("--timeout", type=flags.positive_float, default=300.0,
+                   help="with --force: seconds to wait for the claims to be unprepared")
+    add_logging(p)
+    p.set_defaults(run=lazy("dra_driver.uninstall", "run"))
+
     p = sub.add_parser("hook-path", formatter_class=Formatter,
                        help="print where libgpushare.so, the simulated driver and the probe are",
                        description="Print the paths of the native files shipped with this package.")

@@ -209,7 +209,8 @@ class Registrations:
 
     def successor(self) -> str | None:
         """The name of an instance registered after this one, if any."""
-        if not self.registered:
+        since = self._since
+        if since is None:
             return None
         try:
             entries = list(os.scandir(self.folder))
@@ -217,7 +218,7 @@ class Registrations:
             return None
         for entry in entries:
             try:
-                if entry.path != self.path and entry.stat().st_mtime_ns >= self._since:
+                if entry.path != self.path and entry.stat().st_mtime_ns >= since:
                     return entry.name
             except FileNotFoundError:
                 continue

@@ -17,6 +17,13 @@ Whether the API server keeps capacity requests (CAPACITY_ANNOTATION), for
 gpushare.dev-requests-warnings: on 1.34/1.35 without the DRAConsumableCapacity gate the server
 drops a claim's `capacity` before admission, so the policy cannot see it; it warns instead about
 a plain request (no count) to gpushare.dev on such a cluster, which gets one partition share.
+
+The sharing modes the nodes publish (MODES_ANNOTATION, `capacity`, `partition` or both,
+comma-separated), for gpushare.dev-pod-warnings: a pod asking `gpushare.dev/share` (partition
+mode's extended resource) on a cluster whose nodes all publish capacity devices, or
+`gpushare.dev/gpu` where they all publish partition devices, stays Pending; the policy says so at
+apply time. Each node adds its mode when missing; like the memory, the list only grows (delete
+the annotation after switching every node's mode, and the plugins write it again).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ ANNOTATION = "gpushare.dev/largest-gpu-memory"
 # "false" where the API server drops capacity requests (no DRAConsumableCapacity: 1.34 and 1.35
 # without the gate), "true" where it keeps them: gpushare.dev-requests-warnings tells the author.
 CAPACITY_ANNOTATION = "gpushare.dev/consumable-capacity"
+MODES_ANNOTATION = "gpushare.dev/sharing-modes"
 REQUEST_TIMEOUT = (5, 30)
 MERGE_PATCH = "application/merge-patch+json"  # resourceVersion in it: the write is conditional
 ATTEMPTS = 5  # conflicts in a row before giving up until the next change
@@ -69,18 +77,19 @@ class MemoryCeiling:
                  clock: Callable[[], float] = time.monotonic):
         self._api = client.ResourceV1Api(api_client)
         self.class_name, self.node, self.clock = class_name, node, clock
-        self._size: tuple[int, bool | None] | None = None  # what was last looked at, and when to look again
+        self._size: tuple[int, bool | None, str | None] | None = None  # what was last looked at, and when to look again
         self._next = 0.0
 
-    def raise_to(self, gpus: list[GpuInfo], capacity_kept: bool | None = None) -> None:
+    def raise_to(self, gpus: list[GpuInfo], capacity_kept: bool | None = None, mode: str | None = None) -> None:
         """Look now if this node's largest GPU (or what the API server does with capacity
-        requests) changed or a look is due; raise the memory annotation when it is below, set
-        CAPACITY_ANNOTATION when it differs. A failure is raised (the caller logs it) and looked
-        at again in a minute."""
+        requests, or the node's sharing mode) changed or a look is due; raise the memory
+        annotation when it is below, set CAPACITY_ANNOTATION when it differs, add `mode` to
+        MODES_ANNOTATION when missing. A failure is raised (the caller logs it) and looked at
+        again in a minute."""
         size = largest(gpus)
         if size is None:
             return
-        state = (size, capacity_kept)
+        state = (size, capacity_kept, mode)
         if state == self._size and self.clock() < self._next:
             return
         self._size, self._next = state, self.clock() + RETRY_S
@@ -94,6 +103,9 @@ class MemoryCeiling:
                     changes[ANNOTATION] = format_bytes(size)
                 if capacity_kept is not None and annotations.get(CAPACITY_ANNOTATION) != str(capacity_kept).lower():
                     changes[CAPACITY_ANNOTATION] = str(capacity_kept).lower()
+                modes = [m for m in annotations.get(MODES_ANNOTATION, "").split(",") if m]
+                if mode is not None and mode not in modes:
+                    changes[MODES_ANNOTATION] = ",".join(sorted([*modes, mode]))
                 if changes:
                     patch = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"],
                                           "annotations": changes}}

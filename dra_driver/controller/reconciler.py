@@ -253,7 +253,8 @@ class SliceController:
         and tried again after the next change or pass, never holding up the slices."""
         try:
             with api_deadline(PASS_TIMEOUT_S):
-                self._ceiling.raise_to(self._gpus or [], self._capacity_kept)
+                mode = None if self.mode == "auto" else self.mode
+                self._ceiling.raise_to(self._gpus or [], self._capacity_kept, mode)
         except Exception as e:
             self.log.warning("publishing the largest GPU's memory for admission failed", error=_describe(e))
 

@@ -164,6 +164,73 @@ spec:
             "switch (got 'Latency')") in out.stderr, out.stderr
 
 
+def test_apply_warns_about_a_config_above_its_request_and_shares_on_a_capacity_mode_cluster(installed):
+    """What was silent: a config's memoryLimit above the request (the claim gets the request's
+    2Gi) and a pod asking partition-mode shares where every node publishes capacity-mode GPUs
+    (it stays Pending). kubectl prints each as a Warning line; both objects are admitted."""
+    kube = installed
+    body = yaml.safe_load(claim_manifest("config-above", memory="2Gi", compute="10"))
+    body["metadata"]["name"] = "config-above"
+    body["spec"]["devices"]["config"] = [{"opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "gpushare.dev/v1alpha1", "kind": "GpuShareConfig", "memoryLimit": "8Gi"}}}]
+    out = kube.run("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(body))
+    assert "resourceclaim.resource.k8s.io/config-above created (server dry run)" in out.stdout, out.stdout
+    assert ("Warning: Validation failed for ValidatingAdmissionPolicy 'gpushare.dev-requests-warnings' with binding "
+            "'gpushare.dev-requests-warnings': spec.devices.config[0].opaque.parameters.memoryLimit: more than "
+            "request 'gpu' asks (2Gi): the claim's limit is the smaller, 2Gi") in out.stderr, out.stderr
+    modes = kube.wait_until("the plugin to publish its sharing mode on the DeviceClass", lambda: (
+        kube.get("deviceclass", DRIVER)["metadata"].get("annotations", {}).get("gpushare.dev/sharing-modes")))
+    assert "capacity" in modes.split(","), modes
+    if modes != "capacity":  # a partition-mode run of a kept cluster left its mode (the list only grows)
+        kube("annotate", "--overwrite", "deviceclass", DRIVER, "gpushare.dev/sharing-modes=capacity")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "wants-shares", "namespace": "default"},
+           "spec": {"containers": [{"name": "app", "image": "gpushare-dra:dev", "command": ["sleep", "1"],
+                                    "resources": {"limits": {"gpushare.dev/share": 1}}}]}}
+    out = kube.run("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod))
+    assert "pod/wants-shares created (server dry run)" in out.stdout, out.stdout
+    assert ("Warning: Validation failed for ValidatingAdmissionPolicy 'gpushare.dev-pod-warnings' with binding "
+            "'gpushare.dev-pod-warnings': container 'app': gpushare.dev/share asks for partition-mode shares, but the "
+            "nodes of this cluster publish capacity-mode GPUs only") in out.stderr, out.stderr
+
+
+GAP_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: during-replacement, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: gap-1gi}]
+  containers:
+  - name: app
+    image: gpushare-dra:dev
+    command: ["sleep", "600"]
+    resources: {claims: [{name: gpu}]}
+"""
+
+
+def test_a_pod_created_while_the_plugin_pod_is_deleted_starts_at_once(installed):
+    """The deleted plugin serves on until the kubelet registered the DaemonSet's next pod
+    (--handover-timeout): the pod's prepare is answered at once instead of failing with "not
+    registered" and waiting for the kubelet's resync, 60 to 90 s (docs/operations.md, Plugin pod
+    replaced; hack/bench-plugin-gap measures every case)."""
+    kube = installed
+    [old] = [p for p in kube.items("pods", "-n", "gpushare-system", "-l", "app.kubernetes.io/name=gpushare-dra")
+             if not p["metadata"].get("deletionTimestamp")]
+    try:
+        kube.apply(claim_template("gap-1gi"))
+        kube("delete", "pod", "-n", "gpushare-system", old["metadata"]["name"], "--wait=false")
+        kube.apply(GAP_POD)
+        kube("wait", "--for=condition=Ready", "pod/during-replacement", "--timeout=45s", timeout=60)
+        events = kube.items("events", "--field-selector", "involvedObject.name=during-replacement")
+        failed = [e["message"] for e in events if e.get("reason") == "FailedPrepareDynamicResources"]
+        assert not failed, failed
+    finally:
+        kube("delete", "pod", "during-replacement", "--ignore-not-found", "--wait=true", timeout=120)
+        kube("delete", "resourceclaimtemplate", "gap-1gi", "--ignore-not-found")
+        kube("-n", "gpushare-system", "rollout", "status", "daemonset/gpushare-kubelet-plugin", "--timeout=300s",
+             timeout=320)
+
+
 def plugin_token(kube, tmp_path):
     """kubectl as the plugin: a token the API server binds to the node's plugin pod, so it
     carries the pod's node name (authentication.kubernetes.io/node-name), as the pod's own does."""

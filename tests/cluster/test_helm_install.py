@@ -40,7 +40,10 @@ def released(cluster: Kube, helm: Helm) -> Iterator[Kube]:
     """The chart installed with simulated GPUs; uninstalled at the end (if a test did not)."""
     kube = cluster
     without_kustomize_install(kube)
-    helm("install", RELEASE, CHART, "-n", NAMESPACE, "--create-namespace", *MOCK, "--wait", "--timeout", "5m")
+    installed = helm.run("install", RELEASE, CHART, "-n", NAMESPACE, "--create-namespace", *MOCK, "--wait",
+                         "--timeout", "5m")
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert "symbolic link" not in installed.stderr, installed.stderr  # the chart's files are copies
     try:
         yield kube
     finally:
@@ -133,11 +136,51 @@ def test_helm_upgrade_to_another_image_surges_and_fails_no_pod(released, helm):
     assert not failed, failed
 
 
-def test_helm_uninstall_removes_every_object_the_chart_made(released, helm):
+IN_USE_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: uninstall-user, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: gpu, resourceClaimName: uninstall-held}]
+  containers:
+  - name: app
+    image: gpushare-dra:dev
+    command: ["sleep", "600"]
+    resources: {claims: [{name: gpu}]}
+"""
+
+
+def test_helm_uninstall_refuses_while_a_claim_is_in_use_then_force_unprepares_and_removes_everything(
+        released, helm):
+    """The pre-delete hook: refused, naming the claim, with the plugin left running; with
+    uninstall.force the hook deletes the claim's pod, the plugin unprepares it, and the uninstall
+    removes every object the chart made."""
     kube = released
     made = [d for d in yaml.safe_load_all(helm("get", "manifest", RELEASE, "-n", NAMESPACE)) if d]
     assert {d["kind"] for d in made} >= {"DaemonSet", "DeviceClass", "ServiceAccount", "ClusterRole"}
-    helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
+    try:
+        kube.apply(claim_manifest("uninstall-held", memory="1Gi", compute="10"))
+        kube.apply(IN_USE_POD)
+        kube("wait", "--for=condition=Ready", "pod/uninstall-user", "--timeout=180s", timeout=200)
+        refused = helm.run("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m")
+        assert refused.returncode != 0, refused.stdout
+        told = refused.stdout + refused.stderr
+        assert "1 claim(s) of gpushare.dev in use: default/uninstall-held" in told and "uninstall-user" in told, told
+        assert RELEASE in helm("list", "-n", NAMESPACE, "-q").split()
+        assert [p["status"]["phase"] for p in plugin_pods(kube)] == ["Running"]
+        assert kube.get("pod", "uninstall-user")["status"]["phase"] == "Running"
+
+        helm("upgrade", RELEASE, CHART, "-n", NAMESPACE, "--reuse-values", "--set", "uninstall.force=true")
+        helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
+        assert kube.run("get", "pod", "uninstall-user", check=False).returncode != 0  # deleted, not hanging
+        claim = kube.get("resourceclaim", "uninstall-held")
+        assert not claim["status"].get("reservedFor") and not [
+            d for d in claim["status"].get("devices") or [] if d["driver"] == "gpushare.dev"], claim["status"]
+    finally:
+        kube("delete", "pod", "uninstall-user", "--ignore-not-found", "--wait=true", "--grace-period=0", "--force",
+             timeout=180)
+        kube("delete", "resourceclaim", "uninstall-held", "--ignore-not-found")
     left = []
     for d in made:
         ns = d["metadata"].get("namespace") or (NAMESPACE if d["kind"] not in CLUSTER_SCOPED else None)
@@ -147,6 +190,9 @@ def test_helm_uninstall_removes_every_object_the_chart_made(released, helm):
         if kube(*args).strip():
             left.append(f"{d['kind']}/{d['metadata']['name']}")
     assert not left, left
+    hook = "gpushare-dra-uninstall-check"  # the hook's own objects go too
+    assert not kube("get", f"job/{hook}", f"serviceaccount/{hook}", f"clusterrole/{hook}", f"clusterrolebinding/{hook}",
+                    "-n", NAMESPACE, "-o", "name", "--ignore-not-found").strip()
     kube.wait_until("the plugin pods to be gone", lambda: not plugin_pods(kube), timeout=180)
 
 

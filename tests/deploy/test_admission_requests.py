@@ -19,14 +19,21 @@ POLICY_FILE = Path(__file__).parents[2] / "deploy" / "base" / "admission-request
 DOCS = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
 POLICIES = {d["metadata"]["name"]: d for d in DOCS if d["kind"] == "ValidatingAdmissionPolicy"}
 DENY, WARN = POLICIES["gpushare.dev-requests"], POLICIES["gpushare.dev-requests-warnings"]
+POD_WARN = POLICIES["gpushare.dev-pod-warnings"]
+
+
+def verdicts(policy: dict, resource: str, obj: dict) -> list[str]:
+    """The message of each of the policy's validations that fails (kubectl prints one line each)."""
+    request = admission.request_attributes("resource.k8s.io", "v1", resource, "Kind", "CREATE", "default", "x")
+    decisions = admission.validate(policy["spec"], admission.activation(policy["spec"], obj, None, request))
+    assert not [d for d in decisions if d.error], decisions
+    return [d.message for d in decisions if d.denied]
 
 
 def verdict(policy: dict, resource: str, obj: dict) -> str | None:
-    """None when the policy's one validation passes, else its message."""
-    request = admission.request_attributes("resource.k8s.io", "v1", resource, "Kind", "CREATE", "default", "x")
-    [decision] = admission.validate(policy["spec"], admission.activation(policy["spec"], obj, None, request))
-    assert not decision.error, decision
-    return decision.message if decision.denied else None
+    """None when every validation of the policy passes, else the first failing one's message."""
+    failed = verdicts(policy, resource, obj)
+    return failed[0] if failed else None
 
 
 def ask(device_class: str = DRIVER, **capacity: str) -> dict:
@@ -114,6 +121,88 @@ def test_the_mps_class_is_gpushares_and_checked_alike():
                                                                claim(ask("mps.gpushare.dev", compute="150"))) or "")
 
 
+def configured(obj: dict, parameters: dict, requests: list[str] | None = None) -> dict:
+    """obj (a claim or template) with one gpushare config entry."""
+    entry = {"opaque": {"driver": DRIVER, "parameters": {"apiVersion": "gpushare.dev/v1alpha1",
+                                                         "kind": "GpuShareConfig", **parameters}}}
+    spec = obj["spec"]["spec"] if obj["kind"] == "ResourceClaimTemplate" else obj["spec"]
+    spec["devices"]["config"] = [{**({"requests": requests} if requests else {}), **entry}]
+    return obj
+
+
+def test_a_config_above_its_requests_ask_is_warned():
+    """The plugin takes the smaller of the allocation and the config: 8Gi on a 2Gi request gets 2Gi."""
+    obj = configured(claim(ask(memory="2Gi", compute="20")), {"memoryLimit": "8Gi"})
+    assert verdicts(WARN, "resourceclaims", obj) == [
+        "spec.devices.config[0].opaque.parameters.memoryLimit: more than request 'r0' asks (2Gi): the claim's "
+        "limit is the smaller, 2Gi; a config lowers what a claim is allocated, never raises it (got '8Gi')"]
+    assert verdict(DENY, "resourceclaims", obj) is None
+    obj = configured(template(ask(memory="2Gi", compute="20")), {"computeLimit": 50})
+    assert verdicts(WARN, "resourceclaimtemplates", obj) == [
+        "spec.spec.devices.config[0].opaque.parameters.computeLimit: more than request 'r0' asks (20): the "
+        "claim's limit is the smaller, 20 %; a config lowers what a claim is allocated, never raises it (got 50)"]
+    # bytes as an integer; a subrequest named as configs name it; beside a request warning of its own
+    obj = configured(claim(ask(memory="4G", compute="10"), [ask(memory="1Gi", compute="5"), ask(memory="4Gi",
+                                                                                                compute="5")]),
+                     {"memoryLimit": 6 * 2**30}, requests=["r1/s1"])
+    warned = verdicts(WARN, "resourceclaims", obj)
+    assert len(warned) == 2 and "4000000000 bytes is not a multiple of 256Mi" in warned[0], warned
+    assert warned[1] == (
+        "spec.devices.config[0].opaque.parameters.memoryLimit: more than request 'r1/s1' asks (4Gi): the "
+        "claim's limit is the smaller, 4Gi; a config lowers what a claim is allocated, never raises it "
+        "(got '6442450944')"), warned
+
+
+@pytest.mark.parametrize("parameters,requests", [
+    ({"memoryLimit": "1Gi", "computeLimit": 10}, None),  # below the ask: lowers it, as meant
+    ({"memoryLimit": "2Gi"}, None),  # equal
+    ({"memoryLimit": "8Gi"}, ["other"]),  # another request's config
+    ({"memoryLimit": "8Gi", "computeLimit": 90}, ["r1"]),  # r1 asks no capacity: a whole GPU, which it lowers
+    ({"memoryLimit": "8Gx"}, None),  # not a quantity: gpushare.dev-config refuses it
+])
+def test_a_config_within_its_requests_is_not_warned(parameters, requests):
+    obj = configured(claim(ask(memory="2Gi", compute="20"), ask()), parameters, requests)
+    assert verdicts(WARN, "resourceclaims", obj) == []
+
+
+def pod_verdict(modes: str | None, **limits: int) -> str | None:
+    """gpushare.dev-pod-warnings on a pod whose container asks limits, with the DeviceClass
+    gpushare.dev annotated with the modes the nodes publish (None: not yet written)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+           "spec": {"containers": [{"name": "app", "image": "x", "resources": {
+               "limits": {k.replace("_", "/"): v for k, v in limits.items()}}}]}}
+    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                    "metadata": {"name": DRIVER, **({"annotations": {"gpushare.dev/sharing-modes": modes}}
+                                                    if modes is not None else {})}}
+    request = admission.request_attributes("", "v1", "pods", "Pod", "CREATE", "default", "p")
+    [decision] = admission.validate(POD_WARN["spec"], admission.activation(POD_WARN["spec"], pod, None, request,
+                                                                           params=device_class))
+    assert not decision.error, decision
+    return decision.message if decision.denied else None
+
+
+def test_a_pod_asking_shares_of_a_capacity_mode_cluster_is_warned():
+    assert pod_verdict("capacity", **{"gpushare.dev_share": 1}) == (
+        "container 'app': gpushare.dev/share asks for partition-mode shares, but the nodes of this cluster publish "
+        "capacity-mode GPUs only (annotation gpushare.dev/sharing-modes of DeviceClass gpushare.dev: 'capacity'), "
+        "so the pod stays Pending; ask a ResourceClaim with capacity (memory, compute) for a share of a GPU, or "
+        "gpushare.dev/gpu for whole GPUs")
+    assert pod_verdict("partition", **{"gpushare.dev_gpu": 1}) == (
+        "container 'app': gpushare.dev/gpu asks for whole capacity-mode GPUs, but the nodes of this cluster publish "
+        "partition-mode shares only (annotation gpushare.dev/sharing-modes of DeviceClass gpushare.dev: "
+        "'partition'), so the pod stays Pending; ask gpushare.dev/share for shares, or a ResourceClaim for "
+        "DeviceClass gpushare.dev")
+
+
+@pytest.mark.parametrize("modes,limits", [
+    ("partition", {"gpushare.dev_share": 1}), ("capacity", {"gpushare.dev_gpu": 1}),
+    ("capacity,partition", {"gpushare.dev_share": 2}),  # some node serves it
+    (None, {"gpushare.dev_share": 1}),  # no plugin has said yet
+    ("capacity", {"nvidia.com_gpu": 1}), ("capacity", {})])
+def test_a_pod_some_node_can_serve_is_not_warned(modes, limits):
+    assert pod_verdict(modes, **limits) is None
+
+
 def test_objects_without_requests_pass():
     for policy in (DENY, WARN):
         assert verdict(policy, "resourceclaims", {"spec": {"devices": {}}}) is None
@@ -133,7 +222,8 @@ def test_the_policies_walk_requests_with_the_same_variables():
 def test_policies_and_bindings_are_valid(version):
     bindings = {d["spec"]["policyName"]: d["spec"]["validationActions"] for d in DOCS
                 if d["kind"] == "ValidatingAdmissionPolicyBinding"}
-    assert bindings == {"gpushare.dev-requests": ["Deny"], "gpushare.dev-requests-warnings": ["Warn"]}
+    assert bindings == {"gpushare.dev-requests": ["Deny"], "gpushare.dev-requests-warnings": ["Warn"],
+                        "gpushare.dev-pod-warnings": ["Warn"]}
     for d in DOCS:
         kubernetes_validate.validate(d, version, strict=True)
 

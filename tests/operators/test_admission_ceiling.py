@@ -14,7 +14,7 @@ import yaml
 from kubernetes import client
 
 from dra_driver.controller import SliceController
-from dra_driver.controller.ceiling import ANNOTATION, CAPACITY_ANNOTATION, MemoryCeiling, largest
+from dra_driver.controller.ceiling import ANNOTATION, CAPACITY_ANNOTATION, MODES_ANNOTATION, MemoryCeiling, largest
 from dra_driver.discovery import GpuInfo
 from playground.emulator import admission
 from tests.support import wait_for
@@ -108,6 +108,23 @@ def test_the_annotation_only_grows_and_is_looked_at_again(emulator):
     now[0] += 601
     a.raise_to([gpu(0, 80 * GiB)])
     assert _annotation(api) == "80Gi"
+
+
+def test_each_nodes_sharing_mode_is_added_to_the_class(emulator):
+    """For gpushare.dev-pod-warnings: the modes the cluster's nodes publish, each added once."""
+    api = emulator.api_client()
+    _create_class(api)
+
+    def modes():
+        return _annotations(api).get(MODES_ANNOTATION)
+    MemoryCeiling(api, "gpushare.dev", "node-a").raise_to([gpu(0, 80 * GiB)], True, None)  # "auto": not yet known
+    assert modes() is None
+    MemoryCeiling(api, "gpushare.dev", "node-a").raise_to([gpu(0, 80 * GiB)], True, "capacity")
+    assert modes() == "capacity"
+    MemoryCeiling(api, "gpushare.dev", "node-b").raise_to([gpu(0, 80 * GiB)], True, "partition")
+    assert modes() == "capacity,partition"
+    MemoryCeiling(api, "gpushare.dev", "node-c").raise_to([gpu(0, 80 * GiB)], True, "capacity")
+    assert modes() == "capacity,partition"
 
 
 def test_without_the_class_nothing_fails(emulator):

@@ -43,15 +43,17 @@ def helm(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
     """template(*values) -> the chart's objects, release `gpushare-dra` in gpushare-system; a
-    value is a --set argument, or a whole option (`--set-json=...`)."""
+    value is a --set argument, or a whole option (`--set-json=...`). Hooks (Helm's own, with no
+    kustomize equivalent: the uninstall check) are left out unless hooks=True."""
     home = tmp_path_factory.mktemp("helm")
 
-    def render(*values: str) -> list[dict]:
+    def render(*values: str, hooks: bool = False) -> list[dict]:
         sets = [a for v in values for a in ((v,) if v.startswith("--") else ("--set", v))]
         out = helm(home, "template", "gpushare-dra", str(CHART), "--namespace", NAMESPACE, "--kube-version", "1.34.0",
                    *sets)
         assert out.returncode == 0, out.stderr
-        return [d for d in yaml.safe_load_all(out.stdout) if d]
+        return [d for d in yaml.safe_load_all(out.stdout)
+                if d and (hooks or "helm.sh/hook" not in (d["metadata"].get("annotations") or {}))]
 
     return render
 
@@ -211,3 +213,24 @@ def test_without_admission_policies_none_is_rendered(template):
 def test_rendered_objects_are_valid(template, version):
     for obj in template("mock.enabled=true", "networkPolicy.enabled=true", "namespace.create=true"):
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_uninstall_runs_the_check_as_a_pre_delete_hook_that_prints_its_log(template):
+    hooks = {(o["kind"], o["metadata"]["name"]): o for o in template(hooks=True)
+             if "helm.sh/hook" in (o["metadata"].get("annotations") or {})}
+    assert set(hooks) == {(k, "gpushare-dra-uninstall-check")
+                          for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job")}
+    assert {o["metadata"]["annotations"]["helm.sh/hook"] for o in hooks.values()} == {"pre-delete"}
+    job = hooks[("Job", "gpushare-dra-uninstall-check")]
+    assert job["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-failed"
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert container["args"][0] == "uninstall-check" and "--force" not in container["args"]
+    assert hooks[("ClusterRole", "gpushare-dra-uninstall-check")]["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]}]
+    forced = {(o["kind"], o["metadata"]["name"]): o for o in template("uninstall.force=true", hooks=True)}
+    [container] = forced[("Job", "gpushare-dra-uninstall-check")]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][-3:] == ["--force", "--timeout", "240"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]} in \
+        forced[("ClusterRole", "gpushare-dra-uninstall-check")]["rules"]
+    assert not [o for o in template("uninstall.check=false", hooks=True)
+                if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]

@@ -155,9 +155,12 @@ class Helm:
     def __init__(self, binary: str, kube: Kube):
         self.binary, self.kube = binary, kube
 
-    def __call__(self, *args: str, timeout: float = 420) -> str:
+    def run(self, *args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
         cmd = [self.binary, f"--kubeconfig={self.kube.kubeconfig}", *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+    def __call__(self, *args: str, timeout: float = 420) -> str:
+        out = self.run(*args, timeout=timeout)
         assert out.returncode == 0, f"helm {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
         return out.stdout
 
