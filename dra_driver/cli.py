@@ -153,6 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.set_defaults(run=lazy("dra_driver.top", "run"))
 
+    p = sub.add_parser("explain", formatter_class=Formatter,
+                       help="why a ResourceClaim is not allocated: each GPU's free memory and compute, and "
+                            "whether each request fits it",
+                       description="Read the driver's ResourceSlices and every allocated ResourceClaim and print, "
+                                   "for CLAIM, what each request asks and, for every GPU of the cluster, what it "
+                                   "has free now and whether the request fits (memory rounded up to the 256Mi "
+                                   "step and compute to a whole percent, as the scheduler does).")
+    p.add_argument("claim", metavar="CLAIM", help="the ResourceClaim's name")
+    p.add_argument("-n", "--namespace", default="default", help="the claim's namespace")
+    g = p.add_argument_group("cluster")
+    g.add_argument("--kubeconfig", default=None, type=flags.existing_file,
+                   help="kubeconfig file; unset, as kubectl: $KUBECONFIG, then ~/.kube/config if it exists, "
+                        "then the in-cluster service account")
+    g.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name of the slices")
+    p.set_defaults(run=lazy("dra_driver.explain", "run"))
+
     p = sub.add_parser("uninstall-check", formatter_class=Formatter,
                        help="before an uninstall: exit 1 naming the claims still in use (the Helm chart's "
                             "pre-delete hook); --force deletes their pods and waits until they are unprepared",

@@ -30,7 +30,7 @@ from . import checkpoint as ckpt
 from .cdispec import KIND
 from .claimfiles import unmount_all_regions
 from .config import DEFAULTS
-from .instances import LOCK_FILES
+from .instances import LOCK_FILES, REGISTERED_DIR
 
 log = get_logger("cleanup")
 
@@ -38,7 +38,7 @@ CHECKPOINT = "checkpoint.json"
 # with the leftovers of an interrupted atomic write (this release's and older ones'), corrupt
 # checkpoints moved aside, and the lock files two plugin instances share (instances.py)
 STATE_NAMES = (CHECKPOINT, f"{CHECKPOINT}.journal", f"{CHECKPOINT}.corrupt-*", f".{CHECKPOINT}.*.tmp",
-               f".tmp-*-{CHECKPOINT}", "claims", "sim.state", *LOCK_FILES)
+               f".tmp-*-{CHECKPOINT}", "claims", "sim.state", *LOCK_FILES, REGISTERED_DIR)
 HOOK_NAMES = ("libgpushare.so", "libgpushare-*.so", ".libgpushare*", "sim/libcuda*.so.1", "sim/libnvidia-ml*.so.1",
               "sim/.lib*")
 

@@ -96,6 +96,8 @@ def node_files(tmp_path):
     (state / "sim.state").write_bytes(b"")
     for name in ("calls.lock", "calls.gate", "leader.lock", ".checkpoint.json.ab12cd34.tmp"):  # locks, a killed write
         (state / name).write_bytes(b"")
+    (state / "registered").mkdir()  # the instances the kubelet registered (a rolling upgrade's hand-over)
+    (state / "registered" / "5d0a301a-178e-4c9d-870e-1f4919e15e23").write_bytes(b"")
     cp = Checkpoint(str(state / "checkpoint.json"), None)
     prepared = PreparedClaim("default", "c", uid, (PreparedGpu(0, "GPU-0", 0, 1 << 30, 50),),
                              (PreparedDevice(("gpu",), "node-a", "gpu-0"),))
