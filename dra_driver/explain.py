@@ -166,6 +166,16 @@ def asks_of(claim: JSON) -> list[Ask]:
     return asks
 
 
+def verdicts(claim: JSON, slices: list[JSON], claims: list[JSON],
+             driver: str) -> list[tuple[Ask, list[tuple[Gpu, str]]]]:
+    """Each request (or subrequest) of the unallocated `claim` with, for every GPU, whether it
+    fits what the other claims leave free ("fits", or "no: why")."""
+    gpus = gpus_of(slices, driver)
+    uid = claim["metadata"].get("uid")
+    account(gpus, [c for c in claims if c["metadata"].get("uid") != uid], driver)
+    return [(ask, [(gpu, ask.verdict(gpu)) for _, gpu in sorted(gpus.items())]) for ask in asks_of(claim)]
+
+
 def explain(claim: JSON, slices: list[JSON], claims: list[JSON], driver: str) -> list[str]:
     """The lines `explain` prints: the claim's state, then per request what it asks and, per GPU,
     what is free and whether it fits."""
@@ -176,17 +186,14 @@ def explain(claim: JSON, slices: list[JSON], claims: list[JSON], driver: str) ->
         got = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in
                         (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == driver)
         return [f"{title}: allocated ({got or 'no device of ' + driver})"]
-    gpus = gpus_of(slices, driver)
-    others = [c for c in claims if c["metadata"].get("uid") != meta.get("uid")]
-    account(gpus, others, driver)
     lines = [f"{title}: not allocated; the GPUs of {driver} and what they have free now:"]
-    if not gpus:
+    found = verdicts(claim, slices, claims, driver)
+    if not any(per_gpu for _, per_gpu in found):
         return lines + [f"  no ResourceSlice of {driver} publishes a GPU: is the kubelet plugin running?"]
     fitting = 0
-    for ask in asks_of(claim):
+    for ask, per_gpu in found:
         lines.append(f"request '{ask.name}' ({ask.device_class}): {ask.describe()}")
-        for (_, _), gpu in sorted(gpus.items()):
-            verdict = ask.verdict(gpu)
+        for gpu, verdict in per_gpu:
             fitting += verdict == "fits"
             lines.append(f"  {gpu.node} {gpu.name}: {gpu.free()} -> {verdict}")
     if fitting:

@@ -29,6 +29,7 @@ from ..kube import JSON, api_deadline, api_error, json_body, no_request_retries,
 from ..log import get_logger
 from . import slices
 from .ceiling import MemoryCeiling
+from .pending import PendingClaims
 
 MODES = ("auto", devicemodel.CAPACITY, devicemodel.PARTITION)
 REQUEST_TIMEOUT = (5, 30)  # (connect, read) seconds: a hung server never blocks the loop
@@ -159,6 +160,8 @@ class SliceController:
                                  self._slices_changed)
         # The admission policy's largest GPU (ceiling.py): the DeviceClass named like the driver.
         self._ceiling = MemoryCeiling(api_client, driver_name, node_name)
+        # NoGpuFits Events on claims no GPU can hold now (pending.py): from one node per cluster.
+        self._pending = PendingClaims(api_client, driver_name, node_name)
         self._rediscover_asked = threading.Event()
         self._stopped = threading.Event()
         self._synced = threading.Event()
@@ -190,6 +193,7 @@ class SliceController:
         self._watch.start()
         self._thread = threading.Thread(target=self._run, name=f"slices[{self.node}]", daemon=True)
         self._thread.start()
+        self._pending.start()
         return self
 
     def rediscover_now(self) -> None:
@@ -206,6 +210,7 @@ class SliceController:
         self._stopped.set()
         self._wake.set()
         self._watch.stop()
+        self._pending.stop()
         if self._thread:
             self._thread.join(timeout=10)
 

@@ -193,6 +193,47 @@ def test_apply_warns_about_a_config_above_its_request_and_shares_on_a_capacity_m
             "nodes of this cluster publish capacity-mode GPUs only") in out.stderr, out.stderr
 
 
+HOLDER_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default, labels: {{test: no-gpu-fits}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
+  containers:
+  - name: app
+    image: gpushare-dra:dev
+    command: ["sleep", "600"]
+    resources: {{claims: [{{name: gpu}}]}}
+"""
+
+
+def test_a_claim_no_gpu_holds_now_gets_an_event_naming_each_gpus_free_capacity(installed):
+    """70Gi of each 80Gi GPU taken: a 20Gi claim fits a GPU's size but no GPU's free memory. The
+    scheduler says "cannot allocate all claims" on the pod; the claim gets NoGpuFits with each GPU."""
+    kube = installed
+    names = ("fill-0", "fill-1", "no-fit")
+    try:
+        for name in names[:2]:
+            kube.apply(claim_manifest(name, memory="70Gi", compute="50"))
+            kube.apply(HOLDER_POD.format(name=name))
+        kube("wait", "--for=condition=Ready", "pod/fill-0", "pod/fill-1", "--timeout=180s", timeout=200)
+        kube.apply(claim_manifest("no-fit", memory="20Gi", compute="10"))
+        kube.apply(HOLDER_POD.format(name="no-fit"))
+        told = kube.wait_until("the NoGpuFits Event on the claim", lambda: [
+            e["message"] for e in kube.items("events", "--field-selector", "involvedObject.name=no-fit")
+            if e.get("reason") == "NoGpuFits" and e["involvedObject"]["kind"] == "ResourceClaim"], timeout=90)
+        assert told[0].startswith("no GPU of gpushare.dev can hold the claim now: request 'gpu' asks memory 20Gi, "
+                                  "compute 10; "), told
+        for gpu in ("gpu-0", "gpu-1"):
+            assert (f"{kube.node} {gpu}: memory 10Gi free of 80Gi, compute 50 free of 100 (memory 20Gi asked, "
+                    "10Gi free)") in told[0], told
+        assert pod_phase(kube, "no-fit") == "Pending"
+    finally:
+        kube("delete", "pod", "-l", "test=no-gpu-fits", "--ignore-not-found", "--wait=true", timeout=180)
+        kube("delete", "resourceclaim", *names, "--ignore-not-found")
+
+
 GAP_POD = """
 apiVersion: v1
 kind: Pod
