@@ -100,8 +100,9 @@ def warning(capacity: dict | None) -> str | None:
     obj = {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": ask}]}}}
     request = admission.request_attributes("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", "CREATE",
                                            "default", "c")
-    [decision] = admission.validate(WARN["spec"], admission.activation(WARN["spec"], obj, None, request))
-    assert not decision.error, decision
+    # the requests' validation (the policy's second one, about configs, has none to look at here)
+    decision, configs = admission.validate(WARN["spec"], admission.activation(WARN["spec"], obj, None, request))
+    assert not decision.error and not configs.error and not configs.denied, (decision, configs)
     return decision.message if decision.denied else None
 
 
