@@ -2,7 +2,8 @@
 
 Start-up order matters: the checkpoint is recovered (interrupted calls rolled back, specs
 lost to a reboot rewritten) *before* the sockets open, so the kubelet never sees a half
-state. SIGTERM: stop registering, finish in-flight calls, remove the sockets; ResourceSlices
+state. SIGTERM: hand over to the node's next plugin pod (serve until the kubelet registered it,
+at most --handover-timeout), stop registering, finish in-flight calls, remove the sockets; ResourceSlices
 stay in place so a restart does not make pods unschedulable.
 """
 
