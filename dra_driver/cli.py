@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delete the pods that use the claims and wait until the plugins unprepared them all")
     p.add_argument("--timeout", type=flags.positive_float, default=300.0,
                    help="with --force: seconds to wait for the claims to be unprepared")
+    p.add_argument("--daemonset", metavar="NAMESPACE/NAME", type=flags.namespaced_name, default=None,
+                   help="the plugin's DaemonSet: --force when it carries the annotation gpushare.dev/uninstall=force "
+                        "(the Helm chart's hook passes its own)")
     add_logging(p)
     p.set_defaults(run=lazy("dra_driver.uninstall", "run"))
 

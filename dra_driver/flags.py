@@ -149,6 +149,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def namespaced_name(text: str) -> str:
+    """argparse type: NAMESPACE/NAME."""
+    namespace, _, name = text.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAMESPACE/NAME")
+    return text
+
+
 def existing_file(text: str) -> str:
     """argparse type: a file that exists now (a kubeconfig)."""
     if not os.path.isfile(text):

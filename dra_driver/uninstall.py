@@ -4,8 +4,9 @@ A claim whose pods run (or wait to start) on a node is prepared there by the nod
 only the plugin can unprepare it: once the plugin is gone, the kubelet cannot finish deleting
 those pods (they hang in Terminating until a plugin is back). So an uninstall first asks this
 command, as the Helm chart's pre-delete hook does: it names each claim in use and exits 1, so
-`helm uninstall` stops with the plugin still running. With --force it deletes the pods that use
-them instead and waits until the plugin has unprepared every claim, then exits 0: the uninstall
+`helm uninstall` stops with the plugin still running. With --force (or the plugin's DaemonSet,
+--daemonset, annotated gpushare.dev/uninstall=force: what a refused `helm uninstall` can still be
+told, as its release can no longer be upgraded) it deletes the pods that use them instead and waits until the plugin has unprepared every claim, then exits 0: the uninstall
 goes on cleanly (docs/operations.md, Uninstall).
 """
 
@@ -24,6 +25,7 @@ from .log import get_logger
 log = get_logger("uninstall-check")
 
 POLL_S = 1.0
+FORCE_ANNOTATION = "gpushare.dev/uninstall"  # "force" on the DaemonSet named by --daemonset
 REQUEST_TIMEOUT = (5, 30)
 
 
@@ -77,18 +79,36 @@ def delete_pods(api: client.ApiClient, in_use: list[ClaimInUse]) -> None:
                     raise
 
 
-def check(api: client.ApiClient, driver: str, force: bool, timeout: float) -> int:
+def annotated_force(api: client.ApiClient, daemonset: str) -> bool:
+    """The DaemonSet NAMESPACE/NAME carries gpushare.dev/uninstall=force (a gone one does not)."""
+    namespace, name = daemonset.split("/", 1)
+    try:
+        ds = json_body(client.AppsV1Api(api).read_namespaced_daemon_set(
+            name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT))
+    except client.ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return bool((ds["metadata"].get("annotations") or {}).get(FORCE_ANNOTATION) == "force")
+
+
+def check(api: client.ApiClient, driver: str, force: bool, timeout: float, daemonset: str | None = None) -> int:
     in_use = claims_in_use(list_claims(api), driver)
     if not in_use:
         print(f"gpushare-dra uninstall-check: no claim of {driver} is in use; the driver may go", file=sys.stderr)
         return 0
     names = "; ".join(c.describe() for c in in_use)
+    force = force or bool(daemonset and annotated_force(api, daemonset))
     if not force:
+        if daemonset:
+            namespace, name = daemonset.split("/", 1)
+            how = (f"let the uninstall delete them: kubectl -n {namespace} annotate daemonset/{name} "
+                   f"{FORCE_ANNOTATION}=force, then helm uninstall again")
+        else:
+            how = "let this delete them: gpushare-dra uninstall-check --force, then uninstall"
         print(f"gpushare-dra uninstall-check: {len(in_use)} claim(s) of {driver} in use: {names}. Their pods could "
               f"not finish terminating without the plugin. Delete those pods first (the plugin unprepares each "
-              f"claim as its pod goes), or let this delete them: Helm: helm upgrade RELEASE CHART --reuse-values "
-              f"--set uninstall.force=true, then helm uninstall again; kustomize: gpushare-dra uninstall-check "
-              f"--force before kubectl delete -k (docs/operations.md, Uninstall)", file=sys.stderr)
+              f"claim as its pod goes), or {how} (docs/operations.md, Uninstall)", file=sys.stderr)
         return 1
     print(f"gpushare-dra uninstall-check: --force: deleting the pods of {len(in_use)} claim(s) in use: {names}",
           file=sys.stderr)
@@ -107,7 +127,7 @@ def check(api: client.ApiClient, driver: str, force: bool, timeout: float) -> in
 
 def run(args: argparse.Namespace) -> int:
     try:
-        return check(api_client(args.kubeconfig), args.driver_name, args.force, args.timeout)
+        return check(api_client(args.kubeconfig), args.driver_name, args.force, args.timeout, args.daemonset)
     except client.ApiException as e:
         print(f"gpushare-dra uninstall-check: cannot read ResourceClaims: {api_error(e)}", file=sys.stderr)
         return 1

@@ -47,7 +47,9 @@ def released(cluster: Kube, helm: Helm) -> Iterator[Kube]:
     try:
         yield kube
     finally:
-        if RELEASE in helm("list", "-n", NAMESPACE, "-q").split():
+        if RELEASE in helm("list", "-n", NAMESPACE, "-q", "--all").split():  # a refused uninstall too
+            kube("-n", NAMESPACE, "annotate", "daemonset/gpushare-kubelet-plugin", "--overwrite",
+                 "gpushare.dev/uninstall=force", check=False)
             helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
 
 
@@ -153,9 +155,9 @@ spec:
 
 def test_helm_uninstall_refuses_while_a_claim_is_in_use_then_force_unprepares_and_removes_everything(
         released, helm):
-    """The pre-delete hook: refused, naming the claim, with the plugin left running; with
-    uninstall.force the hook deletes the claim's pod, the plugin unprepares it, and the uninstall
-    removes every object the chart made."""
+    """The pre-delete hook: refused, naming the claim, with the plugin left running (the release
+    "uninstalling"); with the DaemonSet annotated gpushare.dev/uninstall=force the hook deletes the
+    claim's pod, the plugin unprepares it, and the uninstall removes every object the chart made."""
     kube = released
     made = [d for d in yaml.safe_load_all(helm("get", "manifest", RELEASE, "-n", NAMESPACE)) if d]
     assert {d["kind"] for d in made} >= {"DaemonSet", "DeviceClass", "ServiceAccount", "ClusterRole"}
@@ -167,11 +169,11 @@ def test_helm_uninstall_refuses_while_a_claim_is_in_use_then_force_unprepares_an
         assert refused.returncode != 0, refused.stdout
         told = refused.stdout + refused.stderr
         assert "1 claim(s) of gpushare.dev in use: default/uninstall-held" in told and "uninstall-user" in told, told
-        assert RELEASE in helm("list", "-n", NAMESPACE, "-q").split()
+        assert RELEASE in helm("list", "-n", NAMESPACE, "-q", "--uninstalling").split()
         assert [p["status"]["phase"] for p in plugin_pods(kube)] == ["Running"]
         assert kube.get("pod", "uninstall-user")["status"]["phase"] == "Running"
 
-        helm("upgrade", RELEASE, CHART, "-n", NAMESPACE, "--reuse-values", "--set", "uninstall.force=true")
+        kube("-n", NAMESPACE, "annotate", "daemonset/gpushare-kubelet-plugin", "gpushare.dev/uninstall=force")
         helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "5m")
         assert kube.run("get", "pod", "uninstall-user", check=False).returncode != 0  # deleted, not hanging
         claim = kube.get("resourceclaim", "uninstall-held")

@@ -218,19 +218,22 @@ def test_rendered_objects_are_valid(template, version):
 def test_uninstall_runs_the_check_as_a_pre_delete_hook_that_prints_its_log(template):
     hooks = {(o["kind"], o["metadata"]["name"]): o for o in template(hooks=True)
              if "helm.sh/hook" in (o["metadata"].get("annotations") or {})}
-    assert set(hooks) == {(k, "gpushare-dra-uninstall-check")
-                          for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job")}
+    assert set(hooks) == {(k, "gpushare-dra-uninstall-check") for k in
+                          ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job")}
     assert {o["metadata"]["annotations"]["helm.sh/hook"] for o in hooks.values()} == {"pre-delete"}
     job = hooks[("Job", "gpushare-dra-uninstall-check")]
     assert job["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-failed"
     [container] = job["spec"]["template"]["spec"]["containers"]
-    assert container["args"][0] == "uninstall-check" and "--force" not in container["args"]
+    assert container["args"] == ["uninstall-check", "--log-format", "json", "--daemonset",
+                                 f"{NAMESPACE}/gpushare-kubelet-plugin", "--timeout", "240"]
     assert hooks[("ClusterRole", "gpushare-dra-uninstall-check")]["rules"] == [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]}]
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}]
+    assert hooks[("Role", "gpushare-dra-uninstall-check")]["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["gpushare-kubelet-plugin"],
+         "verbs": ["get"]}]
     forced = {(o["kind"], o["metadata"]["name"]): o for o in template("uninstall.force=true", hooks=True)}
     [container] = forced[("Job", "gpushare-dra-uninstall-check")]["spec"]["template"]["spec"]["containers"]
-    assert container["args"][-3:] == ["--force", "--timeout", "240"]
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]} in \
-        forced[("ClusterRole", "gpushare-dra-uninstall-check")]["rules"]
+    assert container["args"][-1] == "--force"
     assert not [o for o in template("uninstall.check=false", hooks=True)
                 if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
