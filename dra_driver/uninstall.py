@@ -5,9 +5,10 @@ only the plugin can unprepare it: once the plugin is gone, the kubelet cannot fi
 those pods (they hang in Terminating until a plugin is back). So an uninstall first asks this
 command, as the Helm chart's pre-delete hook does: it names each claim in use and exits 1, so
 `helm uninstall` stops with the plugin still running. With --force (or the plugin's DaemonSet,
---daemonset, annotated gpushare.dev/uninstall=force: what a refused `helm uninstall` can still be
-told, as its release can no longer be upgraded) it deletes the pods that use them instead and waits until the plugin has unprepared every claim, then exits 0: the uninstall
-goes on cleanly (docs/operations.md, Uninstall).
+--daemonset, annotated gpushare.dev/uninstall=force: what a refused `helm uninstall` can still
+be told, as its release can no longer be upgraded) it deletes the pods that use them instead and
+waits until the plugin has unprepared every claim, then exits 0: the uninstall goes on cleanly
+(docs/operations.md, Uninstall).
 """
 
 from __future__ import annotations
