@@ -8,7 +8,10 @@ when no GPU fits, records `NoGpuFits` on the claim, naming the GPUs with their f
 compute. Again only when that changes (a GPU freed some, another claim took some).
 
 One writer per cluster: the controller of the node that sorts first among the nodes publishing
-the driver's slices (each controller sees them all), so N nodes do not record N Events.
+the driver's slices (each controller sees them all), so N nodes do not record N Events. Its cost:
+that node lists the driver's slices and every claim each PERIOD_S; every other node lists the
+slices only every OTHERS_PERIOD_S, to notice that it became the first. These are the only
+requests of a controller besides its watch while nothing changes (docs/controller.md).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..log import get_logger
 
 REASON = "NoGpuFits"
 PERIOD_S = 10.0
+OTHERS_PERIOD_S = 300.0
 GRACE_S = 5.0
 REQUEST_TIMEOUT = (5, 30)
 MESSAGE_MAX = 1024  # what an Event's message may hold
@@ -76,6 +80,7 @@ class PendingClaims:
         self._core = client.CoreV1Api(api_client)
         self.driver, self.node, self.period, self.now = driver, node, period, now
         self._told: dict[str, str] = {}  # claim uid -> the message recorded last
+        self._writer = True  # this node sorts first (until a look says otherwise)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -90,7 +95,7 @@ class PendingClaims:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stopped.wait(self.period):
+        while not self._stopped.wait(self.period if self._writer else OTHERS_PERIOD_S):
             try:
                 self.pass_once()
             except client.ApiException as e:
@@ -104,7 +109,8 @@ class PendingClaims:
             field_selector=f"spec.driver={self.driver}", _preload_content=False,
             _request_timeout=REQUEST_TIMEOUT)).get("items") or []
         nodes = sorted({s["spec"].get("nodeName") for s in slices if s["spec"].get("nodeName")})
-        if not nodes or nodes[0] != self.node:
+        self._writer = bool(nodes) and nodes[0] == self.node
+        if not self._writer:
             return 0  # another node's controller writes them
         claims = json_body(self._resource.list_resource_claim_for_all_namespaces(
             _preload_content=False, _request_timeout=REQUEST_TIMEOUT)).get("items") or []
