@@ -2,9 +2,13 @@
 # and the host paths it may create (each is removed by cluster-down only if cluster-up made it).
 # Sourced, not run.
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cache=${CLUSTER_CACHE:-$repo/.cache/cluster}
-state=${CLUSTER_STATE:-/var/lib/gpushare-cluster}
+# Every path cluster-up records and cluster-down compares goes through norm: absolute, symlinks
+# resolved, no `//` or trailing `/` (a path recorded as /sys/fs/cgroup/cpu//kubepods never
+# matched the one found later, and a .cache reached through a symlink never matched /proc/*/exe).
+norm() { realpath -m -- "$1"; }
+repo=$(norm "$(dirname "${BASH_SOURCE[0]}")/../..")
+cache=$(norm "${CLUSTER_CACHE:-$repo/.cache/cluster}")
+state=$(norm "${CLUSTER_STATE:-/var/lib/gpushare-cluster}")
 run_dir=/run/gpushare-cluster
 pki=$state/pki
 logs=$state/logs
@@ -19,10 +23,30 @@ service_cidr=10.96.0.0/24
 service_ip=10.96.0.1
 pod_cidr=10.88.0.0/16
 bridge=gpushare0
+network=gpushare  # the CNI network's name (its results: /var/lib/cni/results/gpushare-<sandbox>-eth0)
 
-# Host paths the kubelet, the plugin and containerd use. cluster-up notes which were absent
-# (state/created-paths); cluster-down removes only those, plus CDI specs that were not there.
-host_paths=(/var/lib/kubelet /var/lib/gpushare /opt/gpushare /etc/cdi /var/run/cdi)
+# Host paths the kubelet, the plugin and containerd (/var/lib/cni: its CNI result cache) use.
+# cluster-up notes which were absent (state/created-paths); cluster-down removes only those (the
+# CDI folders only when empty: other software writes specs there too).
+host_paths=(/var/lib/kubelet /var/lib/gpushare /opt/gpushare /var/lib/cni /etc/cdi /var/run/cdi)
+cdi_dirs=(/etc/cdi /var/run/cdi)
+# The product's CDI specs on this node (docs/contract.md): the plugin's kind, mounting its state dir.
+# cluster-down removes those written since cluster-up (state/up-since), no other file there.
+plugin_state=/var/lib/gpushare
+cdi_kind=k8s.gpushare.dev/claim
+cluster_spec() {  # cluster_spec FILE: true when FILE is a CDI spec this cluster's plugin wrote
+    [ -f "$1" ] && [ "$1" -nt "$state/up-since" ] &&
+        grep -Eq "^[[:space:]]*\"?kind\"?:[[:space:]]*\"?${cdi_kind//./\\.}\"?,?[[:space:]]*$" "$1" &&
+        grep -qF "$plugin_state/" "$1"
+}
+# The kubelet's cgroup root (its cgroupRoot): the pods' cgroups are <hierarchy>/gpushare-cluster/kubepods/...,
+# never the host's /kubepods, which another kubelet, podman or a test may use. cluster-down stops
+# the processes in these folders alone and removes them.
+cgroup_root=/gpushare-cluster
+cgroup_roots() {  # the cgroup root in each hierarchy mounted under /sys/fs/cgroup (v1, hybrid or v2)
+    awk '($3 == "cgroup" || $3 == "cgroup2") && $2 ~ "^/sys/fs/cgroup" {print $2}' /proc/self/mounts |
+        while read -r m; do norm "$m$cgroup_root"; done | sort -u
+}
 # Sysctls the kubelet (its kernel tunables) and the bridge CNI (ip_forward) set: cluster-down
 # puts back what cluster-up found.
 sysctls=(net/ipv4/ip_forward vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops

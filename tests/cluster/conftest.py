@@ -14,14 +14,26 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support.cluster import DOWN, HELM, STATE, UP, Helm, Kube, up_failures, why_not
+from tests.support import neighbours
+from tests.support.cluster import DOWN, HELM, STATE, UP, Helm, Kube, host_traces, up_failures, why_not
+from tests.support.neighbours import Neighbours
 
 COLD_UP_TIMEOUT = 4800  # a cold Go build of the five binaries on 2 cores, the image and the debs
+# test_cluster_down.py takes the cluster down: it runs after every other test of this folder.
+LAST = "tests/cluster/test_cluster_down.py"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    last = [item for item in items if item.nodeid.startswith(LAST)]
+    rest = [item for item in items if not item.nodeid.startswith(LAST)]
+    at = max((i + 1 for i, item in enumerate(rest) if item.nodeid.startswith("tests/cluster/")), default=len(rest))
+    items[:] = rest[:at] + last + rest[at:]
 
 
 def _parse_up_output(stdout: str) -> tuple[str, str]:
@@ -33,30 +45,65 @@ def _parse_up_output(stdout: str) -> tuple[str, str]:
     return kubeconfig, os.path.join(kbin, "kubectl")
 
 
+def _up(out) -> subprocess.CompletedProcess[str]:
+    """hack/cluster-up, its progress lines (stderr) shown as they come: a cold build takes many
+    minutes and the suite should not sit silent meanwhile."""
+    proc = subprocess.Popen([str(UP)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(COLD_UP_TIMEOUT, proc.kill)
+    watchdog.start()
+    stdout: list[str] = []
+    pump = threading.Thread(target=lambda: stdout.extend(proc.stdout or ()), daemon=True)
+    pump.start()
+    stderr = []
+    for line in proc.stderr or ():
+        stderr.append(line)
+        out(line.rstrip())
+    proc.wait()
+    watchdog.cancel()
+    pump.join()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(stdout), "".join(stderr))
+
+
 @pytest.fixture(scope="package")
-def cluster() -> Iterator[Kube]:
-    """The running cluster (started here unless one runs already); stopped at the end if started here."""
+def cluster(pytestconfig: pytest.Config) -> Iterator[Kube]:
+    """The running cluster (started here unless one runs already); stopped at the end if started here.
+    Before starting one it notes the host's traces of a cluster (host_traces) and plants other
+    software (tests/support/neighbours.py) for test_cluster_down.py to judge cluster-down by."""
     if why := why_not():
         pytest.skip(why)
     if up_failures:
         pytest.fail(f"hack/cluster-up failed for an earlier test:\n{up_failures[0]}", pytrace=False)
     already = (STATE / "pids" / "kubelet.pid").exists()
+    before = None if already else host_traces()
+    planted = None if already or neighbours.why_not() else Neighbours(f"cluster{os.getpid()}").plant(podman=False)
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+
+    def out(line: str) -> None:
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(line)
+
     start = time.monotonic()
-    proc = subprocess.run([str(UP)], capture_output=True, text=True, timeout=COLD_UP_TIMEOUT)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
-        up_failures.append(tail)
-        pytest.fail(f"hack/cluster-up exited {proc.returncode}:\n{tail}", pytrace=False)
-    print(f"\ncluster-up: {time.monotonic() - start:.0f}s")
-    kubeconfig, kubectl = _parse_up_output(proc.stdout)
-    node = json.loads(subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "json"],
-                                     capture_output=True, text=True, check=True).stdout)["items"][0]
-    kube = Kube(kubectl, kubeconfig, node["metadata"]["name"])
+    proc = _up(out)
     try:
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+            up_failures.append(tail)
+            pytest.fail(f"hack/cluster-up exited {proc.returncode}:\n{tail}", pytrace=False)
+        out(f"cluster-up: {time.monotonic() - start:.0f}s")
+        kubeconfig, kubectl = _parse_up_output(proc.stdout)
+        node = json.loads(subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "json"],
+                                         capture_output=True, text=True, check=True).stdout)["items"][0]
+        kube = Kube(kubectl, kubeconfig, node["metadata"]["name"])
+        kube.before, kube.neighbours = before, planted
         yield kube
     finally:
+        # A cluster-up that failed halfway leaves what it started: cluster-down removes it too.
         if not already and not os.environ.get("GPUSHARE_CLUSTER_KEEP"):
             subprocess.run([str(DOWN)], capture_output=True, text=True, timeout=300)
+        if planted is not None:
+            planted.remove()
 
 
 @pytest.fixture(scope="package")

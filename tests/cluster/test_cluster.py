@@ -15,7 +15,7 @@ from kubernetes import client, config
 
 from tests.support import GiB, roots
 from tests.support.claimstatus import check_status_writer
-from tests.support.cluster import claim_manifest, claim_template
+from tests.support.cluster import claim_manifest, claim_template, cluster_specs
 
 # The fixture's cold start (a Go build of five binaries on 2 cores) is part of the first test's time.
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(5400)]
@@ -489,8 +489,8 @@ def test_kubectl_delete_k_leaves_nothing_on_the_node(installed):
     kube("delete", "-k", "deploy/overlays/mock", "--wait=true", timeout=300)
     kube.wait_until("the plugin pods to be gone", lambda: not kube.items("pods", "-n", "gpushare-system"),
                     timeout=180)
-    # Only the cluster's specs (they mount its state dir): podman tests on the same machine write
-    # gpushare specs of their own temporary state dirs there too.
-    left = node_shell("sh", "-c", "grep -l /var/lib/gpushare/ /var/run/cdi/*gpushare* /etc/cdi/*gpushare* "
-                                  "2>/dev/null; ls /var/lib/gpushare/claims/ 2>/dev/null")
+    # Only this cluster's specs (cluster_specs): podman tests on the same machine write gpushare
+    # specs of their own state dirs there, and an earlier cluster may have left some.
+    assert cluster_specs() == []
+    left = node_shell("sh", "-c", "ls /var/lib/gpushare/claims/ 2>/dev/null")
     assert left.strip() == "", left

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -21,6 +22,10 @@ IMAGE = REPO / "hack" / "cluster" / "image"
 CTR = REPO / ".cache" / "cluster" / "debs" / "usr" / "bin" / "ctr"  # hack/cluster/debs
 SOCK = "/run/gpushare-cluster/containerd.sock"  # hack/cluster/lib.sh
 STATE = Path(os.environ.get("CLUSTER_STATE", "/var/lib/gpushare-cluster"))
+RUN_DIR = "/run/gpushare-cluster"  # hack/cluster/lib.sh run_dir
+CGROUP_ROOT = "gpushare-cluster"  # hack/cluster/lib.sh cgroup_root: the kubelet's cgroupRoot
+PLUGIN_STATE = "/var/lib/gpushare"  # the plugin's state dir on the node (deploy/base)
+CDI_KIND = "k8s.gpushare.dev/claim"
 # What cluster-up needs on the host beyond what it builds or downloads into .cache/cluster.
 HOST_TOOLS = ("go", "gcc", "openssl", "curl", "ip", "debootstrap", "apt-get", "dpkg")
 up_failures: list[str] = []  # cluster-up's output once it failed: the other tests fail at once with it
@@ -35,12 +40,70 @@ def why_not() -> str | None:
     return None
 
 
+def cluster_specs(dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")) -> list[str]:
+    """The CDI specs this cluster's plugin wrote, judged as hack/cluster/lib.sh's cluster_spec
+    judges them for cluster-down: the plugin's kind, a mount of its state dir, written since
+    cluster-up (STATE/up-since). Other vendors' specs, and gpushare specs of other runs (a podman
+    test's own state dir, an earlier cluster's day-old file) are not."""
+    try:
+        since = (STATE / "up-since").stat().st_mtime_ns
+    except FileNotFoundError:
+        return []
+    found = []
+    for folder in dirs:
+        for path in sorted(Path(folder).glob("*")) if os.path.isdir(folder) else []:
+            try:
+                if path.stat().st_mtime_ns <= since or not path.is_file():
+                    continue
+                doc = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(doc, dict) and doc.get("kind") == CDI_KIND and f"{PLUGIN_STATE}/" in json.dumps(doc):
+                found.append(str(path))
+    return found
+
+
+def _lines(*cmd: str) -> list[str]:
+    return sorted(subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.splitlines())
+
+
+def host_traces() -> dict[str, list[str]]:
+    """What a cluster shows on the host, by kind: its cgroups (under its cgroup root, and
+    containerd's k8s.io), lo's addresses, the routes, the links, /var/lib/cni, the mounts and
+    network namespaces of its folders, its CDI specs, its state and run folders. Equal before
+    cluster-up and after cluster-down when cluster-down removed all it made."""
+    hierarchies = sorted({line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+                          if line.split()[2] in ("cgroup", "cgroup2") and line.split()[1].startswith("/sys/fs/cgroup")})
+    cgroups = [os.path.join(root, d) for h in hierarchies for top in (CGROUP_ROOT, "k8s.io")
+               for root, dirs, _ in os.walk(os.path.join(h, top)) for d in ["", *dirs]]
+    ours = re.compile(rf"^({re.escape(PLUGIN_STATE)}|/var/lib/kubelet|{re.escape(str(STATE))}|{RUN_DIR}|"
+                      r"/run/containerd|/var/run/netns|/run/netns)(/|$)")
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    cni = [os.path.join(root, f) for root, _, files in os.walk("/var/lib/cni") for f in files]
+    netns = [*(os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])]
+    return {
+        "cgroups": sorted(cgroups),
+        "lo addresses": _lines("ip", "-o", "addr", "show", "dev", "lo"),
+        "routes": _lines("ip", "route", "show", "table", "all"),
+        "links": sorted(line.split(":")[1].strip() for line in _lines("ip", "-o", "link")),
+        "/var/lib/cni": sorted(cni) + (["/var/lib/cni"] if os.path.isdir("/var/lib/cni") else []),
+        "mounts": sorted(m for m in mounts if ours.match(m)),
+        "netns": sorted(netns),
+        "cdi specs": cluster_specs(),
+        "folders": [p for p in (str(STATE), RUN_DIR) if os.path.exists(p)],
+    }
+
+
 class Kube:
     """kubectl of the cluster's own release, with the cluster's admin kubeconfig."""
 
     def __init__(self, kubectl: str, kubeconfig: str, node: str):
         self.kubectl, self.kubeconfig, self.node = kubectl, kubeconfig, node
         self.install: subprocess.CompletedProcess[str] | None = None  # `kubectl apply -k` of the overlay
+        # Set by the fixture that started the cluster (None when it found one running): the host's
+        # traces of a cluster before cluster-up (host_traces) and the software it planted then.
+        self.before: dict[str, list[str]] | None = None
+        self.neighbours = None
 
     def run(self, *args: str, input: str | None = None, check: bool = True,
             timeout: float = 120) -> subprocess.CompletedProcess[str]:
