@@ -19,6 +19,8 @@ from kubeletplugin.claimfiles import unmount_all_regions
 from kubeletplugin.main import Plugin
 from playground.emulator import ApiEmulator
 from playground.kubelet import Kubelet
+from tests.support import neighbours
+from tests.support.neighbours import Neighbours
 from tests.support.plugin import REAL_LIBRARY, Dirs, launch_plugin
 
 # `make test` runs the suite in two parts: what is marked `serial` alone, after the rest ran on
@@ -54,6 +56,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.serial)
     if hasattr(config, "workerinput"):  # the same order in every worker, as xdist requires
         items.sort(key=lambda item: FIRST.index(where[item]) if where[item] in FIRST else len(FIRST))
+
+
+# Other software on the host for the whole run (tests/support/neighbours.py: other vendors' CDI
+# specs, a gpushare spec of another run (its own state dir), a process in another kubelet's kubepods cgroup, a
+# podman container of another owner): the suite passes among them, and they are there unchanged
+# at its end, or the run fails naming what it removed. Planted once per run (not per xdist worker).
+NEIGHBOURS = pytest.StashKey[Neighbours]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput") and neighbours.why_not() is None:
+        session.config.stash[NEIGHBOURS] = Neighbours(f"suite{os.getpid()}").plant()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    planted = session.config.stash.get(NEIGHBOURS, None)
+    if planted is None:
+        return
+    missing = planted.missing()
+    planted.remove()
+    if missing:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"FAILED: the suite removed or ended other software's: {missing}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _pytests(handler: logging.Handler) -> bool:
