@@ -12,18 +12,24 @@ demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster
 	$(BIN)/gpushare-dra demo
 	@echo "gpushare-dra is in $(CURDIR)/$(BIN): export PATH=\"$(CURDIR)/$(BIN):\$$PATH\" (or . $(BIN)/activate)"
 
-# `make test` runs pytest twice: first the tests that mostly wait (subprocesses, gRPC, the API
-# emulator) on TEST_WORKERS pytest-xdist workers, a file per worker at a time, the longest files first
-# (tests/conftest.py FIRST; hence --no-loadscope-reorder); then, alone on the
-# machine, those marked `serial` (tests/conftest.py: CPU-timed shares on the simulator and the real
-# cluster). Both parts always run; it fails if either did; the serial part, the longer, names its 15
-# slowest tests (the target: the whole suite under 15 minutes warm). `pytest -q` alone runs every test serially.
+# `make test` runs pytest three times: the real cluster's tests (tests/cluster: one cluster, mostly
+# waiting on it) beside the tests that mostly wait too (subprocesses, gRPC, the API emulator) on
+# TEST_WORKERS pytest-xdist workers, a file per worker at a time, the longest files first
+# (tests/conftest.py FIRST; hence --no-loadscope-reorder); then, alone on the machine, those marked
+# `serial` (tests/conftest.py: CPU-timed shares on the simulator). The cluster's lines come as they
+# happen, each led by `cluster|`, its summary after the parallel part's. All parts always run; it
+# fails if any did; the serial part names its 15 slowest tests (the target: the whole suite under
+# 15 minutes warm). `pytest -q` alone runs every test serially.
 TEST_WORKERS ?= 4
 
 test: test-deps tools lint hook  ## the checks and every test suite, as CI runs it (as root: podman and the rest installed)
-	status=0; \
-	$(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder || status=$$?; \
-	$(BIN)/python -m pytest -q -m serial --durations=15 || status=$$?; \
+	status=0; rc=$$(mktemp); \
+	{ $(BIN)/python -m pytest -v -p no:cacheprovider --durations=5 tests/cluster; echo $$? > $$rc; } 2>&1 | \
+	    sed -u 's/^/cluster| /' & \
+	$(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	    --ignore=tests/cluster || status=$$?; \
+	wait; [ "$$(cat $$rc)" = 0 ] || { echo "make test: tests/cluster failed (its lines: cluster|)"; status=1; }; rm -f $$rc; \
+	$(BIN)/python -m pytest -q -m serial --durations=15 --ignore=tests/cluster || status=$$?; \
 	exit $$status
 
 lint: $(STAMP)               ## ruff, mypy and the import contracts between the parts (all configured in pyproject.toml)
