@@ -3,9 +3,9 @@ kube-controller-manager, kube-scheduler, containerd, a kubelet), shared by every
 the product installed as users install it (`kubectl apply -k deploy/overlays/mock`).
 
 A cluster that already runs is reused and left running; one these tests started is stopped
-with hack/cluster-down after the last test of this folder (package scope: the rest of
-`make test` does not share the machine with a running cluster); GPUSHARE_CLUSTER_KEEP=1 keeps
-it running, for a faster next run.
+with hack/cluster-down by the last test of this folder (test_cluster_down.py), else after it
+(package scope); GPUSHARE_CLUSTER_KEEP=1 keeps it running, for a faster next run. `make test` runs
+this folder beside its parallel part (the cluster mostly waits), never beside the serial one.
 Every test skips, with the reason, where the cluster cannot be had: not root, a tool missing.
 """
 
