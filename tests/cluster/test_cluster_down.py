@@ -13,6 +13,7 @@ mounts, network namespaces, CDI specs, folders) that it did not show before clus
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 
@@ -39,6 +40,8 @@ spec:
 
 def test_cluster_down_removes_what_the_cluster_made_and_nothing_else(cluster):
     kube = cluster
+    if os.environ.get("GPUSHARE_CLUSTER_KEEP"):
+        pytest.skip("GPUSHARE_CLUSTER_KEEP=1: the cluster is kept running")
     if kube.before is None or kube.neighbours is None:
         pytest.skip("the cluster ran before these tests (or nothing could be planted): what the host had "
                     "before cluster-up is not known")
