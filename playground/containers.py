@@ -19,6 +19,7 @@ the node agent finds a pod's processes):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -280,6 +281,7 @@ class PodmanRunner:
         self.rootfs = rootfs or build_rootfs(os.path.join(self.work, "rootfs"), probe, libraries)
         self.env = podman_env(self.work)
         self._cgroup_parents: set[str] = set()  # podman makes them in every hierarchy and leaves them
+        self._cgroups_above: set[str] = set()  # and the folders above them it made
 
     def command(self, device_ids: list[str], argv: list[str], name: str | None = None,
                 cgroup_parent: str | None = None) -> list[str]:
@@ -300,7 +302,14 @@ class PodmanRunner:
         """Any command of the root filesystem (start() runs the probe)."""
         container = f"gpushare-{name}-{uuid.uuid4().hex[:8]}"
         if cgroup_parent:
-            self._cgroup_parents.add(cgroup_parent.strip("/"))
+            parent = cgroup_parent.strip("/")
+            self._cgroup_parents.add(parent)
+            # The folders above the parent that podman is about to make (kubepods of
+            # /kubepods/pod<uid>): close removes them too, when nothing else is in them.
+            parts = parent.split("/")
+            self._cgroups_above |= {"/".join(parts[:i]) for i in range(1, len(parts))
+                                    for _, _, mount in _cgroup_mounts()
+                                    if not os.path.isdir(os.path.join(mount, *parts[:i]))}
         return _start(name, self.command(device_ids, argv, name=container, cgroup_parent=cgroup_parent), self.env,
                       kill=lambda: subprocess.run(["podman", "kill", container], env=self.env, capture_output=True,
                                                   timeout=60), log=log)
@@ -329,7 +338,12 @@ class PodmanRunner:
                             if time.monotonic() > deadline:
                                 break
                             time.sleep(0.05)
+        for above in sorted(self._cgroups_above, key=lambda p: p.count("/"), reverse=True):
+            for _, _, mount in _cgroup_mounts():
+                with contextlib.suppress(OSError):  # in use: another runner's or a kubelet's
+                    os.rmdir(os.path.join(mount, above))
         self._cgroup_parents.clear()
+        self._cgroups_above.clear()
 
 
 def _cgroup_mounts() -> list[tuple[str, list[str], str]]:

@@ -6,6 +6,7 @@ containers carry their owner's label, so one user's leak check never counts anot
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -88,3 +89,33 @@ def test_closing_a_runner_removes_its_containers_that_still_run_and_no_others():
     finally:
         mine.close()
         other.close()
+
+
+def test_closing_a_runner_removes_the_cgroups_podman_made_for_its_parents_and_no_others():
+    """A container with --cgroup-parent /<top>/pod<uid> (the kubelet's layout, as the backstop
+    tests run them): podman makes <top> in every hierarchy and leaves it (a `kubepods` in each was
+    left after `make test`). close removes the folders it made; one that was there before stays."""
+    if why := podman_busybox_why_not():
+        pytest.skip(why)
+    from playground.containers import _cgroup_mounts
+
+    mounts = [m for _, _, m in _cgroup_mounts()]
+    made, kept = f"gstest-{os.getpid()}-made", f"gstest-{os.getpid()}-kept"
+    for m in mounts:
+        os.mkdir(os.path.join(m, kept))
+    runner = PodmanRunner(os.path.join(BUILD, "gpushare-probe"))
+    try:
+        for top in (made, kept):
+            w = runner.start_command("sleeper", [], ["/bin/sh", "-c", "echo up; sleep 600"],
+                                     cgroup_parent=f"/{top}/pod1")
+            w.read_until("up", timeout=60)
+        assert all(os.path.isdir(os.path.join(m, made, "pod1")) for m in mounts)
+        runner.close()
+        assert [m for m in mounts if os.path.exists(os.path.join(m, made))] == []
+        assert [m for m in mounts if not os.path.isdir(os.path.join(m, kept))] == []
+    finally:
+        runner.close()
+        for m in mounts:
+            for folder in (f"{made}/pod1/conmon", f"{made}/pod1", made, f"{kept}/pod1/conmon", f"{kept}/pod1", kept):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(m, folder))
