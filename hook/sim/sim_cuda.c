@@ -85,7 +85,23 @@ static void register_fork(void) { pthread_atfork(NULL, NULL, fork_child); }
 #define VALID_DEV(d)                                                  \
     do {                                                              \
         if ((d) < 0 || (unsigned)(d) >= sim->ndev) return CUDA_ERROR_INVALID_DEVICE; \
+        if (mig_other(d)) return CUDA_ERROR_INVALID_DEVICE;           \
     } while (0)
+
+/* CUDA_VISIBLE_DEVICES=MIG-<uuid> of a MIG device NVML made: the process sees that one device,
+ * ordinal 0, the parent GPU's CUdevice, with the instance's memory and SMs (sim_mig.h) */
+static const struct sim_mig_profile *mig_view(int *dev)
+{
+    int d, slot;
+    if (sim_mig_visible(&d, &slot) != 0) return NULL;
+    if (dev) *dev = d;
+    return sim_mig_profile_of(d, &sim->mig[d].gi[slot]);
+}
+static int mig_other(int d)
+{
+    int mdev;
+    return mig_view(&mdev) && d != mdev;
+}
 
 SIM_API CUresult cuInit(unsigned int flags)
 {
@@ -107,13 +123,19 @@ SIM_API CUresult cuDriverGetVersion(int *v)
 SIM_API CUresult cuDeviceGetCount(int *n)
 {
     NEED_INIT();
-    *n = (int)sim->ndev;
+    *n = mig_view(NULL) ? 1 : (int)sim->ndev;
     return CUDA_SUCCESS;
 }
 
 SIM_API CUresult cuDeviceGet(CUdevice *d, int ordinal)
 {
     NEED_INIT();
+    int mdev;
+    if (mig_view(&mdev)) {
+        if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+        *d = mdev;
+        return CUDA_SUCCESS;
+    }
     VALID_DEV(ordinal);
     *d = ordinal;
     return CUDA_SUCCESS;
@@ -137,13 +159,25 @@ SIM_API CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
     return CUDA_SUCCESS;
 }
 
-SIM_API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
+/* v2 gives a MIG device's own UUID (cuda.h: "returns the UUID of the MIG device") */
+SIM_API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d)
+{
+    NEED_INIT();
+    VALID_DEV(d);
+    int mdev, slot;
+    if (sim_mig_visible(&mdev, &slot) != 0) return cuDeviceGetUuid(u, d);
+    char s[96];
+    sim_mig_uuid(mdev, sim->mig[mdev].gi[slot].serial, s, sizeof s);
+    sim_uuid_parse(s, (unsigned char *)u->bytes);
+    return CUDA_SUCCESS;
+}
 
 SIM_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d)
 {
     NEED_INIT();
     VALID_DEV(d);
-    *bytes = sim->dev[d].total;
+    const struct sim_mig_profile *mig = mig_view(NULL);
+    *bytes = mig ? mig->memory_mib << 20 : sim->dev[d].total;
     return CUDA_SUCCESS;
 }
 
@@ -171,7 +205,7 @@ SIM_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
      * a GPU share of work pass --grid 132. The library never reads it (mps_scale reads
      * cuCtxGetExecAffinity and the limits file's SM count). */
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-        *v = sim_me && sim_me->mps_server ? mps_sm_count() : SIM_SM_COUNT;
+        *v = mig_view(NULL) ? (int)mig_view(NULL)->sms : sim_me && sim_me->mps_server ? mps_sm_count() : SIM_SM_COUNT;
         break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
@@ -697,9 +731,14 @@ SIM_API CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot)
 {
     NEED_CTX();
     struct sim_dev *d = &sim->dev[me()->cur->dev];
-    uint64_t used = __atomic_load_n(&d->used, __ATOMIC_RELAXED);
-    *tot = d->total;
-    *fr = used < d->total ? d->total - used : 0;
+    uint64_t used = __atomic_load_n(&d->used, __ATOMIC_RELAXED), total = d->total;
+    int mdev, slot;
+    if (sim_mig_visible(&mdev, &slot) == 0) { /* the instance's memory, which only its processes use */
+        used = __atomic_load_n(&sim->mig[mdev].gi[slot].used, __ATOMIC_RELAXED);
+        total = sim_mig_profile_of(mdev, &sim->mig[mdev].gi[slot])->memory_mib << 20;
+    }
+    *tot = total;
+    *fr = used < total ? total - used : 0;
     return CUDA_SUCCESS;
 }
 

@@ -1,6 +1,7 @@
 /* Simulated NVML (libnvidia-ml.so.1) over the same state as the simulated driver. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +12,7 @@
 #include "../src/rawstat.h"
 #include "sim_state.h"
 
-struct nvmlDevice_st { int index; };
+struct nvmlDevice_st { int index; int mig; }; /* mig: the GPU instance slot of a MIG device's handle, -1 a GPU */
 static struct nvmlDevice_st g_devs[SIM_MAX_DEV];
 static int g_inited;
 static uint64_t g_util_prev_t[SIM_MAX_DEV], g_util_prev_busy[SIM_MAX_DEV];
@@ -29,7 +30,7 @@ static uint64_t g_util_prev_t[SIM_MAX_DEV], g_util_prev_busy[SIM_MAX_DEV];
 SIM_API nvmlReturn_t nvmlInit_v2(void)
 {
     if (sim_open() != 0) return NVML_ERROR_UNKNOWN;
-    for (int i = 0; i < SIM_MAX_DEV; i++) g_devs[i].index = i;
+    for (int i = 0; i < SIM_MAX_DEV; i++) g_devs[i] = (struct nvmlDevice_st){i, -1};
     g_inited = 1;
     return NVML_SUCCESS;
 }
@@ -47,6 +48,8 @@ SIM_API const char *nvmlErrorString(nvmlReturn_t r)
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case 10: return "Timeout"; /* NVML_ERROR_TIMEOUT: nvmlEventSetWait */
+    case 19: return "In use by another client"; /* NVML_ERROR_IN_USE */
+    case 23: return "Insufficient resources"; /* NVML_ERROR_INSUFFICIENT_RESOURCES */
     default: return "Unknown Error";
     }
 }
@@ -74,6 +77,7 @@ SIM_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t 
     return NVML_SUCCESS;
 }
 SIM_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) { return nvmlDeviceGetHandleByIndex_v2(i, d); }
+static nvmlReturn_t nvml_mig_by_uuid(const char *uuid, nvmlDevice_t *d);
 SIM_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
 {
     NEED_INIT();
@@ -85,13 +89,16 @@ SIM_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
             return NVML_SUCCESS;
         }
     }
-    return NVML_ERROR_NOT_FOUND;
+    return nvml_mig_by_uuid(uuid, d);
 }
 SIM_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) { DEV(d); *i = (unsigned)d->index; return NVML_SUCCESS; }
 /* The N of /dev/nvidiaN; the mock backend gives each simulated GPU its index as minor. */
 SIM_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *m) { DEV(d); *m = (unsigned)d->index; return NVML_SUCCESS; }
+static int mig_handle_uuid(nvmlDevice_t d, char *out, unsigned len);
 SIM_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)
 {
+    char m[96];
+    if (mig_handle_uuid(d, m, sizeof m) == 0) return copy_str(uuid, len, m);
     DEV(d);
     char s[96];
     sim_uuid_string(d->index, s, sizeof s);
@@ -141,8 +148,10 @@ SIM_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *maj
     return NVML_SUCCESS;
 }
 
+static int mig_handle_memory(nvmlDevice_t d, nvmlMemory_t *m);
 SIM_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
+    if (m && mig_handle_memory(d, m) == 0) return NVML_SUCCESS;
     DEV(d);
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
     sim_reap();
@@ -434,4 +443,496 @@ SIM_API nvmlReturn_t nvmlEventSetWait_v2(struct nvmlEventSet_st *set, sim_nvmlEv
 SIM_API nvmlReturn_t nvmlEventSetWait(struct nvmlEventSet_st *set, sim_nvmlEventData_t *data, unsigned int timeout_ms)
 {
     return nvmlEventSetWait_v2(set, data, timeout_ms);
+}
+
+/* ---- MIG (sim_mig.h; docs/mig.md) --------------------------------------------------------
+ * The calls the kubelet plugin and nvidia-smi-like tools use, with NVML's error codes:
+ * NOT_SUPPORTED on a GPU whose MIG mode is off or for a profile the GPU lacks,
+ * INSUFFICIENT_RESOURCES for a placement that overlaps an instance or a profile whose instances
+ * are all made, IN_USE for a GPU instance that still has its compute instance or a compute
+ * instance with processes. MIG mode itself is never changed here (no nvmlDeviceSetMigMode). */
+#define NVML_ERROR_IN_USE 19
+#define NVML_ERROR_INSUFFICIENT_RESOURCES 23
+#define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12u
+#define NVML_COMPUTE_INSTANCE_PROFILE_COUNT 0x9u
+
+typedef struct { unsigned int start, size; } nvmlGpuInstancePlacement_t;
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+        decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+typedef struct {
+    unsigned int version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+        decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+struct nvmlGpuInstance_st { int dev, slot; };
+struct nvmlComputeInstance_st { int dev, slot; };
+typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
+typedef struct nvmlComputeInstance_st *nvmlComputeInstance_t;
+typedef struct { nvmlDevice_t device; unsigned int id, profileId; nvmlGpuInstancePlacement_t placement; } nvmlGpuInstanceInfo_t;
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[96];
+} nvmlComputeInstanceProfileInfo_v2_t;
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+static struct nvmlGpuInstance_st g_gis[SIM_MAX_DEV][SIM_MIG_MAX_GI];
+static struct nvmlComputeInstance_st g_cis[SIM_MAX_DEV][SIM_MIG_MAX_GI];
+static struct nvmlDevice_st g_migs[SIM_MAX_DEV][SIM_MIG_MAX_GI];
+
+#define MIG_ON(d)                                                                   \
+    do {                                                                            \
+        DEV(d);                                                                     \
+        if (!sim->mig[(d)->index].mode) return NVML_ERROR_NOT_SUPPORTED;            \
+    } while (0)
+
+static struct sim_mig_gi *gi_of(nvmlGpuInstance_t g)
+{
+    if (!g_inited || sim_open() != 0 || !g) return NULL;
+    if (g < &g_gis[0][0] || g > &g_gis[SIM_MAX_DEV - 1][SIM_MIG_MAX_GI - 1] || (unsigned)g->dev >= sim->ndev) return NULL;
+    struct sim_mig_gi *gi = &sim->mig[g->dev].gi[g->slot];
+    return gi->in_use ? gi : NULL;
+}
+static struct sim_mig_gi *ci_of(nvmlComputeInstance_t c)
+{
+    if (!g_inited || sim_open() != 0 || !c) return NULL;
+    if (c < &g_cis[0][0] || c > &g_cis[SIM_MAX_DEV - 1][SIM_MIG_MAX_GI - 1] || (unsigned)c->dev >= sim->ndev) return NULL;
+    struct sim_mig_gi *gi = &sim->mig[c->dev].gi[c->slot];
+    return gi->in_use && gi->ci_in_use ? gi : NULL;
+}
+static struct sim_mig_gi *mig_of(nvmlDevice_t d)
+{
+    if (!g_inited || sim_open() != 0 || !d) return NULL;
+    if (d < &g_migs[0][0] || d > &g_migs[SIM_MAX_DEV - 1][SIM_MIG_MAX_GI - 1] || (unsigned)d->index >= sim->ndev) return NULL;
+    struct sim_mig_gi *gi = &sim->mig[d->index].gi[d->mig];
+    return gi->in_use && gi->ci_in_use ? gi : NULL;
+}
+
+static const struct sim_mig_profile *by_nvml_profile(int dev, unsigned profile)
+{
+    unsigned n;
+    const struct sim_mig_profile *t = sim_mig_table(sim->mig[dev].table, &n);
+    for (unsigned i = 0; i < n; i++)
+        if (t[i].nvml_profile == profile) return &t[i];
+    return NULL;
+}
+static const struct sim_mig_profile *by_id(int dev, unsigned id, unsigned *index)
+{
+    unsigned n;
+    const struct sim_mig_profile *t = sim_mig_table(sim->mig[dev].table, &n);
+    for (unsigned i = 0; i < n; i++)
+        if (t[i].id == id) {
+            if (index) *index = i;
+            return &t[i];
+        }
+    return NULL;
+}
+
+static int mig_handle_uuid(nvmlDevice_t d, char *out, unsigned len)
+{
+    struct sim_mig_gi *gi = mig_of(d);
+    if (!gi) return -1;
+    sim_mig_uuid(d->index, gi->serial, out, len);
+    return 0;
+}
+static int mig_handle_memory(nvmlDevice_t d, nvmlMemory_t *m)
+{
+    struct sim_mig_gi *gi = mig_of(d);
+    if (!gi) return -1;
+    m->total = sim_mig_profile_of(d->index, gi)->memory_mib << 20;
+    m->used = __atomic_load_n(&gi->used, __ATOMIC_RELAXED);
+    m->free = m->used < m->total ? m->total - m->used : 0;
+    return 0;
+}
+static nvmlReturn_t nvml_mig_by_uuid(const char *uuid, nvmlDevice_t *d)
+{
+    char s[96];
+    for (unsigned i = 0; uuid && i < sim->ndev; i++)
+        for (int g = 0; g < SIM_MIG_MAX_GI; g++) {
+            struct sim_mig_gi *gi = &sim->mig[i].gi[g];
+            if (!gi->in_use || !gi->ci_in_use) continue;
+            sim_mig_uuid((int)i, gi->serial, s, sizeof s);
+            if (strcmp(s, uuid) == 0) {
+                g_migs[i][g] = (struct nvmlDevice_st){(int)i, g};
+                *d = &g_migs[i][g];
+                return NVML_SUCCESS;
+            }
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+SIM_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending)
+{
+    DEV(d);
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = *pending = sim->mig[d->index].mode;
+    return NVML_SUCCESS;
+}
+
+static void fill_profile(const struct sim_mig_profile *p, nvmlGpuInstanceProfileInfo_t *i)
+{
+    *i = (nvmlGpuInstanceProfileInfo_t){p->id, 0, p->compute_slices, p->instances, p->sms, p->copy_engines,
+                                        p->decoders, p->encoders, p->jpegs, p->ofas, p->memory_mib};
+}
+SIM_API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned int profile, nvmlGpuInstanceProfileInfo_t *info)
+{
+    MIG_ON(d);
+    if (!info || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct sim_mig_profile *p = by_nvml_profile(d->index, profile);
+    if (!p) return NVML_ERROR_NOT_SUPPORTED;
+    fill_profile(p, info);
+    return NVML_SUCCESS;
+}
+static nvmlReturn_t profile_v2(const struct sim_mig_profile *p, nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    if (!p) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlGpuInstanceProfileInfo_t v1;
+    fill_profile(p, &v1);
+    memcpy(&info->id, &v1, offsetof(nvmlGpuInstanceProfileInfo_t, memorySizeMB)); /* the ten counts */
+    info->memorySizeMB = v1.memorySizeMB;
+    snprintf(info->name, sizeof info->name, "%s", p->name);
+    return NVML_SUCCESS;
+}
+SIM_API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigned int profile, nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    MIG_ON(d);
+    if (!info || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    return profile_v2(by_nvml_profile(d->index, profile), info);
+}
+SIM_API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoByIdV(nvmlDevice_t d, unsigned int id, nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    MIG_ON(d);
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    return profile_v2(by_id(d->index, id, NULL), info);
+}
+
+/* every placement of the profile, whether taken or not (as NVML's call documents) */
+SIM_API nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d, unsigned int id,
+                                                                   nvmlGpuInstancePlacement_t *out, unsigned int *count)
+{
+    MIG_ON(d);
+    const struct sim_mig_profile *p = by_id(d->index, id, NULL);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!p) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned n = (unsigned)__builtin_popcount(p->starts);
+    if (!out) {
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned k = 0;
+    for (unsigned s = 0; s < SIM_MIG_SLICES; s++)
+        if (p->starts & (1u << s)) out[k++] = (nvmlGpuInstancePlacement_t){s, p->size};
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+/* under sim->lock: whether the profile at `start` fits beside the GPU's instances */
+static nvmlReturn_t fits_locked(int dev, const struct sim_mig_profile *p, unsigned start)
+{
+    unsigned made = 0;
+    for (int g = 0; g < SIM_MIG_MAX_GI; g++) {
+        struct sim_mig_gi *gi = &sim->mig[dev].gi[g];
+        if (!gi->in_use) continue;
+        const struct sim_mig_profile *q = sim_mig_profile_of(dev, gi);
+        if (q == p) made++;
+        if (start < gi->start + q->size && gi->start < start + p->size) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    return made < p->instances ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_RESOURCES;
+}
+
+SIM_API nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t d, unsigned int id, unsigned int *count)
+{
+    MIG_ON(d);
+    const struct sim_mig_profile *p = by_id(d->index, id, NULL);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!p) return NVML_ERROR_NOT_SUPPORTED;
+    /* greedily, lowest placements first, as NVML counts them */
+    sim_robust_lock(&sim->lock.m);
+    unsigned n = 0, taken = 0;
+    for (unsigned s = 0; s < SIM_MIG_SLICES; s++) {
+        if (!(p->starts & (1u << s)) || fits_locked(d->index, p, s) != NVML_SUCCESS) continue;
+        unsigned span = ((1u << p->size) - 1u) << s;
+        if (taken & span) continue;
+        taken |= span;
+        n++;
+    }
+    unsigned made = 0;
+    for (int g = 0; g < SIM_MIG_MAX_GI; g++)
+        made += sim->mig[d->index].gi[g].in_use && sim_mig_profile_of(d->index, &sim->mig[d->index].gi[g]) == p;
+    pthread_mutex_unlock(&sim->lock.m);
+    *count = n < p->instances - made ? n : p->instances - made;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t create_gi(nvmlDevice_t d, unsigned id, const nvmlGpuInstancePlacement_t *want, nvmlGpuInstance_t *out)
+{
+    unsigned index;
+    const struct sim_mig_profile *p = by_id(d->index, id, &index);
+    if (!p) return NVML_ERROR_NOT_SUPPORTED;
+    if (want && (want->start >= SIM_MIG_SLICES || !(p->starts & (1u << want->start)) || want->size != p->size))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct sim_mig *m = &sim->mig[d->index];
+    sim_robust_lock(&sim->lock.m);
+    nvmlReturn_t rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned start = 0;
+    for (unsigned s = 0; s < SIM_MIG_SLICES && rc != NVML_SUCCESS; s++) {
+        if (want ? s != want->start : !(p->starts & (1u << s))) continue;
+        rc = fits_locked(d->index, p, s);
+        start = s;
+    }
+    int slot = -1;
+    for (int g = 0; rc == NVML_SUCCESS && g < SIM_MIG_MAX_GI && slot < 0; g++)
+        if (!m->gi[g].in_use) slot = g;
+    if (rc == NVML_SUCCESS && slot < 0) rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (rc == NVML_SUCCESS) {
+        unsigned id_taken = 0;
+        for (int g = 0; g < SIM_MIG_MAX_GI; g++)
+            if (m->gi[g].in_use) id_taken |= 1u << m->gi[g].id;
+        unsigned gi_id = 1;
+        while (id_taken & (1u << gi_id)) gi_id++;
+        m->gi[slot] = (struct sim_mig_gi){.in_use = 1, .id = gi_id, .profile = index, .start = start,
+                                          .serial = ++m->serial};
+        g_gis[d->index][slot] = (struct nvmlGpuInstance_st){d->index, slot};
+        *out = &g_gis[d->index][slot];
+    }
+    pthread_mutex_unlock(&sim->lock.m);
+    return rc;
+}
+SIM_API nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t d, unsigned int id,
+                                                              const nvmlGpuInstancePlacement_t *placement,
+                                                              nvmlGpuInstance_t *gi)
+{
+    MIG_ON(d);
+    if (!placement || !gi) return NVML_ERROR_INVALID_ARGUMENT;
+    return create_gi(d, id, placement, gi);
+}
+SIM_API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *gi)
+{
+    MIG_ON(d);
+    if (!gi) return NVML_ERROR_INVALID_ARGUMENT;
+    return create_gi(d, id, NULL, gi);
+}
+
+SIM_API nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t g)
+{
+    struct sim_mig_gi *gi = gi_of(g);
+    if (!gi) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_robust_lock(&sim->lock.m);
+    nvmlReturn_t rc = gi->ci_in_use ? NVML_ERROR_IN_USE : NVML_SUCCESS;
+    if (rc == NVML_SUCCESS) memset(gi, 0, sizeof *gi);
+    pthread_mutex_unlock(&sim->lock.m);
+    return rc;
+}
+
+SIM_API nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *out, unsigned int *count)
+{
+    MIG_ON(d);
+    if (!out || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!by_id(d->index, id, NULL)) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned n = 0;
+    for (int g = 0; g < SIM_MIG_MAX_GI; g++) {
+        struct sim_mig_gi *gi = &sim->mig[d->index].gi[g];
+        if (!gi->in_use || sim_mig_profile_of(d->index, gi)->id != id) continue;
+        g_gis[d->index][g] = (struct nvmlGpuInstance_st){d->index, g};
+        out[n++] = &g_gis[d->index][g];
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+SIM_API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, nvmlGpuInstance_t *out)
+{
+    MIG_ON(d);
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int g = 0; g < SIM_MIG_MAX_GI; g++) {
+        struct sim_mig_gi *gi = &sim->mig[d->index].gi[g];
+        if (gi->in_use && gi->id == id) {
+            g_gis[d->index][g] = (struct nvmlGpuInstance_st){d->index, g};
+            *out = &g_gis[d->index][g];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+SIM_API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t g, nvmlGpuInstanceInfo_t *info)
+{
+    struct sim_mig_gi *gi = gi_of(g);
+    if (!gi || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct sim_mig_profile *p = sim_mig_profile_of(g->dev, gi);
+    *info = (nvmlGpuInstanceInfo_t){&g_devs[g->dev], gi->id, p->id, {gi->start, p->size}};
+    return NVML_SUCCESS;
+}
+
+/* Compute instances: the one profile that spans the whole GPU instance
+ * (NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE = 0..4, its ID equal to its index) */
+static int ci_profile_for(unsigned compute_slices)
+{
+    static const unsigned slices[] = {1, 2, 3, 4, 7};
+    for (int i = 0; i < 5; i++)
+        if (slices[i] == compute_slices) return i;
+    return -1;
+}
+static nvmlReturn_t ci_profile_info(nvmlGpuInstance_t g, unsigned profile, nvmlComputeInstanceProfileInfo_t *info)
+{
+    struct sim_mig_gi *gi = gi_of(g);
+    if (!gi || !info || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct sim_mig_profile *p = sim_mig_profile_of(g->dev, gi);
+    if ((int)profile != ci_profile_for(p->compute_slices)) return NVML_ERROR_NOT_SUPPORTED;
+    *info = (nvmlComputeInstanceProfileInfo_t){profile, p->compute_slices, 1, p->sms, p->copy_engines,
+                                               p->decoders, p->encoders, p->jpegs, p->ofas};
+    return NVML_SUCCESS;
+}
+SIM_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t g, unsigned int profile,
+                                                                 unsigned int engines,
+                                                                 nvmlComputeInstanceProfileInfo_t *info)
+{
+    if (engines != 0) return NVML_ERROR_INVALID_ARGUMENT; /* NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED only */
+    return ci_profile_info(g, profile, info);
+}
+SIM_API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t g, unsigned int profile,
+                                                                  unsigned int engines,
+                                                                  nvmlComputeInstanceProfileInfo_v2_t *info)
+{
+    if (engines != 0 || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlComputeInstanceProfileInfo_t v1;
+    nvmlReturn_t rc = ci_profile_info(g, profile, &v1);
+    if (rc != NVML_SUCCESS) return rc;
+    unsigned version = info->version;
+    memcpy(&info->id, &v1, sizeof v1);
+    info->version = version;
+    snprintf(info->name, sizeof info->name, "MIG %uc.%s", v1.sliceCount,
+             sim_mig_profile_of(g->dev, gi_of(g))->name + 4);
+    return NVML_SUCCESS;
+}
+
+SIM_API nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t g, unsigned int profile,
+                                                         nvmlComputeInstance_t *out)
+{
+    struct sim_mig_gi *gi = gi_of(g);
+    if (!gi || !out || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((int)profile != ci_profile_for(sim_mig_profile_of(g->dev, gi)->compute_slices))
+        return NVML_ERROR_NOT_SUPPORTED;
+    sim_robust_lock(&sim->lock.m);
+    nvmlReturn_t rc = gi->ci_in_use ? NVML_ERROR_INSUFFICIENT_RESOURCES : NVML_SUCCESS;
+    if (rc == NVML_SUCCESS) {
+        gi->ci_in_use = 1;
+        gi->ci_id = 0;
+        gi->used = 0;
+        g_cis[g->dev][g->slot] = (struct nvmlComputeInstance_st){g->dev, g->slot};
+        *out = &g_cis[g->dev][g->slot];
+    }
+    pthread_mutex_unlock(&sim->lock.m);
+    return rc;
+}
+
+SIM_API nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t g, unsigned int profile,
+                                                       nvmlComputeInstance_t *out, unsigned int *count)
+{
+    struct sim_mig_gi *gi = gi_of(g);
+    if (!gi || !out || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    if (gi->ci_in_use && (int)profile == ci_profile_for(sim_mig_profile_of(g->dev, gi)->compute_slices)) {
+        g_cis[g->dev][g->slot] = (struct nvmlComputeInstance_st){g->dev, g->slot};
+        out[0] = &g_cis[g->dev][g->slot];
+        *count = 1;
+    }
+    return NVML_SUCCESS;
+}
+
+/* a compute instance whose processes still hold memory is in use */
+SIM_API nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t c)
+{
+    struct sim_mig_gi *gi = ci_of(c);
+    if (!gi) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_reap();
+    sim_robust_lock(&sim->lock.m);
+    nvmlReturn_t rc = __atomic_load_n(&gi->used, __ATOMIC_RELAXED) ? NVML_ERROR_IN_USE : NVML_SUCCESS;
+    if (rc == NVML_SUCCESS) gi->ci_in_use = 0;
+    pthread_mutex_unlock(&sim->lock.m);
+    return rc;
+}
+
+SIM_API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t c, nvmlComputeInstanceInfo_t *info)
+{
+    struct sim_mig_gi *gi = ci_of(c);
+    if (!gi || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct sim_mig_profile *p = sim_mig_profile_of(c->dev, gi);
+    *info = (nvmlComputeInstanceInfo_t){&g_devs[c->dev], &g_gis[c->dev][c->slot], gi->ci_id,
+                                        (unsigned)ci_profile_for(p->compute_slices), {0, p->compute_slices}};
+    g_gis[c->dev][c->slot] = (struct nvmlGpuInstance_st){c->dev, c->slot};
+    return NVML_SUCCESS;
+}
+
+SIM_API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count)
+{
+    DEV(d);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = sim->mig[d->index].mode ? 7 : 0;
+    return NVML_SUCCESS;
+}
+
+/* the index-th MIG device (a GPU instance with its compute instance) */
+SIM_API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *out)
+{
+    MIG_ON(d);
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned k = 0;
+    for (int g = 0; g < SIM_MIG_MAX_GI; g++) {
+        struct sim_mig_gi *gi = &sim->mig[d->index].gi[g];
+        if (!gi->in_use || !gi->ci_in_use || k++ != index) continue;
+        g_migs[d->index][g] = (struct nvmlDevice_st){d->index, g};
+        *out = &g_migs[d->index][g];
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+SIM_API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig)
+{
+    if (!is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (mig_of(d)) {
+        *is_mig = 1;
+        return NVML_SUCCESS;
+    }
+    DEV(d);
+    *is_mig = 0;
+    return NVML_SUCCESS;
+}
+SIM_API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id)
+{
+    struct sim_mig_gi *gi = mig_of(d);
+    if (!gi || !id) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = gi->id;
+    return NVML_SUCCESS;
+}
+SIM_API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id)
+{
+    struct sim_mig_gi *gi = mig_of(d);
+    if (!gi || !id) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = gi->ci_id;
+    return NVML_SUCCESS;
+}
+SIM_API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDevice_t *parent)
+{
+    if (!mig_of(d) || !parent) return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = &g_devs[d->index];
+    return NVML_SUCCESS;
 }

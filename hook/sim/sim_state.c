@@ -60,7 +60,10 @@ static void reap_locked(void)
     for (int i = 0; i < SIM_MAX_PROC; i++) {
         struct sim_proc *p = &sim->proc[i];
         if (!p->in_use || p == sim_me || gs_live_held(g_lock_fd, proc_offset(i))) continue;
-        for (int d = 0; d < SIM_MAX_DEV; d++) __atomic_sub_fetch(&sim->dev[d].used, p->used[d], __ATOMIC_RELAXED);
+        for (int d = 0; d < SIM_MAX_DEV; d++) {
+            __atomic_sub_fetch(&sim->dev[d].used, p->used[d], __ATOMIC_RELAXED);
+            if (p->mig_slot1 && p->used[d]) __atomic_sub_fetch(&sim->mig[d].gi[p->mig_slot1 - 1].used, p->used[d], __ATOMIC_RELAXED);
+        }
         memset(p, 0, sizeof *p);
     }
 }
@@ -115,6 +118,7 @@ static void init_state(void *p, int empty)
         sim_sched_init(&s->dev[d].sched);
     }
     gs_robust_mutex_init(&s->lock.m);
+    sim_mig_init(s->mig);
     __atomic_store_n(&s->magic, SIM_MAGIC, __ATOMIC_RELEASE);
 }
 
@@ -221,9 +225,14 @@ void sim_uuid_bytes(int dev, unsigned char out[16])
 {
     char s[96];
     sim_uuid_string(dev, s, sizeof s);
+    sim_uuid_parse(s, out);
+}
+
+void sim_uuid_parse(const char *s, unsigned char out[16])
+{
     memset(out, 0, 16);
     int n = 0;
-    const char *p = strncmp(s, "GPU-", 4) == 0 ? s + 4 : s;
+    const char *p = strncmp(s, "GPU-", 4) == 0 || strncmp(s, "MIG-", 4) == 0 ? s + 4 : s;
     for (; *p && n < 32; p++) {
         int v;
         if (*p >= '0' && *p <= '9') v = *p - '0';
@@ -256,12 +265,39 @@ int sim_ctx_claim(int dev)
     return ok ? 0 : -1;
 }
 
+/* A process in a MIG device has the instance's memory: booked there first (sim_mig.h) */
+static int mig_reserve(int dev, uint64_t size)
+{
+    int mdev, slot;
+    if (sim_mig_visible(&mdev, &slot) != 0 || mdev != dev) return 0;
+    struct sim_mig_gi *gi = &sim->mig[dev].gi[slot];
+    const struct sim_mig_profile *p = sim_mig_profile_of(dev, gi);
+    uint64_t total = p ? p->memory_mib << 20 : 0;
+    uint64_t old = __atomic_load_n(&gi->used, __ATOMIC_RELAXED);
+    do {
+        if (old > total || size > total - old) return -1;
+    } while (!__atomic_compare_exchange_n(&gi->used, &old, old + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    __atomic_store_n(&sim_me->mig_slot1, (uint32_t)slot + 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+static void mig_unreserve(int dev, uint64_t size)
+{
+    uint32_t slot1 = __atomic_load_n(&sim_me->mig_slot1, __ATOMIC_RELAXED);
+    if (slot1) __atomic_sub_fetch(&sim->mig[dev].gi[slot1 - 1].used, size, __ATOMIC_RELAXED);
+}
+
 int sim_mem_reserve(int dev, uint64_t size)
 {
+    int in_mig = mig_reserve(dev, size);
+    if (in_mig < 0) return -1;
     struct sim_dev *d = &sim->dev[dev];
     uint64_t old = __atomic_load_n(&d->used, __ATOMIC_RELAXED);
     do {
-        if (old > d->total || size > d->total - old) return -1;
+        if (old > d->total || size > d->total - old) {
+            if (in_mig) mig_unreserve(dev, size);
+            return -1;
+        }
     } while (!__atomic_compare_exchange_n(&d->used, &old, old + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     __atomic_add_fetch(&sim_me->used[dev], size, __ATOMIC_RELAXED);
     return 0;
@@ -269,6 +305,7 @@ int sim_mem_reserve(int dev, uint64_t size)
 
 void sim_mem_unreserve(int dev, uint64_t size)
 {
+    mig_unreserve(dev, size);
     __atomic_sub_fetch(&sim->dev[dev].used, size, __ATOMIC_RELAXED);
     __atomic_sub_fetch(&sim_me->used[dev], size, __ATOMIC_RELAXED);
 }

@@ -10,10 +10,11 @@
 
 #include "../src/robust_mutex.h"
 #include "sim_sched.h"
+#include "sim_mig.h"
 
 #define SIM_MAX_DEV 8
 #define SIM_MAX_PROC 256
-#define SIM_MAGIC 0x354d495350475347ULL /* "GSGPSIM5" */
+#define SIM_MAGIC 0x364d495350475347ULL /* "GSGPSIM6" */
 #define SIM_API __attribute__((visibility("default")))
 
 /* compute modes, as NVML's nvmlComputeMode_t and CUDA's CUcomputemode number them */
@@ -39,6 +40,7 @@ struct sim_proc {
     uint64_t mps_server;           /* MPS server it is a client of (sim_mps.h); 0 none */
     uint32_t mps_threads_ppm;      /* its active-thread share, ppm of the SMs */
     uint32_t ctx_devs;             /* devices it holds a context on (bit per device), until it exits */
+    uint32_t mig_slot1, pad_mig;    /* the GPU instance slot + 1 of its MIG device (sim_mig_visible); 0 none */
     struct sim_queue q[SIM_MAX_DEV];
 };
 
@@ -56,6 +58,7 @@ struct sim_state {
     uint32_t proc_hw, pad2;    /* proc[] entries [0, proc_hw) have been used: the scheduler looks no further */
     struct sim_dev dev[SIM_MAX_DEV];
     struct sim_proc proc[SIM_MAX_PROC];
+    struct sim_mig mig[SIM_MAX_DEV];  /* MIG mode and instances (sim_mig.h) */
 };
 
 extern struct sim_state *sim;       /* NULL until sim_open() */
@@ -69,8 +72,9 @@ uint64_t sim_pidns(void);           /* inode of this process's pid namespace, 0 
 uint64_t sim_now_ns(void);
 void sim_sleep_until(uint64_t t);
 void sim_uuid_bytes(int dev, unsigned char out[16]);
+void sim_uuid_parse(const char *uuid, unsigned char out[16]); /* GPU-... or MIG-... */
 void sim_uuid_string(int dev, char *out, unsigned len);
-int sim_mem_reserve(int dev, uint64_t size);  /* 0 ok, -1 out of memory */
+int sim_mem_reserve(int dev, uint64_t size);  /* 0 ok, -1 out of memory (of the process's MIG device, if any) */
 int sim_ctx_claim(int dev);                   /* 0: this process may hold a context on dev; -1 not (compute mode) */
 void sim_mem_unreserve(int dev, uint64_t size);
 void sim_robust_lock(pthread_mutex_t *m);
