@@ -4,7 +4,10 @@ device names, and that sizes shares.
 The controller publishes devices with these names and capacities; the kubelet plugin reads
 an allocation's device names back into (GPU, share) and limits. docs/contract.md fixes the names:
 capacity mode publishes `gpu-<index>` (the whole GPU, shared by consumable capacity);
-partition mode publishes `gpu-<index>-share-<j>`, each 1/N of the GPU; a prepared device's
+partition mode publishes `gpu-<index>-share-<j>`, each 1/N of the GPU; a GPU the operator
+offers as MIG devices publishes one device per MIG profile placement,
+`gpu-<index>-mig-<profile>-<start>` (`<profile>` the profile name with `.` and `+` as `-`:
+`1g-10gb`, `1g-10gb-me`; `<start>` the first memory slice; docs/mig.md); a prepared device's
 CDI device name is `<claimUID>-<device>`, plus `-<shareID>` where the allocation has one.
 """
 
@@ -34,7 +37,7 @@ MEMORY_STEP = 256 * 2**20  # capacity mode's memory step (requestPolicy validRan
 # the parser's bounds, which the builders keep too: a name built here always parses back
 MAX_GPU_INDEX = 999_999
 MAX_SHARE = 9_999
-_DEVICE_NAME = re.compile(r"gpu-(0|[1-9][0-9]{0,5})(?:-share-(0|[1-9][0-9]{0,3}))?")  # fullmatch only
+_DEVICE_NAME = re.compile(r"gpu-(0|[1-9][0-9]{0,5})(?:-share-(0|[1-9][0-9]{0,3})|-mig-([0-9a-z][0-9a-z-]{0,30}[0-9a-z])-([0-7]))?")  # fullmatch only
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,18 @@ class DeviceRef:
     """A published device name, parsed."""
 
     gpu_index: int
-    share: int | None  # None: the whole GPU (capacity mode)
+    share: int | None  # None: the whole GPU (capacity mode) or a MIG device
+    mig_profile: str | None = None  # a MIG device: its profile as the name spells it ("1g-10gb-me")
+    mig_start: int | None = None  # and its placement's first memory slice
+
+
+def mig_slug(profile: str) -> str:
+    """A MIG profile name as device names spell it: 1g.10gb+me -> 1g-10gb-me."""
+    return profile.replace(".", "-").replace("+", "-")
+
+
+def mig_device(index: int, profile: str, start: int) -> str:
+    return f"gpu-{_in_range('GPU index', index, MAX_GPU_INDEX)}-mig-{mig_slug(profile)}-{_in_range('start', start, 7)}"
 
 
 def _in_range(what: str, value: int, most: int) -> int:
@@ -65,11 +79,13 @@ def cdi_device_name(claim_uid: str, device: str, share_id: str | None = None) ->
 
 
 def parse_device_name(name: object) -> DeviceRef | None:
-    """`gpu-3` -> (3, None); `gpu-3-share-1` -> (3, 1); anything else (any non-string) -> None."""
+    """`gpu-3` -> (3, None); `gpu-3-share-1` -> (3, 1); `gpu-3-mig-3g-40gb-4` -> (3, None, "3g-40gb", 4);
+    anything else (any non-string) -> None."""
     m = _DEVICE_NAME.fullmatch(name) if isinstance(name, str) else None
     if not m:
         return None
-    return DeviceRef(int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None)
+    return DeviceRef(int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None,
+                     m.group(3), int(m.group(4)) if m.group(4) is not None else None)
 
 
 def share_memory(gpu: GpuInfo, partitions: int) -> int:

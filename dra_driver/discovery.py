@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import yaml
 
 from .flags import FlagError, StartupError
+from .mig import MigError, MigProfile, read_profiles
 from .quantity import QuantityError, format_bytes, parse_bytes
 
 # Identity of simulated GPUs; must stay equal to the defaults of hook/sim (docs/interfaces.md).
@@ -79,6 +80,8 @@ class GpuInfo:
     sm_count: int = 0  # streaming multiprocessors; 0 when NVML cannot tell (MPS claims are then paced)
     healthy: bool = True
     health_reason: str = ""  # why it is unhealthy, for taints and logs
+    mig_mode: bool = False  # MIG mode enabled (by the operator; the driver never switches it)
+    mig_profiles: tuple[MigProfile, ...] = ()  # in MIG mode: its GPU-instance profiles (docs/mig.md)
 
 
 class DeviceBackend(Protocol):
@@ -164,7 +167,9 @@ _MOCK_YAML_FIELDS = {
     "pcieRoot": "pcie_root",
     "healthy": "healthy",
     "healthReason": "health_reason",
+    "migMode": "mig_mode",
 }
+_MOCK_BOOL_FIELDS = ("healthy", "mig_mode")
 
 
 class MockBackend:
@@ -172,6 +177,10 @@ class MockBackend:
 
     A YAML file is read again on every `discover()`, so a test (or an operator on a
     mock cluster) can make a GPU disappear or turn unhealthy by editing the file.
+
+    A GPU with `migMode: true` is in MIG mode on the simulated driver too (SimDriver passes
+    GPUSHARE_SIM_MIG); its profiles come from the simulated NVML once the plugin sets `mig_nvml`
+    (pynvml on hook/sim's libnvidia-ml.so.1), the same calls as on a real GPU.
     """
 
     name = "mock"
@@ -180,12 +189,23 @@ class MockBackend:
         if not spec or not spec.strip():
             raise DiscoveryError(f"--mock-gpus: empty ({SHORTHAND_ACCEPTED})")
         self.spec = spec.strip()
+        self.mig_nvml: Any = None
         self.discover()  # fail at start-up, not at the first reconcile
 
     def discover(self) -> list[GpuInfo]:
         if _COUNT_X_MEMORY.fullmatch(self.spec.split(",")[0]):
             return self._from_shorthand(self.spec)
-        return self._from_yaml(Path(self.spec))
+        gpus = self._from_yaml(Path(self.spec))
+        if self.mig_nvml is None:
+            return gpus
+        return [replace(g, mig_profiles=self._mig_profiles(g)) if g.mig_mode and g.healthy else g for g in gpus]
+
+    def _mig_profiles(self, gpu: GpuInfo) -> tuple[MigProfile, ...]:
+        nvml = self.mig_nvml
+        try:
+            return read_profiles(nvml, nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)) or ()
+        except (nvml.NVMLError, MigError) as e:
+            raise DiscoveryError(f"simulated NVML: the MIG profiles of GPU {gpu.index} ({gpu.uuid}): {e}") from None
 
     @staticmethod
     def _from_shorthand(spec: str) -> list[GpuInfo]:
@@ -238,7 +258,7 @@ class MockBackend:
             overrides = {}
             for key, attr in _MOCK_YAML_FIELDS.items():
                 if key in entry:
-                    want = bool if attr == "healthy" else str
+                    want = bool if attr in _MOCK_BOOL_FIELDS else str
                     if not isinstance(entry[key], want):
                         raise DiscoveryError(f"{where}.{key}: expected {want.__name__}, got {entry[key]!r}")
                     overrides[attr] = entry[key]
@@ -268,6 +288,8 @@ def mock_entry(gpu: GpuInfo) -> dict[str, object]:
     entry.update({key: getattr(gpu, attr) for key, attr in _MOCK_YAML_FIELDS.items()})
     if not entry["healthReason"]:
         del entry["healthReason"]
+    if not entry["migMode"]:
+        del entry["migMode"]
     return entry
 
 
@@ -362,11 +384,22 @@ class NvmlBackend:
                 pci_bus_id=bus_id,
                 pcie_root=pcie_root(bus_id, self._sysfs),
                 sm_count=self._sm_count(handle, f"{major}.{minor_cc}"),
+                **self._mig(handle),
             )
         except nvml.NVMLError as e:
             return GpuInfo(index, uuid, index, "unknown", 0, "unknown", "0.0", driver, cuda_version,
                            healthy=False, health_reason=f"NVML query of GPU {index} ({uuid}) failed: {e}")
 
+
+    def _mig(self, handle: Any) -> dict[str, Any]:
+        """MIG mode and profiles, read only (docs/mig.md): a GPU whose MIG query fails is in MIG mode
+        with no profiles, so it is offered neither as MIG devices nor whole (CUDA cannot use a GPU
+        in MIG mode outside its instances)."""
+        try:
+            profiles = read_profiles(self._nvml, handle)
+        except MigError:
+            return {"mig_mode": True}
+        return {} if profiles is None else {"mig_mode": True, "mig_profiles": profiles}
 
     def _sm_count(self, handle: Any, compute_capability: str) -> int:
         """The GPU's SMs: NVML's CUDA cores over the cores per SM of its compute capability; 0

@@ -83,8 +83,11 @@ def read_profiles(nvml: Any, handle: Any) -> tuple[MigProfile, ...] | None:
     """The GPU's profiles with their placements; None when its MIG mode is not enabled (or the
     GPU has no MIG: NVML says not supported). A pending change counts as not enabled: the mode
     applies only after the GPU's reset, which is the operator's to do."""
+    mig_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
+    if mig_mode is None:  # bindings older than MIG (R450)
+        return None
     try:
-        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        current, _pending = mig_mode(handle)
     except nvml.NVMLError as e:
         if _code(e) == NVML_ERROR_NOT_SUPPORTED:
             return None
@@ -228,3 +231,48 @@ class MigInstances:
         except self.nvml.NVMLError as e:
             raise MigError(f"destroying GPU instance {gi_id if gi_id is not None else '(new)'} on {gpu_uuid}: {e}",
                            _code(e)) from None
+
+
+# ---- the operator's choice: which GPUs are offered as MIG devices ---------------------------
+
+MIG_GPUS_ACCEPTED = "none, all, or GPU indexes like 0,2"
+
+
+class GpuSet:
+    """`--mig-gpus`: `none`, `all`, or GPU indexes (`0,2`)."""
+
+    def __init__(self, indexes: frozenset[int] | None = frozenset()) -> None:
+        self.indexes = indexes  # None: all
+
+    @classmethod
+    def parse(cls, text: str, flag: str = "--mig-gpus") -> GpuSet:
+        text = text.strip()
+        if text in ("", "none"):
+            return cls(frozenset())
+        if text == "all":
+            return cls(None)
+        try:
+            indexes = frozenset(int(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(f"{flag}: {text!r}: expected {MIG_GPUS_ACCEPTED}") from None
+        if any(i < 0 for i in indexes):
+            raise ValueError(f"{flag}: {text!r}: GPU indexes are 0 or more")
+        return cls(indexes)
+
+    def __contains__(self, index: object) -> bool:
+        return self.indexes is None or index in self.indexes
+
+    def __bool__(self) -> bool:
+        return self.indexes is None or bool(self.indexes)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GpuSet) and self.indexes == other.indexes
+
+    def __hash__(self) -> int:
+        return hash(self.indexes)
+
+    def __repr__(self) -> str:
+        return "all" if self.indexes is None else ",".join(map(str, sorted(self.indexes))) or "none"
+
+
+NO_MIG = GpuSet()

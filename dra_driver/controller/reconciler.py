@@ -24,6 +24,7 @@ from kubernetes import client, watch
 
 from .. import devicemodel
 from ..config.strategies import GpuStrategies
+from ..mig import NO_MIG, GpuSet
 from ..discovery import DeviceBackend, DiscoveryError, GpuInfo
 from ..kube import JSON, api_deadline, api_error, json_body, no_request_retries, plain, warning_event
 from ..log import get_logger
@@ -140,7 +141,7 @@ class SliceController:
     def __init__(self, api_client: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  sharing_mode: str = "auto", partitions: int = 8, gpu_poll_interval: float = 5.0,
                  *, taint_effect: str = slices.TAINT_EFFECT, device_order: str = devicemodel.BINPACK,
-                 strategies: GpuStrategies | None = None):
+                 strategies: GpuStrategies | None = None, mig_gpus: GpuSet = NO_MIG):
         if sharing_mode not in MODES:
             raise ValueError(f"sharing_mode: {sharing_mode!r} is not one of {', '.join(MODES)}")
         if device_order not in devicemodel.DEVICE_ORDERS:
@@ -152,6 +153,7 @@ class SliceController:
         self.taint_effect = taint_effect  # of an unhealthy GPU's devices: NoSchedule or NoExecute
         self.device_order = device_order  # binpack or spread: the order the scheduler tries devices in
         self.strategies = strategies or GpuStrategies()  # what each GPU serves (its sharingStrategy attribute)
+        self.mig_gpus = mig_gpus  # GPUs offered as MIG devices when in MIG mode (docs/mig.md)
         no_request_retries(api_client)  # the loop retries with backoff; api_deadline bounds each pass
         self._api = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
@@ -281,7 +283,7 @@ class SliceController:
         """The slices this node should have now (generation 0; the pass sets the real one)."""
         mode = self.mode
         devices = slices.desired_devices(self._gpus or [], mode, self.partitions, bool(self._taints_kept),
-                                         self.taint_effect, self.device_order, self.strategies)
+                                         self.taint_effect, self.device_order, self.strategies, self.mig_gpus)
         if mode == devicemodel.CAPACITY and not self._capacity_kept:
             # Capacity mode forced on a server without the gate: publish what it will store,
             # or every comparison would differ and we would rewrite forever.
@@ -289,7 +291,8 @@ class SliceController:
                 d.pop("allowMultipleAllocations", None)
                 for c in d["capacity"].values():
                     c.pop("requestPolicy", None)
-        return slices.desired_slices(self.node, self.driver, devices, self._node_uid)
+        return slices.desired_slices(self.node, self.driver, devices, self._node_uid,
+                                     slices.mig_counter_sets(self._gpus or [], self.mig_gpus))
 
     def _reconcile(self) -> None:
         if not self._node_checked:
@@ -311,7 +314,7 @@ class SliceController:
         by_name = {s["metadata"]["name"]: s for s in actual}
         wanted = {s["metadata"]["name"] for s in desired}
         self.log.info("publishing slices", generation=generation, slices=len(desired),
-                      devices=sum(len(s["spec"]["devices"]) for s in desired), mode=self.mode)
+                      devices=sum(len(s["spec"].get("devices") or []) for s in desired), mode=self.mode)
         for want in desired:
             body = slices.with_generation(want, generation)
             name = body["metadata"]["name"]

@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import re
 from decimal import Decimal
+from typing import Any
 
 from .. import devicemodel
 from ..config.strategies import STRATEGY_ATTRIBUTE, GpuStrategies
 from ..devicemodel import BINPACK, CAPACITY, DEVICE_ORDERS, FULL_COMPUTE, MEMORY_STEP, PARTITION, SPREAD
 from ..discovery import GpuInfo
 from ..kube import JSON
+from ..mig import NO_MIG, GpuSet, MigProfile
 from ..quantity import QuantityError, format_bytes, parse_decimal
 
 API_VERSION = "resource.k8s.io/v1"
@@ -127,6 +129,80 @@ def _share_devices(gpu: GpuInfo, partitions: int, strategy: str) -> list[JSON]:
             for j in range(partitions)]
 
 
+# --- MIG: one device per profile placement, sharing the GPU's counters (KEP 4815; docs/mig.md) ----
+MIG_TYPE = "mig"
+MAX_COUNTER_SETS = 8  # per slice (API validation)
+
+
+def mig_counter_set(gpu: GpuInfo) -> str:
+    return f"gpu-{gpu.index}-mig"
+
+
+def offers_mig(gpu: GpuInfo, mig_gpus: GpuSet) -> bool:
+    """A GPU published as MIG devices: in MIG mode (the operator's) and chosen by --mig-gpus."""
+    return gpu.mig_mode and gpu.index in mig_gpus and bool(gpu.mig_profiles)
+
+
+def _whole_profile(profiles: tuple[MigProfile, ...]) -> MigProfile:
+    return max(profiles, key=lambda p: (p.compute_slices, p.size, p.multiprocessors))
+
+
+def _mig_counters(profile: MigProfile, start: int) -> dict[str, int]:
+    """What one placement takes of its GPU: its memory slices, its compute slices (the first
+    `compute_slices` from its start: NVIDIA's placements never cross), its multiprocessors and engines."""
+    counters = {f"memory-slice-{k}": 1 for k in profile.memory_slices(start)}
+    counters.update({f"compute-slice-{k}": 1 for k in range(start, start + profile.compute_slices)})
+    for name, value in (("multiprocessors", profile.multiprocessors), ("copy-engines", profile.copy_engines),
+                        ("decoders", profile.decoders), ("encoders", profile.encoders),
+                        ("jpeg-engines", profile.jpeg_engines), ("ofa-engines", profile.ofa_engines)):
+        if value:
+            counters[name] = value
+    return counters
+
+
+def mig_counter_sets(gpus: list[GpuInfo], mig_gpus: GpuSet) -> list[JSON]:
+    """Each MIG GPU's counters: every memory and compute slice once, and the whole GPU's
+    multiprocessors and engines (those of its largest profile, which spans it)."""
+    sets = []
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        if not offers_mig(gpu, mig_gpus) or not publishable(gpu):
+            continue
+        whole = _whole_profile(gpu.mig_profiles)
+        total = {**{f"memory-slice-{k}": 1 for k in range(max(p.placements[-1] + p.size for p in gpu.mig_profiles
+                                                              if p.placements))},
+                 **_mig_counters(whole, 0)}
+        sets.append({"name": mig_counter_set(gpu), "counters": {k: {"value": str(v)} for k, v in sorted(total.items())}})
+    return sets
+
+
+def _mig_placements(profile: MigProfile) -> tuple[int, ...]:
+    """The order the scheduler should try a profile's placements in (first fit): small profiles
+    from the top of the GPU down, large ones from the bottom up, so small instances do not split
+    the halves that 3g and 4g instances need."""
+    return tuple(sorted(profile.placements, reverse=profile.size < 4))
+
+
+def _mig_devices(gpu: GpuInfo) -> list[JSON]:
+    common: JSON = {k: v for k, v in _attributes(gpu, "", "").items()
+                    if k not in ("uuid", "sharing", STRATEGY_ATTRIBUTE)}
+    common["type"] = {"string": MIG_TYPE}
+    common["parentUUID"] = {"string": gpu.uuid[:64]}
+    devices = []
+    for profile in sorted(gpu.mig_profiles, key=lambda p: (p.compute_slices, p.memory_bytes, p.name)):
+        for start in _mig_placements(profile):
+            attributes = {**common, "profile": {"string": profile.name},
+                          "placementStart": {"int": start}, "multiprocessors": {"int": profile.multiprocessors}}
+            devices.append({
+                "name": devicemodel.mig_device(gpu.index, profile.name, start),
+                "attributes": attributes,
+                "capacity": {"memory": {"value": format_bytes(profile.memory_bytes)},
+                             "compute": {"value": str(FULL_COMPUTE)}},
+                "consumesCounters": [{"counterSet": mig_counter_set(gpu), "counters": {
+                    k: {"value": str(v)} for k, v in sorted(_mig_counters(profile, start).items())}}],
+            })
+    return devices
+
+
 def publishable(gpu: GpuInfo) -> bool:
     """A GPU we can describe: one whose memory NVML could read (a lost GPU reports 0)."""
     return gpu.memory_bytes >= MIN_PUBLISHABLE_MEMORY
@@ -134,7 +210,7 @@ def publishable(gpu: GpuInfo) -> bool:
 
 def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: bool,
                     effect: str = TAINT_EFFECT, order: str = BINPACK,
-                    strategies: GpuStrategies | None = None) -> list[JSON]:
+                    strategies: GpuStrategies | None = None, mig_gpus: GpuSet = NO_MIG) -> list[JSON]:
     """The devices of a node in the order the scheduler should try them: by GPU index then
     share (binpack), or by share then GPU index (spread; the same as binpack in capacity mode,
     one device per GPU). The scheduler tries a node's devices by slice name, then in slice
@@ -143,6 +219,9 @@ def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: boo
     An unhealthy GPU is published with a taint when the server keeps device taints (NoSchedule:
     new claims avoid it; NoExecute: also evicts the pods using it; the scheduler and operators
     can see why), else left out.
+
+    A GPU in MIG mode is published as its MIG profile placements when --mig-gpus names it, else
+    not at all: CUDA cannot use a GPU in MIG mode outside its instances (docs/mig.md).
     """
     if order not in DEVICE_ORDERS:
         raise ValueError(f"order: {order!r} is not one of {', '.join(DEVICE_ORDERS)}")
@@ -150,25 +229,34 @@ def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: boo
     for gpu in sorted(gpus, key=lambda g: g.index):
         if not publishable(gpu) or (not gpu.healthy and not taints):
             continue
+        if gpu.mig_mode and not offers_mig(gpu, mig_gpus):
+            continue
         strategy = (strategies or GpuStrategies()).of(gpu.index)
-        gpu_devices = ([_capacity_device(gpu, strategy)] if mode == CAPACITY
-                       else _share_devices(gpu, partitions, strategy))
+        if gpu.mig_mode:
+            gpu_devices = _mig_devices(gpu)
+        elif mode == CAPACITY:
+            gpu_devices = [_capacity_device(gpu, strategy)]
+        else:
+            gpu_devices = _share_devices(gpu, partitions, strategy)
         if not gpu.healthy:
             taint = {"key": TAINT_KEY, "value": taint_value(gpu.health_reason), "effect": effect}
             gpu_devices = [{**d, "taints": [taint]} for d in gpu_devices]
         per_gpu.append(gpu_devices)
-    if order == SPREAD:  # share 0 of every GPU, then share 1 of every GPU, ...
-        return [d for shares in zip(*per_gpu, strict=True) for d in shares]
+    if order == SPREAD and mode == PARTITION:  # share 0 of every GPU, then share 1 of every GPU, ...
+        shared = [g for g in per_gpu if not g[0].get("consumesCounters")]
+        spread = [d for shares in zip(*shared, strict=True) for d in shares]
+        return spread + [d for g in per_gpu if g[0].get("consumesCounters") for d in g]
     return [d for gpu_devices in per_gpu for d in gpu_devices]
 
 
 def chunk_devices(devices: list[JSON]) -> list[list[JSON]]:
-    """Devices split into slices of at most 128 (64 when any device has taints).
+    """Devices split into slices of at most 128 (64 when any device has taints or consumes counters).
 
     One limit for the whole pool keeps the split stable and simple; a pool always has at
     least one slice, empty when there are no devices, so consumers see the pool exists.
     """
-    size = MAX_DEVICES_WITH_TAINTS if any(d.get("taints") for d in devices) else MAX_DEVICES
+    size = (MAX_DEVICES_WITH_TAINTS if any(d.get("taints") or d.get("consumesCounters") for d in devices)
+            else MAX_DEVICES)
     return [devices[i:i + size] for i in range(0, len(devices), size)] or [[]]
 
 
@@ -189,12 +277,20 @@ def owner_reference(node: str, node_uid: str) -> JSON:
     return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
 
 
-def desired_slices(node: str, driver: str, devices: list[JSON], node_uid: str | None) -> list[JSON]:
-    """The slices of the pool, generation 0: the reconciler sets the real generation."""
+def desired_slices(node: str, driver: str, devices: list[JSON], node_uid: str | None,
+                   counter_sets: list[JSON] | None = None) -> list[JSON]:
+    """The slices of the pool, generation 0: the reconciler sets the real generation. Counter
+    sets (MIG GPUs) go in slices of their own, `<node>-<driver>-counters-<i>`, as the API wants
+    (a slice holds sharedCounters or devices, not both)."""
     chunks = chunk_devices(devices)
+    sets = counter_sets or []
+    counter_chunks = [sets[i:i + MAX_COUNTER_SETS] for i in range(0, len(sets), MAX_COUNTER_SETS)]
+    count = len(chunks) + len(counter_chunks)
     slices = []
-    for i, chunk in enumerate(chunks):
-        metadata: JSON = {"name": slice_name(node, driver, i)}
+    parts: list[tuple[int | str, str, list[JSON]]] = [(i, "devices", c) for i, c in enumerate(chunks)]
+    parts += [(f"counters-{i}", "sharedCounters", c) for i, c in enumerate(counter_chunks)]
+    for suffix, key, chunk in parts:
+        metadata: JSON = {"name": slice_name(node, driver, suffix)}
         if node_uid:
             metadata["ownerReferences"] = [owner_reference(node, node_uid)]
         slices.append({
@@ -204,8 +300,8 @@ def desired_slices(node: str, driver: str, devices: list[JSON], node_uid: str | 
             "spec": {
                 "driver": driver,
                 "nodeName": node,
-                "pool": {"name": node, "generation": 0, "resourceSliceCount": len(chunks)},
-                "devices": chunk,
+                "pool": {"name": node, "generation": 0, "resourceSliceCount": count},
+                key: chunk,
             },
         })
     return slices
@@ -218,8 +314,10 @@ def with_generation(slice_obj: JSON, generation: int) -> JSON:
 
 # --- comparing what we want with what the server has ------------------------------------
 
-def _canonical_quantities(value: object) -> object:
+def _canonical_quantities(value: Any) -> Any:
     """Quantity strings parsed, so "12.5" equals "12500m" and "16Gi" equals "17179869184"."""
+    if isinstance(value, list):
+        return [_canonical_quantities(v) for v in value]
     if isinstance(value, dict):
         return {k: _canonical_quantities(v) for k, v in value.items()}
     if isinstance(value, str):
@@ -232,8 +330,9 @@ def _canonical_quantities(value: object) -> object:
 
 def _canonical_device(device: JSON) -> JSON:
     device = dict(device)
-    if "capacity" in device:
-        device["capacity"] = _canonical_quantities(device["capacity"])
+    for key in ("capacity", "consumesCounters"):
+        if key in device:
+            device[key] = _canonical_quantities(device[key])
     if device.get("taints"):  # timeAdded is set by the server
         device["taints"] = sorted(({k: v for k, v in t.items() if k != "timeAdded"} for t in device["taints"]),
                                   key=lambda t: (t["key"], t.get("value", ""), t["effect"]))
@@ -255,7 +354,9 @@ def content(slice_obj: JSON) -> JSON:
         "nodeName": spec.get("nodeName"),
         "pool": (pool.get("name"), pool.get("resourceSliceCount")),
         "devices": sorted((_canonical_device(d) for d in spec.get("devices") or []), key=lambda d: d["name"]),
-        "other": sorted(k for k in spec if k not in ("driver", "nodeName", "pool", "devices")),
+        "sharedCounters": sorted((_canonical_quantities(c) for c in spec.get("sharedCounters") or []),
+                                 key=lambda c: str(c.get("name"))),
+        "other": sorted(k for k in spec if k not in ("driver", "nodeName", "pool", "devices", "sharedCounters")),
     }
 
 

@@ -21,6 +21,7 @@ from .devices import (
     Unfit,
     consumed_amount,
     format_quantity,
+    node_counters,
     node_devices,
     qualify,
     to_quantity,
@@ -93,7 +94,8 @@ def _describe(constraint: dict) -> str:
 
 
 class _Search:
-    def __init__(self, requests: list[list[_Choice]], usage: _Usage, constraints: list[dict], incomplete: set):
+    def __init__(self, requests: list[list[_Choice]], usage: _Usage, constraints: list[dict], incomplete: set,
+                 counters: dict | None = None):
         self.requests = requests  # per request, its choices in order of preference
         self.usage = usage
         self.constraints = constraints
@@ -101,6 +103,31 @@ class _Search:
         self.picks: list[_Pick] = []
         self.chosen: list[_Choice] = []
         self.steps = 0
+        self.counters = counters or {}  # (driver, pool, set, counter) -> what is left after other claims
+
+    def _counters_fit(self, device: Device) -> None:
+        """Unfit when the device's counters are not left (partitionable devices, KEP 4815): a device
+        consumes its counters once, however many claims share it."""
+        if not device.consumes or device.key in self.usage.used or any(p.device.key == device.key for p in self.picks):
+            return
+        for (counter_set, name), amount in device.consumes.items():
+            key = (device.driver, device.pool, counter_set, name)
+            if key not in self.counters:
+                continue  # the API server refuses a device naming a counter its pool lacks
+            taken = sum(p.device.consumes.get((counter_set, name), Decimal(0)) for p in self._distinct_picks()
+                        if (p.device.driver, p.device.pool) == (device.driver, device.pool)
+                        and p.device.key not in self.usage.used)
+            if taken + amount > self.counters[key]:
+                raise Unfit(f"counter {counter_set}/{name}: needs {amount}, "
+                            f"{max(self.counters[key] - taken, Decimal(0))} left")
+
+    def _distinct_picks(self) -> list[_Pick]:
+        seen, picks = set(), []
+        for p in self.picks:
+            if p.device.key not in seen:
+                seen.add(p.device.key)
+                picks.append(p)
+        return picks
 
     def run(self) -> bool:
         return self._solve(0)
@@ -111,6 +138,7 @@ class _Search:
         missing = [name for name in requested if name not in device.capacity]
         if missing:
             raise Unfit(f"has no capacity {', '.join(missing)}")
+        self._counters_fit(device)
         if not device.multi:
             if device.key in self.usage.used:
                 raise Unfit("allocated to another claim")
@@ -206,6 +234,14 @@ class _Allocator:
             raise AllocationError(f"node {node_name!r}: unusable ResourceSlice: {e}") from None
         self.classes = {c["metadata"]["name"]: c for c in device_classes}
         self.usage = _Usage(allocated_claims, claim)
+        # what other claims' devices left of the pools' shared counters: each allocated device once
+        self.counters = node_counters(slices, node_name)
+        for device in self.devices:
+            if device.key in self.usage.used:
+                for (counter_set, name), amount in device.consumes.items():
+                    key = (device.driver, device.pool, counter_set, name)
+                    if key in self.counters:
+                        self.counters[key] -= amount
         spec = (claim.get("spec") or {}).get("devices") or {}
         self.constraints = spec.get("constraints") or []
         self.claim_configs = spec.get("config") or []
@@ -246,7 +282,7 @@ class _Allocator:
         return _Choice(name, request, spec, device_class, candidates, tainted, count, capacity_requests)
 
     def allocate(self) -> dict:
-        search = _Search(self.requests, self.usage, self.constraints, self.incomplete)
+        search = _Search(self.requests, self.usage, self.constraints, self.incomplete, self.counters)
         if not search.run():
             meta = self.claim.get("metadata") or {}
             raise AllocationError(f"cannot allocate claim {meta.get('namespace')}/{meta.get('name')} "
@@ -337,7 +373,7 @@ class _Allocator:
             return (f"no device on the node matches device class {choice.spec['deviceClassName']!r}{what} "
                     f"and the request's selectors ({len(self.devices)} devices on the node"
                     f"{self._attribute_values(choice)})")
-        probe = _Search([[choice]], self.usage, [], self.incomplete)
+        probe = _Search([[choice]], self.usage, [], self.incomplete, self.counters)
         unfit = []
         for device in choice.candidates:
             try:
@@ -356,7 +392,7 @@ class _Allocator:
             return (f"needs {choice.count} device(s), only {len(choice.candidates) - len(unfit)} of "
                     f"{len(choice.candidates)} matching device(s) can take it: {shown}")
         scoped = [c for c in self.constraints if _in_scope(c, choice)]
-        if scoped and not _Search([[choice]], self.usage, scoped, self.incomplete).run():
+        if scoped and not _Search([[choice]], self.usage, scoped, self.incomplete, self.counters).run():
             return "no set of devices satisfies " + ", ".join(_describe(c) for c in scoped)
         return None
 

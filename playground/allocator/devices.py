@@ -61,6 +61,8 @@ class Device:
     multi: bool  # allowMultipleAllocations
     taints: list[dict]
     cel_input: object = field(default=None, repr=False)  # built once by the CEL module
+    # partitionable devices (KEP 4815): (counter set, counter) -> what allocating it takes of its pool's counters
+    consumes: dict[tuple[str, str], Decimal] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -77,8 +79,10 @@ class Device:
             qualify(name, driver): Capacity(name, to_quantity(c["value"]), c["value"], c.get("requestPolicy") or {})
             for name, c in (device.get("capacity") or {}).items()
         }
+        consumes = {(c["counterSet"], name): to_quantity(v["value"])
+                    for c in device.get("consumesCounters") or [] for name, v in (c.get("counters") or {}).items()}
         return cls(driver, spec["pool"]["name"], device["name"], attributes, capacity,
-                   bool(device.get("allowMultipleAllocations")), device.get("taints") or [])
+                   bool(device.get("allowMultipleAllocations")), device.get("taints") or [], consumes=consumes)
 
 
 def node_devices(slices: list[dict], node_name: str) -> tuple[list[Device], set[tuple[str, str]]]:
@@ -105,6 +109,19 @@ def node_devices(slices: list[dict], node_name: str) -> tuple[list[Device], set[
     incomplete = {pool for pool, n in seen.items() if n < expected[pool]}
     devices = [Device.from_slice(spec, d) for spec in current for d in spec.get("devices") or []]
     return devices, incomplete
+
+
+def node_counters(slices: list[dict], node_name: str) -> dict[tuple[str, str, str, str], Decimal]:
+    """The node's shared counters (KEP 4815), newest generation of each pool:
+    (driver, pool, counter set, counter) -> its value."""
+    local = [s["spec"] for s in slices if s["spec"].get("nodeName") == node_name]
+    newest: dict[tuple[str, str], int] = {}
+    for spec in local:
+        pool = (spec["driver"], spec["pool"]["name"])
+        newest[pool] = max(newest.get(pool, 0), int(spec["pool"].get("generation", 0)))
+    return {(spec["driver"], spec["pool"]["name"], counter_set["name"], name): to_quantity(c["value"])
+            for spec in local if int(spec["pool"].get("generation", 0)) == newest[(spec["driver"], spec["pool"]["name"])]
+            for counter_set in spec.get("sharedCounters") or [] for name, c in (counter_set.get("counters") or {}).items()}
 
 
 def untolerated_taint(device: Device, tolerations: list[dict]) -> dict | None:

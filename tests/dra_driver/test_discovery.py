@@ -172,7 +172,7 @@ def test_simulated_nvml_and_mock_backend_describe_the_same_gpus(tmp_path):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)
-    assert found == [dataclasses.asdict(g) for g in MockBackend("2x80Gi").discover()]
+    assert found == json.loads(json.dumps([dataclasses.asdict(g) for g in MockBackend("2x80Gi").discover()]))
     assert [(g["brand"], g["pci_bus_id"], g["pcie_root"]) for g in found] == [
         ("Nvidia", "0000:01:00.0", "pci0000:00"), ("Nvidia", "0000:02:00.0", "pci0000:00")]
 
