@@ -37,7 +37,8 @@ MEMORY_STEP = 256 * 2**20  # capacity mode's memory step (requestPolicy validRan
 # the parser's bounds, which the builders keep too: a name built here always parses back
 MAX_GPU_INDEX = 999_999
 MAX_SHARE = 9_999
-_DEVICE_NAME = re.compile(r"gpu-(0|[1-9][0-9]{0,5})(?:-share-(0|[1-9][0-9]{0,3})|-mig-([0-9a-z][0-9a-z-]{0,30}[0-9a-z])-([0-7]))?")  # fullmatch only
+_DEVICE_NAME = re.compile(  # fullmatch only
+    r"gpu-(0|[1-9][0-9]{0,5})(?:-share-(0|[1-9][0-9]{0,3})|-mig-([0-9a-z][0-9a-z-]{0,30}[0-9a-z])-([0-7]))?")
 
 
 @dataclass(frozen=True)

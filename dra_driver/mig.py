@@ -178,7 +178,8 @@ class MigInstances:
         raise MigError(f"no MIG device of GPU instance {gi_id}, compute instance {ci_id}")
 
     def list(self, gpu_uuid: str, profiles: tuple[MigProfile, ...]) -> list[MigInstance]:
-        """The GPU's MIG devices now (GPU instances with a compute instance), whoever made them."""
+        """The GPU's GPU instances now, whoever made them; one without a compute instance (a
+        creation cut short) has ci_id -1 and uuid ""."""
         nvml = self.nvml
         handle = self._gpu(gpu_uuid)
         found = []
@@ -196,6 +197,10 @@ class MigInstances:
                 nvml.nvmlGpuInstanceGetComputeInstances(gi, ci_profile, cis, ctypes.byref(n))
                 if n.value:
                     found.append(self._instance(gpu_uuid, handle, gi, cis[0]))
+                else:
+                    info = nvml.nvmlGpuInstanceGetInfo(gi)
+                    found.append(MigInstance(gpu_uuid, int(info.id), -1, int(info.profileId),
+                                             int(info.placement.start), ""))
         return found
 
     def destroy(self, gpu_uuid: str, gi_id: int) -> bool:

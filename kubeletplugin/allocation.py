@@ -8,6 +8,8 @@ Limits per GPU:
   not the requestPolicy default the scheduler booked (1/8: docs/contract.md, ResourceSlices).
 - partition mode (`gpu-<i>-share-<j>`): k shares of one GPU give k * (memory / N) and
   share_compute(N, k).
+- a MIG device (`gpu-<i>-mig-<profile>-<start>`): a GPU of its own in the container, the
+  instance's memory and all its compute (docs/mig.md); its instance is made by Prepare.
 Then every GpuShareConfig that applies to one of the GPU's requests lowers them (FromClass
 before FromClaim, in order); a config never raises a limit. A config's limits are per GPU.
 The sharing strategy is the last one a config chose (a DeviceClass default, a claim's config
@@ -26,12 +28,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_driver import config as gpuconfig
-from dra_driver.devicemodel import FULL_COMPUTE, parse_device_name, share_compute, share_memory
+from dra_driver.devicemodel import FULL_COMPUTE, mig_slug, parse_device_name, share_compute, share_memory
 from dra_driver.discovery import GpuInfo
+from dra_driver.mig import MigProfile
 from dra_driver.quantity import QuantityError, format_bytes, parse_bytes, show
 
 from .claimref import UID, ClaimError
-from .prepared import PreparedDevice, PreparedGpu
+from .prepared import PreparedDevice, PreparedGpu, PreparedMig
 
 _SOURCE_ORDER = {"FromClass": 0, "FromClaim": 1}
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -56,25 +59,30 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
         raise ClaimError(f"status.allocation.devices.results: no device of driver {driver!r} in pool {pool!r}")
 
     devices: list[PreparedDevice] = []
-    per_gpu: dict[int, _GpuTotal] = {}
+    per_gpu: dict[tuple[int, int], _GpuTotal] = {}  # (GPU index, MIG placement or -1)
     for n, result in ours:
         where = f"status.allocation.devices.results[{n}]"
         name = result.get("device", "")
         ref = parse_device_name(name)
         if ref is None:
-            raise ClaimError(f"{where}.device: not a gpushare device name gpu-<i> or gpu-<i>-share-<j> "
-                             f"(got {show(name)})")
+            raise ClaimError(f"{where}.device: not a gpushare device name gpu-<i>, gpu-<i>-share-<j> or "
+                             f"gpu-<i>-mig-<profile>-<start> (got {show(name)})")
         gpu = gpus.get(ref.gpu_index)
         if gpu is None:
             raise ClaimError(f"{where}.device: no GPU with index {ref.gpu_index} on this node (got {show(name)})")
         share_id = result.get("shareID") or None
         if share_id is not None and not (isinstance(share_id, str) and UID.fullmatch(share_id)):
             raise ClaimError(f"{where}.shareID: not a UID (got {show(share_id)})")
-        entry = per_gpu.setdefault(gpu.index, _GpuTotal())
+        mig = _mig_profile(gpu, ref.mig_profile, ref.mig_start, where, name)
+        entry = per_gpu.setdefault((gpu.index, -1 if ref.mig_start is None else ref.mig_start), _GpuTotal(mig=mig))
         request = result.get("request", "")
         entry.requests.add(request)
-        if ref.share is None:
-            memory, compute = _consumed(result.get("consumedCapacity") or {}, gpu, where)
+        if mig is not None:
+            memory, compute = _consumed(result.get("consumedCapacity") or {}, mig.memory_bytes, where)
+            entry.memory += memory
+            entry.compute += compute
+        elif ref.share is None:
+            memory, compute = _consumed(result.get("consumedCapacity") or {}, gpu.memory_bytes, where)
             if compute == FULL_COMPUTE and not _asks_memory(claim, request, driver):
                 memory = gpu.memory_bytes  # the GPU alone: nobody else can use the rest
             entry.memory += memory
@@ -87,11 +95,12 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
     limits: list[PreparedGpu] = []
     strategies: dict[str, int | None] = {}  # strategy -> the config entry that chose it (None: default)
     priorities: dict[str, int | None] = {}  # priority -> the config entry that chose it (None: default)
-    for index in sorted(per_gpu):
-        gpu, entry = gpus[index], per_gpu[index]
+    for key in sorted(per_gpu):
+        gpu, entry = gpus[key[0]], per_gpu[key]
         memory = entry.memory + entry.shares * share_memory(gpu, partitions)
         compute = entry.compute + (share_compute(partitions, entry.shares) if entry.shares else 0)
-        memory, compute = min(memory, gpu.memory_bytes), min(compute, FULL_COMPUTE)
+        total = entry.mig.memory_bytes if entry.mig else gpu.memory_bytes
+        memory, compute = min(memory, total), min(compute, FULL_COMPUTE)
         policy, strategy, chosen_by, limited_by, policy_by = "Hard", gpuconfig.TIME_SLICING, None, None, 0
         priority, priority_by = gpuconfig.BATCH, None
         for n, requests, cfg in configs:
@@ -107,12 +116,16 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
         _check_merged(strategy, chosen_by, policy, policy_by, limited_by, priority, priority_by)
         strategies.setdefault(strategy, chosen_by)
         priorities.setdefault(priority, priority_by)
-        limits.append(PreparedGpu(gpu.index, gpu.uuid, gpu.minor, memory, max(1, compute), policy))
+        instance = PreparedMig(gpu.uuid, entry.mig.name, entry.mig.profile_id, key[1]) if entry.mig else None
+        limits.append(PreparedGpu(gpu.index, gpu.uuid, gpu.minor, memory, max(1, compute), policy, mig=instance))
     if len(strategies) > 1:
         chosen = ", ".join(f"{s} ({_CONFIG.format(n) if n is not None else 'the default'})"
                            for s, n in strategies.items())
         raise ClaimError(f"status.allocation.devices.config: one sharingStrategy per claim: its GPUs got {chosen}")
     strategy = next(iter(strategies), gpuconfig.TIME_SLICING)
+    if strategy == gpuconfig.MPS and any(g.mig for g in limits):
+        raise ClaimError(f"status.allocation.devices.config: sharingStrategy MPS "
+                         f"({_CONFIG.format(strategies[strategy])}) is not offered on MIG devices (docs/mig.md)")
     if strategy == gpuconfig.MPS:  # the library checks an MPS client's SMs against the GPU's
         limits = [replace(g, sm_count=gpus[g.index].sm_count) for g in limits]
     if strategy == gpuconfig.MPS and len(limits) > 1:  # a container reaches one GPU's control daemon
@@ -149,11 +162,24 @@ class _GpuTotal:
     compute: int = 0
     shares: int = 0
     requests: set[str] = field(default_factory=set)
+    mig: MigProfile | None = None  # a MIG device's profile
 
 
-def _consumed(consumed: dict[str, Any], gpu: GpuInfo, where: str) -> tuple[int, int]:
+def _mig_profile(gpu: GpuInfo, slug: str | None, start: int | None, where: str, name: str) -> MigProfile | None:
+    """The profile of a MIG device name; None for another device; ClaimError when the GPU has no such placement."""
+    if slug is None or start is None:
+        return None
+    for profile in gpu.mig_profiles:
+        if mig_slug(profile.name) == slug and start in profile.placements:
+            return profile
+    why = ("its MIG mode is off" if not gpu.mig_mode
+           else f"its profiles are {', '.join(p.name for p in gpu.mig_profiles)}")
+    raise ClaimError(f"{where}.device: GPU {gpu.index} has no MIG placement {show(name)} ({why})")
+
+
+def _consumed(consumed: dict[str, Any], total_memory: int, where: str) -> tuple[int, int]:
     try:
-        memory = parse_bytes(consumed.get("memory", gpu.memory_bytes), f"{where}.consumedCapacity.memory")
+        memory = parse_bytes(consumed.get("memory", total_memory), f"{where}.consumedCapacity.memory")
         compute = parse_bytes(consumed.get("compute", FULL_COMPUTE), f"{where}.consumedCapacity.compute")
     except QuantityError as e:
         raise ClaimError(str(e)) from None

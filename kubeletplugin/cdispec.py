@@ -51,6 +51,7 @@ class SimDriver:
     state_path: str  # host file shared by every container of the node
     devices: int
     memory_bytes: int
+    mig: str = ""  # the simulated GPUs in MIG mode ("0,2"; GPUSHARE_SIM_MIG), as the mock GPUs' migMode says
 
     @staticmethod
     def find(library_dir: str) -> str | None:
@@ -64,8 +65,11 @@ class SimDriver:
         Every process that opens the state file must agree on the devices: the first one
         initialises it (the node agent on the host, or a container).
         """
-        return {"GPUSHARE_SIM_STATE": state_path, "GPUSHARE_SIM_DEVICES": str(self.devices),
-                "GPUSHARE_SIM_MEMORY": str(self.memory_bytes)}
+        env = {"GPUSHARE_SIM_STATE": state_path, "GPUSHARE_SIM_DEVICES": str(self.devices),
+               "GPUSHARE_SIM_MEMORY": str(self.memory_bytes)}
+        if self.mig:
+            env["GPUSHARE_SIM_MIG"] = self.mig
+        return env
 
     def edits(self) -> tuple[list[str], list[Mount]]:
         env = [f"LD_LIBRARY_PATH={CONTAINER_SIM_DIR}",
@@ -81,6 +85,8 @@ def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: 
     their daemon's /dev/shm is mounted at /dev/shm too (NVIDIA's daemon from the driver root)."""
     uid = claim.uid
     env = [f"GPUSHARE_CLAIM_UID={uid}", f"{STRATEGY_ENV}={claim.sharing_strategy}"]
+    if any(g.mig for g in claim.gpus):  # CUDA opens these MIG devices only (docs/mig.md)
+        env.append(f"CUDA_VISIBLE_DEVICES={','.join(g.uuid for g in claim.gpus)}")
     mounts = []
     if claim.injects_library:
         env.append(f"LD_PRELOAD={CONTAINER_LIBRARY}")

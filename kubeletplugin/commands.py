@@ -13,6 +13,7 @@ from typing import Any
 from dra_driver import flags
 from dra_driver.cli import Formatter, add_cluster, add_devices, add_logging, lazy
 from dra_driver.config.strategies import GpuStrategies
+from dra_driver.mig import GpuSet
 
 from .config import DEFAULTS
 
@@ -21,6 +22,15 @@ def _mps_gpus(text: str) -> str:
     """--mps-gpus, checked here so a bad value is a usage error."""
     try:
         GpuStrategies.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _mig_gpus(text: str) -> str:
+    """--mig-gpus, checked here so a bad value is a usage error."""
+    try:
+        GpuSet.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
@@ -72,6 +82,13 @@ def add_commands(sub: Any) -> None:
                    help="every GPU serves every strategy (sharingStrategy Mixed): MPS claims may share a GPU "
                         "with TimeSlicing and None claims, where the MPS server is one context in the GPU's "
                         "time slicing and its claims get less than their share (docs/strategies.md)")
+    g.add_argument("--mig-gpus", default=DEFAULTS.mig_gpus, type=_mig_gpus,
+                   help="GPUs offered as MIG devices: none, all, or GPU indexes (0,2). A GPU named here whose "
+                        "MIG mode the operator enabled (nvidia-smi -i N -mig 1, then a GPU reset) is published as "
+                        "its MIG profile placements (DeviceClass mig.gpushare.dev); its instances are created when a "
+                        "claim is prepared and destroyed when it is unprepared. A GPU named here with MIG mode off is "
+                        "published as before, and the log says why; a GPU in MIG mode not named here is not offered. "
+                        "The plugin never switches MIG mode (docs/mig.md)")
     g.add_argument("--metrics-addr", default=DEFAULTS.metrics_addr, type=flags.host_port,
                    help="HOST:PORT serving Prometheus metrics at /metrics; empty disables")
     g.add_argument("--healthcheck-port", type=flags.port, default=DEFAULTS.healthcheck_port,

@@ -33,6 +33,7 @@ class PluginConfig:
     mps_control: tuple[str, ...] = ("nvidia-cuda-mps-control",)
     mps_gpus: str = "none"  # GPUs that serve MPS claims only (none, all, 0,2): dra_driver/config/strategies.py
     mixed_strategies: bool = False  # every GPU serves every strategy (MPS beside TimeSlicing and None)
+    mig_gpus: str = "none"  # GPUs offered as MIG devices when in MIG mode (none, all, 0,2): docs/mig.md
     metrics_addr: str = ":9400"  # "": no metrics endpoint
     healthcheck_port: int = 51515  # 0: no liveness endpoint
     publish_slices: bool = True

@@ -2,8 +2,10 @@
 
 A claim's life, each step recorded before the next starts (fault points in faults.py):
 
-    Prepare:   checkpoint PrepareStarted -> claim files -> CDI spec -> checkpoint PrepareCompleted
-    Unprepare: checkpoint UnprepareStarted -> remove CDI spec -> remove claim files -> drop entry
+    Prepare:   checkpoint PrepareStarted -> [MIG instances] -> claim files -> CDI spec -> checkpoint PrepareCompleted
+    Unprepare: checkpoint UnprepareStarted -> remove CDI spec -> remove claim files -> [MIG instances] -> drop entry
+
+(MIG instances have a ledger of their own, migstate.py, recovered after the claims.)
 
 At start-up (`recover`) anything not PrepareCompleted is rolled back, completed claims get
 missing files or specs rewritten (a reboot empties /var/run/cdi), CDI specs that no entry owns
@@ -45,6 +47,7 @@ from dra_driver.kube import (
     warning_event,
 )
 from dra_driver.log import get_logger
+from dra_driver.mig import MigError, MigInstances, MigProfile
 
 from . import checkpoint as ckpt
 from .allocation import plan_claim, unmet_capacity
@@ -52,6 +55,7 @@ from .cdispec import SimDriver, build_spec
 from .claimfiles import CONTAINER_LIBRARY
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
 from .faults import NO_FAULTS, Faults
+from .migstate import MigState
 from .mps import MpsControl, MpsError
 from .nodestate import NodeState
 from .prepared import PreparedClaim, PreparedDevice, PreparedError, PreparedGpu
@@ -108,7 +112,7 @@ class Driver:
     def __init__(self, api: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  partitions: int, host_library: str, node: NodeState, mps: MpsControl,
                  strategies: GpuStrategies | None = None, sim: SimDriver | None = None,
-                 faults: Faults = NO_FAULTS) -> None:
+                 faults: Faults = NO_FAULTS, mig: MigInstances | None = None) -> None:
         """Everything it works with is built by the caller (main.py): `node` is the node's state
         (claims' folders, CDI specs, checkpoint, call lock), `sim` the simulated driver that mock
         GPUs' containers get."""
@@ -133,6 +137,8 @@ class Driver:
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()
         self.faults = faults
+        # MIG instances made for claims (None: --mig-gpus names no GPU)
+        self.mig = MigState(mig, self.state_dir, self._mig_profiles, faults.reached) if mig else None
         self.listeners: list[ClaimListener] = []  # a listener's failure never fails a call
         self.on_error: Callable[[str, str], None] = lambda operation, reason: None  # metrics: failed calls by reason
 
@@ -192,6 +198,7 @@ class Driver:
             self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_STARTED, namespace, name, None))
             self.faults.reached("prepare-started-recorded")
             try:
+                claim = self._make_mig(claim)
                 self.files.write(claim)
                 self.faults.reached("prepare-files-written")
                 self._apply_mps(claim, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, claim))
@@ -203,6 +210,11 @@ class Driver:
                           error=str(e))
                 self._remove(uid, "rollback of a failed prepare")
                 raise ClaimError(f"sharingStrategy MPS: {e}", reason="mps") from None
+            except MigError as e:
+                log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="mig",
+                          error=str(e))
+                self._remove(uid, "rollback of a failed prepare")
+                raise ClaimError(f"MIG: {e}", reason="mig") from None
             except OSError as e:
                 log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="write",
                           error=str(e))
@@ -216,6 +228,29 @@ class Driver:
                 self._warn_author(claim, unmet)
             return claim.devices
 
+    def _mig_profiles(self, gpu_uuid: str) -> tuple[MigProfile, ...]:
+        with self._gpus_lock:
+            gpus = list(self._gpus.values()) or self.backend.discover()
+        return next((g.mig_profiles for g in gpus if g.uuid == gpu_uuid), ())
+
+    def _make_mig(self, claim: PreparedClaim) -> PreparedClaim:
+        """The claim with its MIG devices' instances made (or joined): their UUIDs and IDs recorded."""
+        if not any(g.mig for g in claim.gpus):
+            return claim
+        if self.mig is None:
+            raise MigError("the claim has MIG devices but this plugin's --mig-gpus names no GPU")
+        gpus = []
+        for gpu in claim.gpus:
+            if gpu.mig is not None:
+                instance, uuid = self.mig.acquire(claim.uid, gpu.mig)
+                gpu = replace(gpu, uuid=uuid, mig=instance)
+            gpus.append(gpu)
+        nodes = claim.device_nodes
+        if self.backend.name == "nvml":  # the MIG devices' capabilities besides the GPU's nodes (docs/mig.md)
+            nodes = (*nodes, *(n for g in gpus if g.mig for n in _mig_capability_nodes(g.minor, g.mig.gpu_instance,
+                                                                                      g.mig.compute_instance)))
+        return replace(claim, gpus=tuple(gpus), device_nodes=nodes)
+
     def _plan(self, ref: ClaimRef) -> tuple[PreparedClaim, str | None]:
         """The claim prepared, and what to tell its author about capacity it asked for and did not get."""
         claim = self._read_claim(ref)
@@ -228,12 +263,17 @@ class Driver:
                                  f"(its devices' attribute {STRATEGY_ATTRIBUTE}={served}, the plugin's --mps-gpus); "
                                  f"ask for MPS with DeviceClass mps.gpushare.dev, for the others with gpushare.dev "
                                  f"(docs/strategies.md, Keeping strategies apart)", reason="strategy")
-        toolkit = find_devices_of_kind(self.cdi_dirs, NVIDIA_KIND, skip_prefix=self.specs.prefix)
-        by_index = {g.index: g for g in plan.gpus}
+        mig = any(g.mig for g in plan.gpus)
+        if mig and not all(g.mig for g in plan.gpus):  # CUDA_VISIBLE_DEVICES names MIG devices only
+            raise ClaimError("status.allocation.devices.results: MIG devices and whole or shared GPUs in one claim "
+                             "(a container sees either; use two claims)", reason="mig")
+        # the toolkit's spec names whole GPUs; a MIG device's nodes are ours (made after its instance)
+        toolkit = {} if mig else find_devices_of_kind(self.cdi_dirs, NVIDIA_KIND, skip_prefix=self.specs.prefix)
+        by_key = {g.key: g for g in plan.gpus}
         devices = []
         for device in plan.devices:
             ids = [f"{self.specs.kind}={device.cdi_name(ref.uid)}"]
-            gpu = by_index[device.gpu_index]
+            gpu = by_key[device.gpu_key]
             for candidate in (gpu.uuid, str(gpu.index), "all"):
                 if candidate in toolkit:
                     ids.append(f"{NVIDIA_KIND}={candidate}")
@@ -393,6 +433,8 @@ class Driver:
         self.faults.reached("unprepare-spec-removed")
         self.files.remove(uid)
         self.faults.reached("unprepare-files-removed")
+        if self.mig is not None:  # after the files: a crash before this point leaves the entry, retried
+            self.mig.release_claim(uid)
         self.checkpoint.delete(uid)
         log.debug("claim state removed", uid=uid, step="remove", reason=why)
 
@@ -465,6 +507,8 @@ class Driver:
                 log.warning("removing a CDI spec no claim owns", uid=uid, step="recover")
                 self.specs.remove(uid)
         self._recover_mps()
+        if self.mig is not None:
+            self.mig.recover({uid: e.prepared for uid, e in self.checkpoint.items() if e.prepared})
         self.checkpoint.replace_all(dict(self.checkpoint.items()))  # records the current boot id
         log.info("state recovered", claims=len(known), rebooted=rebooted, step="recover")
         self.prune_libraries()
@@ -516,6 +560,25 @@ class Driver:
         claims another plugin instance prepared on this node count too."""
         return {uid: e.prepared for uid, e in self.checkpoint.on_disk().items()
                 if e.state == ckpt.PREPARE_COMPLETED and e.prepared is not None}
+
+
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
+
+
+def _mig_capability_nodes(minor: int, gpu_instance: int, compute_instance: int,
+                          minors_file: str = MIG_MINORS) -> tuple[str, ...]:
+    """/dev/nvidia-caps/nvidia-cap<N> of a MIG device's GPU and compute instance: the access
+    capabilities a process needs to open it (NVIDIA MIG user guide, "Device Nodes and
+    Capabilities"; the driver lists them as `gpu<minor>/gi<id>/access <N>` and
+    `gpu<minor>/gi<id>/ci<id>/access <N>`). None where the file is missing."""
+    wanted = {f"gpu{minor}/gi{gpu_instance}/access", f"gpu{minor}/gi{gpu_instance}/ci{compute_instance}/access"}
+    try:
+        with open(minors_file) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ()
+    return tuple(f"/dev/nvidia-caps/nvidia-cap{parts[1]}" for parts in (line.split() for line in lines)
+                 if len(parts) == 2 and parts[0] in wanted and parts[1].isdigit())
 
 
 def _nvidia_device_nodes(gpus: tuple[PreparedGpu, ...]) -> tuple[str, ...]:

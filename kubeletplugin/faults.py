@@ -30,7 +30,12 @@ UNPREPARE_STEPS = (
     "unprepare-files-removed",    # claim folder gone, checkpoint entry still there
     "unprepare-completed",        # checkpoint entry gone, answer not sent
 )
-STEPS = PREPARE_STEPS + UNPREPARE_STEPS
+# a claim of MIG devices only (docs/mig.md), between prepare-started-recorded and prepare-files-written
+MIG_PREPARE_STEPS = (
+    "prepare-mig-recorded",       # the MIG ledger says "creating", no instance yet
+    "prepare-mig-created",        # the instance exists, the ledger still says "creating"
+)
+STEPS = PREPARE_STEPS + MIG_PREPARE_STEPS + UNPREPARE_STEPS
 ENV = "GPUSHARE_FAULT_POINT"
 DELAY_ENV = "GPUSHARE_FAULT_DELAY"
 

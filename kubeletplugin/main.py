@@ -16,20 +16,23 @@ from concurrent import futures
 from typing import TYPE_CHECKING
 
 import grpc
+import pynvml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes import client
 
 from dra_driver.config.strategies import GpuStrategies
 from dra_driver.controller.slices import desired_devices
 from dra_driver.devicemodel import CAPACITY, PARTITION
-from dra_driver.discovery import DeviceBackend, make_backend
+from dra_driver.discovery import DeviceBackend, MockBackend, make_backend
 from dra_driver.flags import FlagError, check_port_free, split_host_port
 from dra_driver.install import LIBRARY_NAME
 from dra_driver.kube import api_client as make_api_client
 from dra_driver.log import get_logger
+from dra_driver.mig import GpuSet, MigInstances
 from dra_driver.runloop import serve
 from kubeletplugin.agent.agent import Agent
 from kubeletplugin.agent.metrics import AgentCollector
+from kubeletplugin.agent.sampler import load_simulated_nvml
 from kubeletplugin.health import HealthAwareBackend, HealthCollector, HealthMonitor
 
 from .cdispec import SimDriver
@@ -139,12 +142,18 @@ class Plugin:
             self.strategies = GpuStrategies.parse(config.mps_gpus, config.mixed_strategies)
         except ValueError as e:
             raise PluginConfigError("--mps-gpus", str(e)) from None
+        try:
+            self.mig_gpus = GpuSet.parse(config.mig_gpus)
+        except ValueError as e:
+            raise PluginConfigError("--mig-gpus", str(e)) from None
         state_dir = os.path.abspath(config.state_dir)
+        sim = self._sim_driver(library) if self.backend.name == "mock" else None
+        self.mig = self._mig_control(backend, sim)
         self.driver = Driver(self.api, config.driver_name, config.node_name, self.backend, config.partitions, library,
                              NodeState.open(state_dir, config.cdi_root),
                              MpsControl(state_dir, mps_control, root=mps_root),  # mps_root: run it chrooted there
                              strategies=self.strategies,
-                             sim=self._sim_driver(library) if self.backend.name == "mock" else None, faults=faults)
+                             sim=sim, faults=faults, mig=self.mig)
         self.metrics = Metrics()
         self.metrics.instrument(self.api)
         self.driver.on_error = self.metrics.error
@@ -183,7 +192,34 @@ class Plugin:
         os.close(fd)
         os.chmod(state, 0o666)  # any container user opens it read-write
         # The sim gives every device one size; mock GPUs of mixed sizes get the largest.
-        return SimDriver(sim_dir, state, len(gpus), max((g.memory_bytes for g in gpus), default=0))
+        return SimDriver(sim_dir, state, len(gpus), max((g.memory_bytes for g in gpus), default=0),
+                         ",".join(str(g.index) for g in gpus if g.mig_mode))
+
+    def _mig_control(self, backend: DeviceBackend, sim: SimDriver | None) -> MigInstances | None:
+        """NVML for MIG instances when --mig-gpus names any GPU: the node's, or on mock nodes the
+        simulated one every container of the node maps. Says once per GPU why it offers no MIG devices."""
+        if not self.mig_gpus:
+            return None
+        if isinstance(backend, MockBackend):
+            if sim is None:
+                log.warning("--mig-gpus on mock GPUs without the simulated NVML: no MIG devices")
+                return None
+            load_simulated_nvml(sim.host_dir, sim.env(sim.state_path))
+            pynvml.nvmlInit()
+            backend.mig_nvml = pynvml
+        for gpu in self.backend.discover():
+            if gpu.index not in self.mig_gpus:
+                continue
+            if not gpu.mig_mode:
+                log.warning("GPU named by --mig-gpus has MIG mode disabled: no MIG devices, offered as before; the "
+                            "plugin never switches it (nvidia-smi -i <index> -mig 1 and a GPU reset enable it)",
+                            gpu=gpu.index, uuid=gpu.uuid)
+            elif not gpu.mig_profiles:
+                log.warning("GPU in MIG mode reports no MIG profiles: no MIG devices", gpu=gpu.index, uuid=gpu.uuid)
+            else:
+                log.info("GPU offered as MIG devices", gpu=gpu.index, uuid=gpu.uuid,
+                         profiles=[p.name for p in gpu.mig_profiles])
+        return MigInstances(pynvml)
 
     def start(self) -> Plugin:
         self.driver.recover()
@@ -276,7 +312,8 @@ class Plugin:
         self.slices = SliceController(self.api, self.config.driver_name, self.config.node_name, self.backend,
                                       sharing_mode=self.config.sharing_mode, partitions=self.config.partitions,
                                       taint_effect=self.config.unhealthy_taint_effect,
-                                      device_order=self.config.device_order, strategies=self.strategies).start()
+                                      device_order=self.config.device_order, strategies=self.strategies,
+                                      mig_gpus=self.mig_gpus).start()
 
     def _rediscover(self) -> None:
         if self.slices is not None:
@@ -288,7 +325,7 @@ class Plugin:
         if mode not in (CAPACITY, PARTITION):  # "auto" before the server was asked: names unknown yet
             return []
         return [(d["name"], gpu.healthy, gpu.health_reason) for gpu in self.backend.discover()
-                for d in desired_devices([gpu], mode, self.config.partitions, taints=True)]
+                for d in desired_devices([gpu], mode, self.config.partitions, taints=True, mig_gpus=self.mig_gpus)]
 
     def stop(self, grace: float = SHUTDOWN_GRACE_S) -> None:
         """Hand over to a successor, finish in-flight calls, remove the sockets; slices are left in place."""

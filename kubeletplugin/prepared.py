@@ -31,8 +31,26 @@ class PreparedError(ValueError):
 
 
 @dataclass(frozen=True)
+class PreparedMig:
+    """The MIG instance a GPU of the claim is (docs/mig.md): its placement on the parent GPU and,
+    once created, its GPU and compute instance IDs."""
+
+    parent_uuid: str
+    profile: str  # "3g.40gb"
+    profile_id: int  # NVML's GPU-instance profile ID
+    start: int  # first memory slice
+    gpu_instance: int = 0  # 0: not created yet
+    compute_instance: int = 0
+
+    def to_json(self) -> JSON:
+        return {"parentUUID": self.parent_uuid, "profile": self.profile, "profileID": self.profile_id,
+                "start": self.start, "gpuInstance": self.gpu_instance, "computeInstance": self.compute_instance}
+
+
+@dataclass(frozen=True)
 class PreparedGpu:
-    """One GPU as the claim's containers see it (its position = its index in the container)."""
+    """One GPU as the claim's containers see it (its position = its index in the container).
+    A MIG device is one too: `uuid` is then the MIG device's, `index` and `minor` its parent's."""
 
     index: int  # host GPU index
     uuid: str
@@ -41,12 +59,20 @@ class PreparedGpu:
     compute_limit: int  # percent, 1..100
     compute_policy: str = "Hard"  # COMPUTE_POLICIES
     sm_count: int = 0  # the GPU's SMs, recorded for MPS claims only (the library checks MPS clients against it)
+    mig: PreparedMig | None = None  # a MIG device: its instance
+
+    @property
+    def key(self) -> tuple[int, int | None]:
+        """What tells the claim's GPUs apart: the host GPU, and the placement of a MIG device on it."""
+        return self.index, self.mig.start if self.mig else None
 
     def to_json(self) -> JSON:
         doc: JSON = {"index": self.index, "uuid": self.uuid, "minor": self.minor, "memoryLimit": self.memory_limit,
                      "computeLimit": self.compute_limit, "computePolicy": self.compute_policy}
         if self.sm_count:  # absent before MPS claims carried it: earlier releases read the rest unchanged
             doc["smCount"] = self.sm_count
+        if self.mig:
+            doc["mig"] = self.mig.to_json()
         return doc
 
 
@@ -62,10 +88,15 @@ class PreparedDevice:
 
     @property
     def gpu_index(self) -> int:
+        return self.gpu_key[0]
+
+    @property
+    def gpu_key(self) -> tuple[int, int | None]:
+        """The PreparedGpu.key of the GPU it is on."""
         ref = parse_device_name(self.device_name)
         if ref is None:  # the model is built from parsed names only
             raise PreparedError(f"deviceName: not a gpushare device name (got {show(self.device_name)})")
-        return ref.gpu_index
+        return ref.gpu_index, ref.mig_start
 
     def cdi_name(self, claim_uid: str) -> str:
         return cdi_device_name(claim_uid, self.device_name, self.share_id)
@@ -94,7 +125,7 @@ class PreparedClaim:
 
     def gpu_of(self, device: PreparedDevice) -> PreparedGpu:
         """The GPU a device of this claim is on."""
-        return next(g for g in self.gpus if g.index == device.gpu_index)
+        return next(g for g in self.gpus if g.key == device.gpu_key)
 
     def to_json(self) -> JSON:
         doc: JSON = {"namespace": self.namespace, "name": self.name, "uid": self.uid,
@@ -116,10 +147,10 @@ class PreparedClaim:
         namespace = d.text("namespace", is_namespace, "a DNS label")
         name = d.text("name", is_name, "a DNS subdomain")
         gpus = tuple(_gpu(g) for g in d.objects("gpus"))
-        indexes = [g.index for g in gpus]
-        if len(set(indexes)) != len(indexes):
-            raise PreparedError(f"{where}.gpus: a GPU index appears twice (got {show(indexes)})")
-        devices = tuple(_device(x, set(indexes)) for x in d.objects("devices"))
+        keys = [g.key for g in gpus]
+        if len(set(keys)) != len(keys):
+            raise PreparedError(f"{where}.gpus: a GPU index appears twice (got {show([g.index for g in gpus])})")
+        devices = tuple(_device(x, set(keys)) for x in d.objects("devices"))
         nodes = d.strings("deviceNodes", lambda v: v.startswith("/dev/"), "a path under /dev/", optional=True)
         library = d.optional_text("library", lambda v: v.startswith("/"), "an absolute path")
         strategy = d.optional_text("sharingStrategy", lambda v: v in SHARING_STRATEGIES, ", ".join(SHARING_STRATEGIES))
@@ -132,13 +163,23 @@ def _gpu(d: _Fields) -> PreparedGpu:
     return PreparedGpu(index=d.integer("index", 0), uuid=d.text("uuid", _any, "a string"),
                        minor=d.integer("minor", 0), memory_limit=d.integer("memoryLimit", 0),
                        compute_limit=d.integer("computeLimit", 1, FULL_COMPUTE), compute_policy=policy or "Hard",
-                       sm_count=d.integer("smCount", 0, optional=True))
+                       sm_count=d.integer("smCount", 0, optional=True), mig=_mig(d))
 
 
-def _device(d: _Fields, gpus: set[int]) -> PreparedDevice:
-    device = d.text("deviceName", lambda v: parse_device_name(v) is not None, "gpu-<i> or gpu-<i>-share-<j>")
+def _mig(gpu: _Fields) -> PreparedMig | None:
+    if gpu.doc.get("mig") is None:
+        return None
+    d = _Fields(gpu.doc["mig"], f"{gpu.where}.mig")
+    return PreparedMig(parent_uuid=d.text("parentUUID", _any, "a string"), profile=d.text("profile", _any, "a string"),
+                       profile_id=d.integer("profileID", 0), start=d.integer("start", 0, 7),
+                       gpu_instance=d.integer("gpuInstance", 0), compute_instance=d.integer("computeInstance", 0))
+
+
+def _device(d: _Fields, gpus: set[tuple[int, int | None]]) -> PreparedDevice:
+    device = d.text("deviceName", lambda v: parse_device_name(v) is not None,
+                    "gpu-<i>, gpu-<i>-share-<j> or gpu-<i>-mig-<profile>-<start>")
     ref = parse_device_name(device)
-    if ref is None or ref.gpu_index not in gpus:
+    if ref is None or (ref.gpu_index, ref.mig_start) not in gpus:
         raise PreparedError(f"{d.where}.deviceName: names a GPU the claim's gpus lack (got {show(device)})")
     return PreparedDevice(request_names=d.strings("requestNames", _any, "a string"),
                           pool_name=d.text("poolName", _any, "a string"), device_name=device,

@@ -66,7 +66,8 @@ class Playground:
         try:
             api = self.emulator.api_client()
             self.node = SimulatedNode(args.node_name, args.mock_gpus, workdir, args.runtime, args.sharing_mode,
-                                      mps_gpus=args.mps_gpus, mixed_strategies=args.mixed_strategies)
+                                      mps_gpus=args.mps_gpus, mixed_strategies=args.mixed_strategies,
+                                      mig_gpus=args.mig_gpus)
             self.node.register(api)
             plugin = self.node.start_plugin(api, args.health_recovery_seconds)
             if plugin.slices is not None and not plugin.slices.wait_synced(30):

@@ -90,6 +90,10 @@ def add_commands(sub: Any) -> None:
                         "which pods reach through DeviceClass mps.gpushare.dev")
     p.add_argument("--mixed-strategies", default=False, action=argparse.BooleanOptionalAction,
                    help="the node's kubelet-plugin --mixed-strategies: every GPU serves every strategy")
+    p.add_argument("--mig-gpus", default="none",
+                   help="the node's kubelet-plugin --mig-gpus: GPUs offered as MIG devices (none, all, 0,2) when in "
+                        "MIG mode, which a --mock-gpus file sets per GPU (migMode: true); pods reach them through "
+                        "DeviceClass mig.gpushare.dev (docs/mig.md)")
     p.add_argument("--workdir", default=None,
                    help="folder for the node's files: plugin state, CDI specs, container logs (default: a "
                         "temporary one, removed on exit)")

@@ -34,12 +34,21 @@ if TYPE_CHECKING:  # imported where used: `--help` stays quick
 # attribute existed has none and serves them too.
 NOT_MPS_ONLY = (f'!("sharingStrategy" in device.attributes["{DRIVER}"]) || '
                 f'device.attributes["{DRIVER}"].sharingStrategy != "MPS"')
+NOT_MIG = f'!("sharing" in device.attributes["{DRIVER}"]) || device.attributes["{DRIVER}"].sharing != "mig"'
 DEVICE_CLASS: Any = {
     "apiVersion": "resource.k8s.io/v1",
     "kind": "DeviceClass",
     "metadata": {"name": DRIVER},
     "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}},
-                           {"cel": {"expression": NOT_MPS_ONLY}}]},
+                           {"cel": {"expression": NOT_MPS_ONLY}}, {"cel": {"expression": NOT_MIG}}]},
+}
+# deploy/base/deviceclass-mig.yaml: MIG devices (docs/mig.md)
+MIG_DEVICE_CLASS: Any = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": f"mig.{DRIVER}"},
+    "spec": {"selectors": [{"cel": {"expression":
+                                    f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "mig"'}}]},
 }
 # deploy/base/deviceclass-mps.yaml: the GPUs that serve MPS claims (sharingStrategy MPS or Mixed),
 # and the config that makes a claim MPS.
@@ -91,13 +100,14 @@ class SimulatedNode:
     kubelet: Kubelet | None
 
     def __init__(self, name: str, mock_gpus: str, workdir: str, runtime: str, sharing_mode: SharingMode = "auto",
-                 mps_gpus: str = "none", mixed_strategies: bool = False):
+                 mps_gpus: str = "none", mixed_strategies: bool = False, mig_gpus: str = "none"):
         from dra_driver.hookpath import native_paths
 
         self.name = name
         self.mock_gpus = mock_gpus
         self.sharing_mode = sharing_mode
         self.mps_gpus, self.mixed_strategies = mps_gpus, mixed_strategies  # the plugin's --mps-gpus, --mixed-strategies
+        self.mig_gpus = mig_gpus  # the plugin's --mig-gpus
         self.workdir = workdir
         self.runtime = choose_runtime(runtime)
         self.native = native_paths()
@@ -140,7 +150,7 @@ class SimulatedNode:
         """The Node object and the driver's DeviceClass, as joining the cluster and installing do."""
         core = client.CoreV1Api(api)
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name}})  # type: ignore[arg-type]
-        for device_class in (DEVICE_CLASS, MPS_DEVICE_CLASS, *EXTENDED_DEVICE_CLASSES):
+        for device_class in (DEVICE_CLASS, MPS_DEVICE_CLASS, MIG_DEVICE_CLASS, *EXTENDED_DEVICE_CLASSES):
             client.ResourceV1Api(api).create_device_class(device_class)
 
     def start_plugin(self, api: client.ApiClient, health_recovery_seconds: float = 300.0) -> Plugin:
@@ -154,7 +164,7 @@ class SimulatedNode:
             state_dir=self.state_dir, cdi_root=self.cdi_root, hook_dir=self.hook_dir, device_backend="mock",
             mock_gpus=self.mock_gpus, sharing_mode=self.sharing_mode, metrics_addr="127.0.0.1:0",
             healthcheck_port=0, health_recovery_seconds=health_recovery_seconds, mps_control=MPS_CONTROL,
-            mps_gpus=self.mps_gpus, mixed_strategies=self.mixed_strategies)
+            mps_gpus=self.mps_gpus, mixed_strategies=self.mixed_strategies, mig_gpus=self.mig_gpus)
         self.plugin = Plugin(config, api=api).start()
         self.kubelet = Kubelet(self.plugin.dra_socket, self.plugin.reg_socket)
         return self.plugin

@@ -24,10 +24,10 @@ from kubernetes import client, watch
 
 from .. import devicemodel
 from ..config.strategies import GpuStrategies
-from ..mig import NO_MIG, GpuSet
 from ..discovery import DeviceBackend, DiscoveryError, GpuInfo
 from ..kube import JSON, api_deadline, api_error, json_body, no_request_retries, plain, warning_event
 from ..log import get_logger
+from ..mig import NO_MIG, GpuSet
 from . import slices
 from .ceiling import MemoryCeiling
 from .pending import PendingClaims

@@ -171,7 +171,8 @@ def mig_counter_sets(gpus: list[GpuInfo], mig_gpus: GpuSet) -> list[JSON]:
         total = {**{f"memory-slice-{k}": 1 for k in range(max(p.placements[-1] + p.size for p in gpu.mig_profiles
                                                               if p.placements))},
                  **_mig_counters(whole, 0)}
-        sets.append({"name": mig_counter_set(gpu), "counters": {k: {"value": str(v)} for k, v in sorted(total.items())}})
+        counters = {k: {"value": str(v)} for k, v in sorted(total.items())}
+        sets.append({"name": mig_counter_set(gpu), "counters": counters})
     return sets
 
 
@@ -184,8 +185,9 @@ def _mig_placements(profile: MigProfile) -> tuple[int, ...]:
 
 def _mig_devices(gpu: GpuInfo) -> list[JSON]:
     common: JSON = {k: v for k, v in _attributes(gpu, "", "").items()
-                    if k not in ("uuid", "sharing", STRATEGY_ATTRIBUTE)}
+                    if k not in ("uuid", STRATEGY_ATTRIBUTE)}
     common["type"] = {"string": MIG_TYPE}
+    common["sharing"] = {"string": MIG_TYPE}  # extended-resource classes select on it: every device has one
     common["parentUUID"] = {"string": gpu.uuid[:64]}
     devices = []
     for profile in sorted(gpu.mig_profiles, key=lambda p: (p.compute_slices, p.memory_bytes, p.name)):

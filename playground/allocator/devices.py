@@ -119,9 +119,10 @@ def node_counters(slices: list[dict], node_name: str) -> dict[tuple[str, str, st
     for spec in local:
         pool = (spec["driver"], spec["pool"]["name"])
         newest[pool] = max(newest.get(pool, 0), int(spec["pool"].get("generation", 0)))
+    current = [s for s in local if int(s["pool"].get("generation", 0)) == newest[(s["driver"], s["pool"]["name"])]]
     return {(spec["driver"], spec["pool"]["name"], counter_set["name"], name): to_quantity(c["value"])
-            for spec in local if int(spec["pool"].get("generation", 0)) == newest[(spec["driver"], spec["pool"]["name"])]
-            for counter_set in spec.get("sharedCounters") or [] for name, c in (counter_set.get("counters") or {}).items()}
+            for spec in current for counter_set in spec.get("sharedCounters") or []
+            for name, c in (counter_set.get("counters") or {}).items()}
 
 
 def untolerated_taint(device: Device, tolerations: list[dict]) -> dict | None:

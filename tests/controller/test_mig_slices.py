@@ -34,8 +34,8 @@ def test_each_placement_is_a_device_consuming_the_gpus_counters():
     assert [n for n in devices if "-3g-" in n] == ["gpu-0-mig-3g-40gb-0", "gpu-0-mig-3g-40gb-4"]
     assert list(devices)[:2] == ["gpu-0-mig-1g-10gb-6", "gpu-0-mig-1g-10gb-5"]  # small ones from the top
     d = devices["gpu-0-mig-3g-40gb-4"]
-    assert {k: v for k, v in d["attributes"].items() if k in ("type", "profile", "multiprocessors",
-                                                               "parentUUID", "placementStart")} == {
+    shown = ("type", "profile", "multiprocessors", "parentUUID", "placementStart")
+    assert {k: v for k, v in d["attributes"].items() if k in shown} == {
         "type": {"string": "mig"}, "profile": {"string": "3g.40gb"}, "multiprocessors": {"int": 60},
         "parentUUID": {"string": "GPU-5ea1c0de-0000-4000-8000-000000000000"}, "placementStart": {"int": 4}}
     assert "sharingStrategy" not in d["attributes"] and "uuid" not in d["attributes"]
@@ -76,10 +76,10 @@ def test_only_the_operators_choice():
 
 
 def claim(name, profile):
+    selector = f'device.attributes["gpushare.dev"].profile == "{profile}"'
     return {"metadata": {"namespace": "default", "name": name, "uid": f"uid-{name}"},
             "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
-                "deviceClassName": "mig.gpushare.dev",
-                "selectors": [{"cel": {"expression": f'device.attributes["gpushare.dev"].profile == "{profile}"'}}]}}]}}}
+                "deviceClassName": "mig.gpushare.dev", "selectors": [{"cel": {"expression": selector}}]}}]}}}
 
 
 MIG_CLASS = {"metadata": {"name": "mig.gpushare.dev"}, "spec": {"selectors": [{"cel": {"expression":

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from playground.containers import OWNER_LABEL, PodmanRunner
-from playground.node import DEVICE_CLASS, EXTENDED_DEVICE_CLASSES, MPS_DEVICE_CLASS
+from playground.node import DEVICE_CLASS, EXTENDED_DEVICE_CLASSES, MIG_DEVICE_CLASS, MPS_DEVICE_CLASS
 
 ROOT = Path(__file__).parents[2]
 
@@ -95,6 +95,12 @@ def test_playground_mps_class_is_the_shipped_one():
     import yaml
 
     assert yaml.safe_load((ROOT / "deploy/base/deviceclass-mps.yaml").read_text()) == MPS_DEVICE_CLASS
+
+
+def test_playground_mig_class_is_the_shipped_one():
+    import yaml
+
+    assert yaml.safe_load((ROOT / "deploy/base/deviceclass-mig.yaml").read_text()) == MIG_DEVICE_CLASS
 
 
 def test_playground_extended_resource_classes_are_the_shipped_ones():

@@ -45,7 +45,8 @@ def nvml_child(tmp_path: Path, code: str, mig: str = "0", product: str | None = 
 def test_h100_profiles_and_placements_are_nvidias(tmp_path):
     out = nvml_child(tmp_path, """
         out["profiles"] = {p.name: [p.profile_id, p.compute_slices, p.memory_bytes >> 20, p.multiprocessors,
-                                    p.copy_engines, p.decoders, p.jpeg_engines, p.ofa_engines, list(p.placements), p.size]
+                                    p.copy_engines, p.decoders, p.jpeg_engines, p.ofa_engines, list(p.placements),
+                                    p.size]
                            for p in read_profiles(pynvml, gpu)}
     """)
     assert out["profiles"] == {
@@ -123,7 +124,8 @@ def test_a_process_in_a_mig_device_sees_its_memory_and_multiprocessors(tmp_path)
         "GPUSHARE_SIM_MIG": "0", "CUDA_VISIBLE_DEVICES": made["uuid"],
         "LD_LIBRARY_PATH": str(Path(native_paths()["sim_cuda"]).parent)}
     probe = native_paths()["probe"]
-    info = kv(subprocess.run([probe, "meminfo"], env=env, capture_output=True, text=True, timeout=30, check=True).stdout)
+    info = kv(subprocess.run([probe, "meminfo"], env=env, capture_output=True, text=True, timeout=30,
+                             check=True).stdout)
     assert int(info["cu_total"]) == 9984 * MiB and int(info["device_total"]) == 9984 * MiB
     over = subprocess.run([probe, "alloc", "--chunk", "1Gi", "--max", "12Gi"], env=env, capture_output=True,
                           text=True, timeout=30)

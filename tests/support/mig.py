@@ -20,11 +20,11 @@ REPO = Path(__file__).parents[2]
 
 @functools.cache
 def sim_profiles(product: str = "H100-80GB") -> tuple[MigProfile, ...]:
+    sim_dir = str(Path(native_paths()["sim_nvml"]).parent)
     script = ("import dataclasses, json, pynvml; from dra_driver.discovery import load_nvml; "
-              "from dra_driver.mig import read_profiles; load_nvml(%r); pynvml.nvmlInit(); "
+              f"from dra_driver.mig import read_profiles; load_nvml({sim_dir!r}); pynvml.nvmlInit(); "
               "print(json.dumps([dataclasses.asdict(p) for p in "
-              "read_profiles(pynvml, pynvml.nvmlDeviceGetHandleByIndex(0))]))"
-              % str(Path(native_paths()["sim_nvml"]).parent))
+              "read_profiles(pynvml, pynvml.nvmlDeviceGetHandleByIndex(0))]))")
     with tempfile.TemporaryDirectory(prefix="gsmig") as folder:
         env = sim_nvml_env(Path(folder) / "sim.state", 1, 80 << 30) | {
             "GPUSHARE_SIM_MIG": "0", "GPUSHARE_SIM_MIG_PRODUCT": product}
