@@ -73,6 +73,7 @@ def launch_plugin(api: client.ApiClient, dirs: Dirs, hook_dir: str, cdi_root: st
 
 
 GPUSHARE_DRA = os.path.join(os.path.dirname(sys.executable), "gpushare-dra")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class PluginProcess:
@@ -81,9 +82,11 @@ class PluginProcess:
     it waits up to `handover_timeout` seconds for a successor's registration."""
 
     def __init__(self, dirs: Dirs, hook_dir: str, kubeconfig: str, pod_uid: str = "",
-                 handover_timeout: float = 2.0) -> None:
+                 handover_timeout: float = 2.0, extra: tuple[str, ...] = ()) -> None:
+        """`extra`: flags after Dirs.flags (a later flag wins)."""
         self.dirs, self.hook_dir, self.kubeconfig, self.pod_uid = dirs, hook_dir, kubeconfig, pod_uid
         self.handover_timeout = handover_timeout
+        self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         part = f"-{pod_uid}" if pod_uid else ""
@@ -92,12 +95,16 @@ class PluginProcess:
 
     def start(self, fault: str | None = None, wait: bool = True) -> None:
         # faulthandler: a plugin that hangs is sent SIGABRT and prints every thread's stack
-        env = {k: v for k, v in os.environ.items() if k != "GPUSHARE_FAULT_POINT"} | {"PYTHONFAULTHANDLER": "1"}
+        # PYTHONPATH: this checkout's code, not wherever the console script's editable install points
+        path = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+        env = {k: v for k, v in os.environ.items() if k != "GPUSHARE_FAULT_POINT"} | {
+            "PYTHONFAULTHANDLER": "1", "PYTHONPATH": path}
         if fault:
             env["GPUSHARE_FAULT_POINT"] = fault
         flags = self.dirs.flags(self.hook_dir)
         if self.pod_uid:
             flags += ["--pod-uid", self.pod_uid, "--handover-timeout", str(self.handover_timeout)]
+        flags += self.extra
         # its log goes to a file: a pipe nobody reads while it runs would fill and block it
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([GPUSHARE_DRA, "kubelet-plugin", "--kubeconfig", self.kubeconfig, "--log-format",
