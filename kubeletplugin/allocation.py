@@ -77,8 +77,10 @@ def plan_claim(claim: dict[str, Any], driver: str, pool: str, gpus: dict[int, Gp
         entry = per_gpu.setdefault((gpu.index, -1 if ref.mig_start is None else ref.mig_start), _GpuTotal(mig=mig))
         request = result.get("request", "")
         entry.requests.add(request)
-        if mig is not None:
+        if mig is not None:  # as a whole GPU below, of the instance
             memory, compute = _consumed(result.get("consumedCapacity") or {}, mig.memory_bytes, where)
+            if compute == FULL_COMPUTE and not _asks_memory(claim, request, driver):
+                memory = mig.memory_bytes
             entry.memory += memory
             entry.compute += compute
         elif ref.share is None:

@@ -138,9 +138,11 @@ class MigState:
                     return self._record(mig, entry), other.uuid
                 size = next((p.size for p in profiles if p.profile_id == other.profile_id), 0)
                 if _overlaps(other.start, size, mig.start, profile.size):
+                    ours = next((e for e in self.ledger.entries if e.uuid and e.uuid == other.uuid), None)
+                    whose = (f"of claim(s) {', '.join(ours.claims)}" if ours else
+                             "which this driver did not make; it is left alone (docs/mig.md)")
                     raise MigError(f"the {mig.profile} placement at memory slice {mig.start} of GPU {mig.parent_uuid} "
-                                   f"overlaps MIG device {other.uuid}, which this driver did not make; it is "
-                                   "left alone (docs/mig.md)")
+                                   f"overlaps MIG device {other.uuid or f'(GPU instance {other.gi_id})'}, {whose}")
             self.ledger.put(LedgerEntry(*placement, CREATING, tuple(_gi(i) for i in existing), claims=(claim_uid,)))
             self.reached("prepare-mig-recorded")
             try:

@@ -183,7 +183,24 @@ def _mig_placements(profile: MigProfile) -> tuple[int, ...]:
     return tuple(sorted(profile.placements, reverse=profile.size < 4))
 
 
-def _mig_devices(gpu: GpuInfo) -> list[JSON]:
+def _mig_capacity(profile: MigProfile, mode: str) -> JSON:
+    """A MIG device's memory and compute. Capacity mode: shared like a whole GPU (claims ask for
+    slices of the instance, each held to it by the library; a claim that asks for none takes it
+    whole: compute defaults to all of it); partition mode: one claim takes the instance."""
+    memory = format_bytes(profile.memory_bytes)
+    if mode != CAPACITY:
+        return {"memory": {"value": memory}, "compute": {"value": str(FULL_COMPUTE)}}
+    top = format_bytes(profile.memory_bytes // MEMORY_STEP * MEMORY_STEP)
+    return {
+        "memory": {"value": memory, "requestPolicy": {
+            "default": top, "validRange": {"min": format_bytes(MEMORY_STEP), "step": format_bytes(MEMORY_STEP),
+                                           "max": top}}},
+        "compute": {"value": str(FULL_COMPUTE), "requestPolicy": {
+            "default": str(FULL_COMPUTE), "validRange": {"min": "1", "step": "1", "max": str(FULL_COMPUTE)}}},
+    }
+
+
+def _mig_devices(gpu: GpuInfo, mode: str) -> list[JSON]:
     common: JSON = {k: v for k, v in _attributes(gpu, "", "").items()
                     if k not in ("uuid", STRATEGY_ATTRIBUTE)}
     common["type"] = {"string": MIG_TYPE}
@@ -194,11 +211,13 @@ def _mig_devices(gpu: GpuInfo) -> list[JSON]:
         for start in _mig_placements(profile):
             attributes = {**common, "profile": {"string": profile.name},
                           "placementStart": {"int": start}, "multiprocessors": {"int": profile.multiprocessors}}
+            device: JSON = {"name": devicemodel.mig_device(gpu.index, profile.name, start)}
+            if mode == CAPACITY:
+                device["allowMultipleAllocations"] = True
             devices.append({
-                "name": devicemodel.mig_device(gpu.index, profile.name, start),
+                **device,
                 "attributes": attributes,
-                "capacity": {"memory": {"value": format_bytes(profile.memory_bytes)},
-                             "compute": {"value": str(FULL_COMPUTE)}},
+                "capacity": _mig_capacity(profile, mode),
                 "consumesCounters": [{"counterSet": mig_counter_set(gpu), "counters": {
                     k: {"value": str(v)} for k, v in sorted(_mig_counters(profile, start).items())}}],
             })
@@ -235,7 +254,7 @@ def desired_devices(gpus: list[GpuInfo], mode: str, partitions: int, taints: boo
             continue
         strategy = (strategies or GpuStrategies()).of(gpu.index)
         if gpu.mig_mode:
-            gpu_devices = _mig_devices(gpu)
+            gpu_devices = _mig_devices(gpu, mode)
         elif mode == CAPACITY:
             gpu_devices = [_capacity_device(gpu, strategy)]
         else:

@@ -39,7 +39,15 @@ def test_each_placement_is_a_device_consuming_the_gpus_counters():
         "type": {"string": "mig"}, "profile": {"string": "3g.40gb"}, "multiprocessors": {"int": 60},
         "parentUUID": {"string": "GPU-5ea1c0de-0000-4000-8000-000000000000"}, "placementStart": {"int": 4}}
     assert "sharingStrategy" not in d["attributes"] and "uuid" not in d["attributes"]
-    assert d["capacity"]["memory"] == {"value": "40448Mi"}
+    # capacity mode: claims may share the instance, asking for slices of it (docs/mig.md)
+    assert d["allowMultipleAllocations"] is True
+    assert d["capacity"]["memory"] == {"value": "40448Mi", "requestPolicy": {
+        "default": "40448Mi", "validRange": {"min": "256Mi", "step": "256Mi", "max": "40448Mi"}}}
+    assert d["capacity"]["compute"]["requestPolicy"]["default"] == "100"  # asking for none: the instance whole
+    [partitioned, _] = h100(mode="partition")
+    assert {k: v for k, v in partitioned["spec"]["devices"][0].items() if k in ("allowMultipleAllocations",
+                                                                             "capacity")} == {
+        "capacity": {"memory": {"value": "9984Mi"}, "compute": {"value": "100"}}}
     [consumed] = d["consumesCounters"]
     assert consumed["counterSet"] == "gpu-0-mig"
     assert {k: v["value"] for k, v in consumed["counters"].items()} == {
@@ -76,10 +84,14 @@ def test_only_the_operators_choice():
 
 
 def claim(name, profile):
+    """A claim of one MIG device of `profile`; `3g.40gb:8Gi:30` asks for that slice of it."""
+    profile, *share = profile.split(":")
     selector = f'device.attributes["gpushare.dev"].profile == "{profile}"'
+    exactly = {"deviceClassName": "mig.gpushare.dev", "selectors": [{"cel": {"expression": selector}}]}
+    if share:
+        exactly["capacity"] = {"requests": {"memory": share[0], "compute": share[1]}}
     return {"metadata": {"namespace": "default", "name": name, "uid": f"uid-{name}"},
-            "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
-                "deviceClassName": "mig.gpushare.dev", "selectors": [{"cel": {"expression": selector}}]}}]}}}
+            "spec": {"devices": {"requests": [{"name": "mig", "exactly": exactly}]}}}
 
 
 MIG_CLASS = {"metadata": {"name": "mig.gpushare.dev"}, "spec": {"selectors": [{"cel": {"expression":
@@ -97,7 +109,7 @@ def allocate_in_turn(profiles):
                                         allocated_claims=allocated)
         except core.AllocationError as e:
             got.append(None)
-            assert "counter gpu-0-mig/memory-slice-" in str(e)
+            assert "counter gpu-0-mig/memory-slice-" in str(e) or "compute: needs" in str(e), str(e)
             continue
         allocated.append(c)
         got.append(c["status"]["allocation"]["devices"]["results"][0]["device"])
@@ -111,3 +123,10 @@ def test_the_scheduler_never_books_overlapping_placements():
     # a 3g.40gb, a 2g.20gb and a 1g.10gb fill it: memory slice 7 has no 1g.10gb placement
     assert allocate_in_turn(["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb", "1g.10gb"]) == [
         "gpu-0-mig-3g-40gb-0", "gpu-0-mig-2g-20gb-4", "gpu-0-mig-1g-10gb-6", None, None]
+
+
+def test_claims_share_an_instance_in_slices_and_take_its_counters_once():
+    # a whole 3g.40gb, then three slices of one: they share the second placement's instance
+    # until its compute is gone; the 1g.10gb that does not fit beside the two stays Pending
+    assert allocate_in_turn(["3g.40gb", "3g.40gb:8Gi:30", "3g.40gb:16Gi:50", "3g.40gb:4Gi:30", "1g.10gb"]) == [
+        "gpu-0-mig-3g-40gb-0", "gpu-0-mig-3g-40gb-4", "gpu-0-mig-3g-40gb-4", None, None]

@@ -106,7 +106,7 @@ def test_prepare_makes_the_instance_and_unprepare_destroys_it(api, dirs, mig_plu
     assert env["GPUSHARE_MEMORY_LIMIT_0"] == str(40448 << 20)  # the instance's memory
     # a placement overlapping an instance: the scheduler never allocates it (counters); Prepare refuses it
     c = make_claim(api, [result("gpu-0-mig-4g-40gb-0")])
-    assert "overlaps" in kubelet.prepare(c).claims[c.uid].error or "INSUFFICIENT" in kubelet.prepare(c).claims[c.uid].error
+    assert f"overlaps MIG device {made[0]['uuid']}, of claim(s) {b.uid}" in kubelet.prepare(c).claims[c.uid].error
     assert kubelet.unprepare(a).claims[a.uid].error == ""
     assert [i["start"] for i in instances(dirs)] == [0]
     # a restart keeps the prepared claim's instance (adopted from the ledger)
