@@ -384,7 +384,7 @@ def test_discover_snake_case_keys_are_refused(tmp_path):
     assert refused(["discover", "--device-backend", "mock", "--mock-gpus", str(f)]) == (
         f"gpushare-dra discover: error: {f}: gpus[0]: unknown field(s) ['memory_bytes', 'product_name'] "
         "(accepted, camelCase: index, memory, uuid, productName, architecture, cudaComputeCapability, "
-        "driverVersion, cudaDriverVersion, brand, pciBusID, pcieRoot, healthy, healthReason)")
+        "driverVersion, cudaDriverVersion, brand, pciBusID, pcieRoot, healthy, healthReason, migMode)")
 
 
 def test_every_flag_has_an_environment_variable(monkeypatch):
