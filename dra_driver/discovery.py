@@ -147,10 +147,11 @@ def _mock_gpu(index: int, memory_bytes: int, **overrides: Any) -> GpuInfo:  # An
     return replace(gpu, **overrides) if overrides else gpu
 
 
-_COUNT_X_MEMORY = re.compile(r"\s*([0-9]+)\s*x\s*(\S+)\s*")  # fullmatch only
+_COUNT_X_MEMORY = re.compile(r"\s*([0-9]+)\s*x\s*([^\s:]+)(:mig)?\s*")  # fullmatch only
 MIN_MOCK_MEMORY = 1 << 30  # a smaller "GPU" is a missing unit ("2x80": 80 bytes), never meant
 MAX_MOCK_GPUS = 1024  # a bound, so a typo cannot build millions of devices
-SHORTHAND_ACCEPTED = "accepted: COUNTxMEMORY groups such as 2x80Gi or 1x80Gi,2x40Gi, or a YAML file"
+SHORTHAND_ACCEPTED = ("accepted: COUNTxMEMORY groups such as 2x80Gi or 1x80Gi,2x40Gi (1x80Gi:mig: in MIG mode), "
+                      "or a YAML file")
 # Top-level keys of a mock GPU file: `discover` prints all three; only `gpus` is read.
 _MOCK_YAML_KEYS = ("gpus", "sharing", "devices")
 
@@ -194,8 +195,9 @@ class MockBackend:
 
     def discover(self) -> list[GpuInfo]:
         if _COUNT_X_MEMORY.fullmatch(self.spec.split(",")[0]):
-            return self._from_shorthand(self.spec)
-        gpus = self._from_yaml(Path(self.spec))
+            gpus = self._from_shorthand(self.spec)
+        else:
+            gpus = self._from_yaml(Path(self.spec))
         if self.mig_nvml is None:
             return gpus
         return [replace(g, mig_profiles=self._mig_profiles(g)) if g.mig_mode and g.healthy else g for g in gpus]
@@ -219,7 +221,7 @@ class MockBackend:
             if int(m.group(1)) < 1:
                 raise DiscoveryError(f"--mock-gpus: count in {group!r} is below 1 ({SHORTHAND_ACCEPTED})")
             memory = _mock_memory(m.group(2), "--mock-gpus memory", f" in {group!r}")
-            gpus.extend(_mock_gpu(len(gpus), memory) for _ in range(int(m.group(1))))
+            gpus.extend(_mock_gpu(len(gpus), memory, mig_mode=bool(m.group(3))) for _ in range(int(m.group(1))))
         return gpus
 
     @staticmethod

@@ -173,6 +173,7 @@ class SliceController:
         # Learned from the server; None until the first pass asks.
         self._capacity_kept: bool | None = None
         self._taints_kept: bool | None = None
+        self._counters_kept = True  # partitionable devices' fields; False once a write lost them
         self._node_uid: str | None = None
         self._node_checked_at = 0.0
         self._node_checked = False
@@ -282,8 +283,11 @@ class SliceController:
     def desired(self) -> list[JSON]:
         """The slices this node should have now (generation 0; the pass sets the real one)."""
         mode = self.mode
+        # MIG devices only where the server keeps their counters: without them the scheduler would
+        # book overlapping instances (feature gate DRAPartitionableDevices off)
+        mig_gpus = self.mig_gpus if self._counters_kept else NO_MIG
         devices = slices.desired_devices(self._gpus or [], mode, self.partitions, bool(self._taints_kept),
-                                         self.taint_effect, self.device_order, self.strategies, self.mig_gpus)
+                                         self.taint_effect, self.device_order, self.strategies, mig_gpus)
         if mode == devicemodel.CAPACITY and not self._capacity_kept:
             # Capacity mode forced on a server without the gate: publish what it will store,
             # or every comparison would differ and we would rewrite forever.
@@ -292,7 +296,7 @@ class SliceController:
                 for c in d["capacity"].values():
                     c.pop("requestPolicy", None)
         return slices.desired_slices(self.node, self.driver, devices, self._node_uid,
-                                     slices.mig_counter_sets(self._gpus or [], self.mig_gpus))
+                                     slices.mig_counter_sets(self._gpus or [], mig_gpus))
 
     def _reconcile(self) -> None:
         if not self._node_checked:
@@ -364,6 +368,11 @@ class SliceController:
 
     def _learn(self, sent: JSON, returned: JSON) -> None:
         """Notice a server that dropped gated fields from a real write (its gates changed since the probe)."""
+        if self._counters_kept and not slices.counters_kept(sent, returned):
+            self._counters_kept = False
+            self.log.warning("the API server drops the partitionable-devices fields (feature gate "
+                             "DRAPartitionableDevices off): no MIG devices are published (docs/mig.md)")
+            self._wake.set()
         capacity, taints = slices.kept_features(sent, returned)
         if capacity is False or taints is False:
             # (after the probe: neither is None)

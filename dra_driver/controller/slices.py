@@ -422,3 +422,14 @@ def kept_features(sent: JSON, returned: JSON) -> tuple[bool | None, bool | None]
         if d.get("taints"):
             taints = (taints is not False) and bool(back.get("taints"))
     return capacity, taints
+
+
+def counters_kept(sent: JSON, returned: JSON) -> bool:
+    """Whether the server kept the partitionable-devices fields (KEP 4815) of a write: a counters
+    slice's sharedCounters, its devices' consumesCounters. True when the write had none."""
+    spec, back = sent.get("spec") or {}, returned.get("spec") or {}
+    if spec.get("sharedCounters") and not back.get("sharedCounters"):
+        return False
+    got = {d.get("name"): d for d in back.get("devices") or []}
+    return all(got.get(d["name"], {}).get("consumesCounters") for d in spec.get("devices") or []
+               if d.get("consumesCounters"))

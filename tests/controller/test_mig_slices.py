@@ -130,3 +130,16 @@ def test_claims_share_an_instance_in_slices_and_take_its_counters_once():
     # until its compute is gone; the 1g.10gb that does not fit beside the two stays Pending
     assert allocate_in_turn(["3g.40gb", "3g.40gb:8Gi:30", "3g.40gb:16Gi:50", "3g.40gb:4Gi:30", "1g.10gb"]) == [
         "gpu-0-mig-3g-40gb-0", "gpu-0-mig-3g-40gb-4", "gpu-0-mig-3g-40gb-4", None, None]
+
+
+def test_a_server_that_drops_the_counters_is_noticed():
+    device_slice, counter_slice = h100()
+    dropped = {**device_slice, "spec": {**device_slice["spec"], "devices": [
+        {k: v for k, v in d.items() if k != "consumesCounters"} for d in device_slice["spec"]["devices"]]}}
+    assert slices.counters_kept(device_slice, device_slice) and slices.counters_kept(counter_slice, counter_slice)
+    assert not slices.counters_kept(device_slice, dropped)
+    assert not slices.counters_kept(counter_slice, {"spec": {k: v for k, v in counter_slice["spec"].items()
+                                                             if k != "sharedCounters"}})
+    plain = slices.desired_slices("node-a", "gpushare.dev", slices.desired_devices(
+        MockBackend("1x80Gi").discover(), "capacity", 8, True), None)[0]
+    assert slices.counters_kept(plain, {})  # nothing to keep

@@ -22,7 +22,8 @@ import yaml
 from dra_driver.cli import build_parser, main
 
 CLI = [sys.executable, "-m", "dra_driver.cli"]
-MOCK_ACCEPTED = "accepted: COUNTxMEMORY groups such as 2x80Gi or 1x80Gi,2x40Gi, or a YAML file"
+MOCK_ACCEPTED = ("accepted: COUNTxMEMORY groups such as 2x80Gi or 1x80Gi,2x40Gi (1x80Gi:mig: in MIG mode), "
+                 "or a YAML file")
 
 
 def parse(*argv):

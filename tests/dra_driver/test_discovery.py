@@ -260,3 +260,10 @@ def test_driver_root_with_a_file_that_is_no_library_is_one_error(tmp_path):
 def test_driver_root_is_refused_with_the_mock_backend():
     with pytest.raises(FlagError, match="--driver-root: only with --device-backend nvml"):
         make_backend("mock", driver_root="/")
+
+
+def test_mock_shorthand_puts_gpus_in_mig_mode():
+    gpus = MockBackend("1x80Gi:mig,2x40Gi").discover()
+    assert [(g.index, g.mig_mode, g.mig_profiles) for g in gpus] == [(0, True, ()), (1, False, ()), (2, False, ())]
+    with pytest.raises(DiscoveryError, match="'1x80Gi:migs' is neither COUNTxMEMORY nor an existing file"):
+        MockBackend("1x80Gi:migs")
