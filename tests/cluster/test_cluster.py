@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client, config
 
+from dra_driver.hookpath import native_paths
 from tests.support import GiB, roots
 from tests.support.claimstatus import check_status_writer
 from tests.support.cluster import claim_manifest, claim_template, cluster_specs
@@ -480,6 +483,70 @@ def test_the_real_scheduler_keeps_mps_claims_off_time_sliced_gpus(installed):
         kube("delete", "pod", "-l", "test=strategies", "--ignore-not-found", "--wait=true", "--grace-period=0",
              "--force", timeout=180)
         kube("delete", "resourceclaim", *claims, "--ignore-not-found", "--wait=true", timeout=180)
+        kube("apply", "-k", "deploy/overlays/mock")  # the manifests' args again
+        kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
+
+
+def printed(kube, pod: str, marker: str) -> str | None:
+    """The pod's log once it shows marker."""
+    log = kube.logs(pod)
+    return log if marker in log else None
+
+
+def mig_instances(state: str = "/var/lib/gpushare/sim.state") -> list[str]:
+    """The MIG UUIDs of the node's simulated GPU 0, as NVML lists them (the node is this machine)."""
+    script = ("import json, pynvml; from dra_driver.discovery import load_nvml; "
+              "from dra_driver.mig import MigInstances, read_profiles; "
+              f"load_nvml({str(Path(native_paths()['sim_nvml']).parent)!r}); pynvml.nvmlInit(); "
+              "g = pynvml.nvmlDeviceGetHandleByIndex(0); print(json.dumps(sorted(i.uuid for i in "
+              "MigInstances(pynvml).list(pynvml.nvmlDeviceGetUUID(g), read_profiles(pynvml, g)))))")
+    env = {"GPUSHARE_SIM_STATE": state, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
+                         check=True, cwd=str(Path(__file__).parents[2]))
+    return json.loads(out.stdout)
+
+
+def test_the_real_scheduler_places_mig_instances_and_shares_one(installed):
+    """The plugin with a simulated H100 in MIG mode (--mock-gpus=1x80Gi:mig,1x80Gi --mig-gpus=0):
+    the API server keeps the MIG devices' counters, kube-scheduler places deploy/examples/mig's
+    claims by them: a whole 3g.40gb, a second shared by two pods in 8Gi slices (held to them), and
+    the 1g.10gb that does not fit beside them stays Pending; the instances go with the pods."""
+    kube = installed
+    ds = ["-n", "gpushare-system", "daemonset/gpushare-kubelet-plugin"]
+    docs = [d for d in yaml.safe_load_all(open("deploy/examples/mig/instances-and-slices.yaml")) if d]
+    try:
+        kube("patch", *ds, "--type=json", "-p", json.dumps([
+            {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": v}
+            for v in ("--mock-gpus=1x80Gi:mig,1x80Gi", "--mig-gpus=0")]))
+        kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
+        kube.wait_until("MIG devices in the slices", lambda: [
+            d for s in kube.items("resourceslices") if s["spec"]["driver"] == DRIVER
+            for d in s["spec"].get("devices") or [] if d["name"].startswith("gpu-0-mig-")], timeout=120)
+        kube.apply(yaml.safe_dump_all([d for d in docs if d["kind"] != "Pod"]))
+        for pod in (d for d in docs if d["kind"] == "Pod"):
+            kube.apply(yaml.safe_dump(pod))
+            name = pod["metadata"]["name"]
+            if name != "mig-small":
+                kube("wait", "--for=condition=Ready", f"pod/{name}", "--timeout=240s", timeout=260)
+        devices = {c["metadata"]["name"].rsplit("-mig-", 1)[0]: c["status"]["allocation"]["devices"]["results"][0][
+            "device"] for c in kube.items("resourceclaims") if c.get("status", {}).get("allocation")}
+        assert devices == {"mig-whole": "gpu-0-mig-3g-40gb-0", "mig-tenant-a": "gpu-0-mig-3g-40gb-4",
+                           "mig-tenant-b": "gpu-0-mig-3g-40gb-4"}, devices
+        assert len(mig_instances()) == 2
+        out = kube.wait_until("mig-whole's meminfo", lambda: printed(kube, "mig-whole", "cu_total="))
+        assert f"cu_total={40448 << 20}" in out, out
+        out = kube.wait_until("mig-tenant-a's allocation", lambda: printed(kube, "mig-tenant-a", "result="))
+        assert f"allocated={8 * GiB} chunks=" in out, out
+        event = kube.wait_until("mig-small's FailedScheduling", lambda: [
+            e["message"] for e in kube.items("events", "--field-selector", "involvedObject.name=mig-small")
+            if e.get("reason") == "FailedScheduling"], timeout=120)
+        assert pod_phase(kube, "mig-small") == "Pending", event
+    finally:
+        kube("delete", "pod", *(d["metadata"]["name"] for d in docs if d["kind"] == "Pod"), "--ignore-not-found",
+             "--wait=true", "--grace-period=1", timeout=180)
+        kube.wait_until("the MIG instances destroyed", lambda: mig_instances() == [], timeout=120)
+        kube("delete", "resourceclaimtemplate", *(d["metadata"]["name"] for d in docs if d["kind"] != "Pod"),
+             "--ignore-not-found", timeout=60)
         kube("apply", "-k", "deploy/overlays/mock")  # the manifests' args again
         kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
 
