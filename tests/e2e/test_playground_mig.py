@@ -78,7 +78,8 @@ def test_instances_made_for_claims_shared_in_slices_and_gone_with_the_pods(clust
                     lambda: "result=" in (log := kubectl("logs", "mig-tenant-a")) and log)
     assert f"allocated={8 << 30} chunks=" in held, held
     # the 1g.10gb does not fit beside two 3g.40gb: Pending, the scheduler says why
-    why = wait_for("mig-small's FailedScheduling", lambda: pod_events(kubectl, "mig-small", "FailedScheduling"))[0]
+    why = wait_for("mig-small's FailedScheduling for the counters", lambda: [
+        m for m in pod_events(kubectl, "mig-small", "FailedScheduling") if "counter" in m])[0]
     assert "counter gpu-0-mig/memory-slice-" in why and "0 left" in why, why
     assert json.loads(kubectl("get", "pod", "mig-small", "-o", "json"))["status"]["phase"] == "Pending"
     kubectl("delete", "-f", EXAMPLE)
