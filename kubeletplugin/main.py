@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes import client
 
 from dra_driver.config.strategies import GpuStrategies
-from dra_driver.controller.slices import desired_devices
+from dra_driver.controller.slices import desired_devices, mig_note
 from dra_driver.devicemodel import CAPACITY, PARTITION
 from dra_driver.discovery import DeviceBackend, MockBackend, make_backend
 from dra_driver.flags import FlagError, check_port_free, split_host_port
@@ -208,17 +208,8 @@ class Plugin:
             pynvml.nvmlInit()
             backend.mig_nvml = pynvml
         for gpu in self.backend.discover():
-            if gpu.index not in self.mig_gpus:
-                continue
-            if not gpu.mig_mode:
-                log.warning("GPU named by --mig-gpus has MIG mode disabled: no MIG devices, offered as before; the "
-                            "plugin never switches it (nvidia-smi -i <index> -mig 1 and a GPU reset enable it)",
-                            gpu=gpu.index, uuid=gpu.uuid)
-            elif not gpu.mig_profiles:
-                log.warning("GPU in MIG mode reports no MIG profiles: no MIG devices", gpu=gpu.index, uuid=gpu.uuid)
-            else:
-                log.info("GPU offered as MIG devices", gpu=gpu.index, uuid=gpu.uuid,
-                         profiles=[p.name for p in gpu.mig_profiles])
+            if note := mig_note(gpu, self.mig_gpus):
+                (log.info if gpu.mig_mode and gpu.mig_profiles else log.warning)(note, gpu=gpu.index)
         return MigInstances(pynvml)
 
     def start(self) -> Plugin:

@@ -143,6 +143,20 @@ def offers_mig(gpu: GpuInfo, mig_gpus: GpuSet) -> bool:
     return gpu.mig_mode and gpu.index in mig_gpus and bool(gpu.mig_profiles)
 
 
+def mig_note(gpu: GpuInfo, mig_gpus: GpuSet) -> str | None:
+    """What the operator should know about a GPU's MIG devices, for the plugin's log; None when
+    --mig-gpus does not name it (nothing was asked)."""
+    if gpu.index not in mig_gpus:
+        return None
+    if not gpu.mig_mode:
+        return (f"GPU {gpu.index} ({gpu.uuid}) is named by --mig-gpus but its MIG mode is disabled: no MIG devices, "
+                f"offered as before; the driver never switches it (nvidia-smi -i {gpu.index} -mig 1 and a GPU reset "
+                "enable it)")
+    if not gpu.mig_profiles:
+        return f"GPU {gpu.index} ({gpu.uuid}) is in MIG mode but NVML lists no MIG profiles: no MIG devices"
+    return f"GPU {gpu.index} ({gpu.uuid}) offered as MIG devices: {', '.join(p.name for p in gpu.mig_profiles)}"
+
+
 def _whole_profile(profiles: tuple[MigProfile, ...]) -> MigProfile:
     return max(profiles, key=lambda p: (p.compute_slices, p.size, p.multiprocessors))
 

@@ -79,6 +79,12 @@ def test_only_the_operators_choice():
     names = [d["name"] for d in slices.desired_devices(gpus, "capacity", 8, True, mig_gpus=GpuSet.parse("all"))]
     assert names[-1] == "gpu-1" and all(n.startswith("gpu-0-mig-") for n in names[:-1])
     assert slices.mig_counter_sets(gpus, GpuSet.parse("1")) == []
+    # and the plugin's log says why GPU 1 offers no MIG devices
+    assert "GPU 1 (GPU-5ea1c0de-0000-4000-8000-000000000001) is named by --mig-gpus but its MIG mode is disabled" \
+        in slices.mig_note(gpus[1], GpuSet.parse("all"))
+    assert slices.mig_note(gpus[1], NO_MIG) is None
+    assert slices.mig_note(gpus[0], GpuSet.parse("0")).endswith("offered as MIG devices: 1g.10gb, 2g.20gb, 3g.40gb, "
+                                                               "4g.40gb, 7g.80gb, 1g.10gb+me, 1g.20gb")
     with pytest.raises(ValueError, match="--mig-gpus: 'x': expected none, all, or GPU indexes like 0,2"):
         GpuSet.parse("x")
 
