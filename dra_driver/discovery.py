@@ -179,9 +179,9 @@ class MockBackend:
     A YAML file is read again on every `discover()`, so a test (or an operator on a
     mock cluster) can make a GPU disappear or turn unhealthy by editing the file.
 
-    A GPU with `migMode: true` is in MIG mode on the simulated driver too (SimDriver passes
-    GPUSHARE_SIM_MIG); its profiles come from the simulated NVML once the plugin sets `mig_nvml`
-    (pynvml on hook/sim's libnvidia-ml.so.1), the same calls as on a real GPU.
+    A GPU with `migMode: true` starts in MIG mode on the simulated driver too (SimDriver passes
+    GPUSHARE_SIM_MIG); once the plugin sets `mig_nvml` (pynvml on hook/sim's libnvidia-ml.so.1),
+    MIG mode and profiles are the simulated NVML's, read by the same calls as on a real GPU.
     """
 
     name = "mock"
@@ -200,14 +200,17 @@ class MockBackend:
             gpus = self._from_yaml(Path(self.spec))
         if self.mig_nvml is None:
             return gpus
-        return [replace(g, mig_profiles=self._mig_profiles(g)) if g.mig_mode and g.healthy else g for g in gpus]
+        return [self._mig(g) if g.healthy else g for g in gpus]
 
-    def _mig_profiles(self, gpu: GpuInfo) -> tuple[MigProfile, ...]:
+    def _mig(self, gpu: GpuInfo) -> GpuInfo:
+        """MIG mode and profiles as the simulated NVML has them now: `migMode` is where the
+        simulated GPU starts; an operator may switch it there since (nvmlDeviceSetMigMode)."""
         nvml = self.mig_nvml
         try:
-            return read_profiles(nvml, nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)) or ()
+            profiles = read_profiles(nvml, nvml.nvmlDeviceGetHandleByUUID(gpu.uuid))
         except (nvml.NVMLError, MigError) as e:
             raise DiscoveryError(f"simulated NVML: the MIG profiles of GPU {gpu.index} ({gpu.uuid}): {e}") from None
+        return replace(gpu, mig_mode=profiles is not None, mig_profiles=profiles or ())
 
     @staticmethod
     def _from_shorthand(spec: str) -> list[GpuInfo]:

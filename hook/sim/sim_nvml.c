@@ -450,7 +450,7 @@ SIM_API nvmlReturn_t nvmlEventSetWait(struct nvmlEventSet_st *set, sim_nvmlEvent
  * NOT_SUPPORTED on a GPU whose MIG mode is off or for a profile the GPU lacks,
  * INSUFFICIENT_RESOURCES for a placement that overlaps an instance or a profile whose instances
  * are all made, IN_USE for a GPU instance that still has its compute instance or a compute
- * instance with processes. MIG mode itself is never changed here (no nvmlDeviceSetMigMode). */
+ * instance with processes. nvmlDeviceSetMigMode is the operator's (the plugin only reads the mode). */
 #define NVML_ERROR_IN_USE 19
 #define NVML_ERROR_INSUFFICIENT_RESOURCES 23
 #define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12u
@@ -572,6 +572,24 @@ static nvmlReturn_t nvml_mig_by_uuid(const char *uuid, nvmlDevice_t *d)
             }
         }
     return NVML_ERROR_NOT_FOUND;
+}
+
+/* What `nvidia-smi -i N -mig 1` calls: the operator's tool, never the plugin's. As on a GPU with
+ * nothing running, the mode changes at once; with instances or processes holding memory it is
+ * refused (a real GPU leaves it pending until a reset, which the simulator has no use for). */
+SIM_API nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t d, unsigned int mode, nvmlReturn_t *activation)
+{
+    DEV(d);
+    if (mode > 1 || !activation) return NVML_ERROR_INVALID_ARGUMENT;
+    sim_reap();
+    sim_robust_lock(&sim->lock.m);
+    nvmlReturn_t rc = __atomic_load_n(&sim->dev[d->index].used, __ATOMIC_RELAXED) ? NVML_ERROR_IN_USE : NVML_SUCCESS;
+    for (int g = 0; rc == NVML_SUCCESS && g < SIM_MIG_MAX_GI; g++)
+        if (sim->mig[d->index].gi[g].in_use) rc = NVML_ERROR_IN_USE;
+    if (rc == NVML_SUCCESS) sim->mig[d->index].mode = mode;
+    pthread_mutex_unlock(&sim->lock.m);
+    *activation = rc;
+    return rc;
 }
 
 SIM_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending)

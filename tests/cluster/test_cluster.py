@@ -493,31 +493,39 @@ def printed(kube, pod: str, marker: str) -> str | None:
     return log if marker in log else None
 
 
-def mig_instances(state: str = "/var/lib/gpushare/sim.state") -> list[str]:
-    """The MIG UUIDs of the node's simulated GPU 0, as NVML lists them (the node is this machine)."""
+def node_nvml(code: str, state: str = "/var/lib/gpushare/sim.state") -> object:
+    """`code` (which sets `out`) with pynvml on the node's simulated NVML, GPU 0 as `g`: what an
+    operator's nvidia-smi does on the node (the node is this machine)."""
     script = ("import json, pynvml; from dra_driver.discovery import load_nvml; "
               "from dra_driver.mig import MigInstances, read_profiles; "
               f"load_nvml({str(Path(native_paths()['sim_nvml']).parent)!r}); pynvml.nvmlInit(); "
-              "g = pynvml.nvmlDeviceGetHandleByIndex(0); print(json.dumps(sorted(i.uuid for i in "
-              "MigInstances(pynvml).list(pynvml.nvmlDeviceGetUUID(g), read_profiles(pynvml, g)))))")
+              f"g = pynvml.nvmlDeviceGetHandleByIndex(0); out = None\n{code}\nprint(json.dumps(out))")
     env = {"GPUSHARE_SIM_STATE": state, "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
-                         check=True, cwd=str(Path(__file__).parents[2]))
-    return json.loads(out.stdout)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=str(Path(__file__).parents[2]))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def mig_instances() -> object:
+    """The MIG UUIDs of the node's simulated GPU 0, as NVML lists them."""
+    return node_nvml("out = sorted(i.uuid for i in MigInstances(pynvml).list(pynvml.nvmlDeviceGetUUID(g), "
+                     "read_profiles(pynvml, g) or ()))")
 
 
 def test_the_real_scheduler_places_mig_instances_and_shares_one(installed):
-    """The plugin with a simulated H100 in MIG mode (--mock-gpus=1x80Gi:mig,1x80Gi --mig-gpus=0):
-    the API server keeps the MIG devices' counters, kube-scheduler places deploy/examples/mig's
-    claims by them: a whole 3g.40gb, a second shared by two pods in 8Gi slices (held to them), and
-    the 1g.10gb that does not fit beside them stays Pending; the instances go with the pods."""
+    """The operator puts simulated GPU 0 in MIG mode (nvmlDeviceSetMigMode, as nvidia-smi does) and
+    gives the plugin --mig-gpus=0: the API server keeps the MIG devices' counters, kube-scheduler
+    places deploy/examples/mig's claims by them: a whole 3g.40gb, a second shared by two pods in
+    8Gi slices (held to them), and the 1g.10gb that does not fit beside them stays Pending; the
+    instances go with the pods."""
     kube = installed
     ds = ["-n", "gpushare-system", "daemonset/gpushare-kubelet-plugin"]
     docs = [d for d in yaml.safe_load_all(open("deploy/examples/mig/instances-and-slices.yaml")) if d]
     try:
+        node_nvml("pynvml.nvmlDeviceSetMigMode(g, 1)")  # the operator: nvidia-smi -i 0 -mig 1
         kube("patch", *ds, "--type=json", "-p", json.dumps([
-            {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": v}
-            for v in ("--mock-gpus=1x80Gi:mig,1x80Gi", "--mig-gpus=0")]))
+            {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--mig-gpus=0"}]))
         kube("rollout", "status", *ds, "--timeout=300s", timeout=320)
         kube.wait_until("MIG devices in the slices", lambda: [
             d for s in kube.items("resourceslices") if s["spec"]["driver"] == DRIVER
@@ -545,6 +553,7 @@ def test_the_real_scheduler_places_mig_instances_and_shares_one(installed):
         kube("delete", "pod", *(d["metadata"]["name"] for d in docs if d["kind"] == "Pod"), "--ignore-not-found",
              "--wait=true", "--grace-period=1", timeout=180)
         kube.wait_until("the MIG instances destroyed", lambda: mig_instances() == [], timeout=120)
+        node_nvml("pynvml.nvmlDeviceSetMigMode(g, 0)")  # the GPU as the other tests know it
         kube("delete", "resourceclaimtemplate", *(d["metadata"]["name"] for d in docs if d["kind"] != "Pod"),
              "--ignore-not-found", timeout=60)
         kube("apply", "-k", "deploy/overlays/mock")  # the manifests' args again

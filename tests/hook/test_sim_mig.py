@@ -75,6 +75,23 @@ def test_a100_profiles_and_mig_off(tmp_path):
     assert out["off_error"] == 3  # NVML_ERROR_NOT_SUPPORTED
 
 
+def test_the_operator_switches_mig_mode_on_an_idle_gpu_only(tmp_path):
+    out = nvml_child(tmp_path, """
+        other = pynvml.nvmlDeviceGetHandleByIndex(1)
+        out["before"] = pynvml.nvmlDeviceGetMigMode(other)
+        pynvml.nvmlDeviceSetMigMode(other, 1)  # what nvidia-smi -i 1 -mig 1 calls
+        out["after"] = [p.name for p in read_profiles(pynvml, other)][:1]
+        p = {p.name: p for p in read_profiles(pynvml, gpu)}["1g.10gb"]
+        MigInstances(pynvml).create(uuid, p, 0)
+        try:
+            pynvml.nvmlDeviceSetMigMode(gpu, 0)
+        except pynvml.NVMLError as e:
+            out["busy"] = e.value
+    """, devices=2)
+    assert out["before"] == [0, 0] and out["after"] == ["1g.10gb"]
+    assert out["busy"] == 19  # NVML_ERROR_IN_USE: it has an instance
+
+
 def test_instances_made_listed_and_destroyed_with_nvml_codes(tmp_path):
     out = nvml_child(tmp_path, """
         profiles = {p.name: p for p in read_profiles(pynvml, gpu)}
