@@ -58,7 +58,7 @@ codegen: $(STAMP)            ## regenerate the kubelet gRPC stubs from api/kubel
 # `make bench` runs every benchmark, each printing its table. A bench that misses a target it
 # prints exits 1 and names the missed ones in its last line (`missed: ...`; hack/benchtargets.py;
 # hack/bench-share does not check its targets yet). All run; it fails, naming them, if any failed.
-BENCHES := prepare controller hook share agent backstop
+BENCHES := prepare controller hook share agent backstop fleet
 
 bench: $(STAMP) hook         ## print every benchmark table; fails if one missed a target it prints (all run)
 	failed=; \

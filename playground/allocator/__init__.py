@@ -5,6 +5,6 @@ through the API. See core.py for the search and devices.py / cel.py for the devi
 """
 
 from .api import allocate_and_reserve, allocate_on_node
-from .core import AllocationError, allocate
+from .core import AllocationError, allocate, allocate_claims
 
-__all__ = ["AllocationError", "allocate", "allocate_and_reserve", "allocate_on_node"]
+__all__ = ["AllocationError", "allocate", "allocate_claims", "allocate_and_reserve", "allocate_on_node"]

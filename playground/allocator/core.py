@@ -18,6 +18,7 @@ from decimal import Decimal
 from .cel import SelectorError, matches
 from .devices import (
     Device,
+    NodePools,
     Unfit,
     consumed_amount,
     format_quantity,
@@ -29,6 +30,7 @@ from .devices import (
 )
 
 MAX_STEPS = 200_000  # devices tried before giving up; the real scheduler has a time limit instead
+MAX_RESULTS = 32  # devices one claim's allocation may hold (resourceapi.AllocationResultsMaxSize)
 _SHOWN_REASONS = 4  # per-device reasons quoted in an error message
 _ATTRIBUTE = re.compile(r'device\.attributes\["([^"]+)"\]\.([A-Za-z0-9_]+)')  # domain, name in a selector
 
@@ -49,6 +51,7 @@ class _Choice:
     tainted: list[tuple[Device, dict]]  # pass all selectors but carry a taint not tolerated
     count: int | None  # None: allocationMode All
     capacity_requests: dict[str, Decimal]  # capacity name as written in the claim -> amount
+    claim: int = 0  # which of the claims allocated together (a pod's) it belongs to
 
 
 @dataclass
@@ -61,16 +64,19 @@ class _Pick:
 class _Usage:
     """What the other allocated claims already hold."""
 
-    def __init__(self, allocated_claims: list[dict], claim: dict):
+    def __init__(self, allocated_claims: list[dict], claims: list[dict]):
         self.used: set[tuple[str, str, str]] = set()
+        self.dedicated: set[tuple[str, str, str]] = set()  # held whole: a result without a shareID
         self.consumed: dict[tuple, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
         for other in allocated_claims:
-            if _same_claim(other, claim):
+            if any(_same_claim(other, claim) for claim in claims):
                 continue  # its old allocation is being replaced
             allocation = (other.get("status") or {}).get("allocation") or {}
             for result in (allocation.get("devices") or {}).get("results") or []:
                 key = (result["driver"], result["pool"], result["device"])
                 self.used.add(key)
+                if not result.get("shareID"):
+                    self.dedicated.add(key)
                 for name, amount in (result.get("consumedCapacity") or {}).items():
                     self.consumed[key][qualify(name, result["driver"])] += to_quantity(amount)
 
@@ -87,6 +93,9 @@ def _in_scope(constraint: dict, choice: _Choice) -> bool:
     return not names or choice.request in names or choice.name in names
 
 
+Constraint = tuple[int, dict]  # the claim it belongs to, the constraint
+
+
 def _describe(constraint: dict) -> str:
     kind = "matchAttribute" if constraint.get("matchAttribute") else "distinctAttribute"
     scope = constraint.get("requests") or "all requests"
@@ -94,12 +103,11 @@ def _describe(constraint: dict) -> str:
 
 
 class _Search:
-    def __init__(self, requests: list[list[_Choice]], usage: _Usage, constraints: list[dict], incomplete: set,
+    def __init__(self, requests: list[list[_Choice]], usage: _Usage, constraints: list[Constraint],
                  counters: dict | None = None):
-        self.requests = requests  # per request, its choices in order of preference
+        self.requests = requests  # per request (of every claim, in order), its choices in order of preference
         self.usage = usage
         self.constraints = constraints
-        self.incomplete = incomplete
         self.picks: list[_Pick] = []
         self.chosen: list[_Choice] = []
         self.steps = 0
@@ -150,6 +158,8 @@ class _Search:
                 if consumed_amount(cap, amount) > cap.value:
                     raise Unfit(f"{cap.key} {format_quantity(amount, cap.text)} is more than the device has")
             return None
+        if device.key in self.usage.dedicated:
+            raise Unfit("allocated whole to another claim")
         if any(p.device.key == device.key and p.choice is choice for p in self.picks):
             raise Unfit("already picked for this request")
         consumed = {}
@@ -165,8 +175,8 @@ class _Search:
         return consumed
 
     def _constraints_hold(self) -> bool:
-        for constraint in self.constraints:
-            scoped = [p for p in self.picks if _in_scope(constraint, p.choice)]
+        for claim, constraint in self.constraints:
+            scoped = [p for p in self.picks if p.choice.claim == claim and _in_scope(constraint, p.choice)]
             match, distinct = constraint.get("matchAttribute"), constraint.get("distinctAttribute")
             name = match or distinct
             if not name:
@@ -182,6 +192,9 @@ class _Search:
         if index == len(self.requests):
             return True
         for choice in self.requests[index]:
+            held = sum(p.choice.claim == choice.claim for p in self.picks)
+            if held + (len(choice.candidates) if choice.count is None else choice.count) > MAX_RESULTS:
+                continue  # the claim's allocation could not hold the results: try its next subrequest
             self.chosen.append(choice)
             if self._fill_all(choice, index) if choice.count is None else self._fill(choice, index, 0, 0):
                 return True
@@ -209,7 +222,7 @@ class _Search:
         return False
 
     def _fill_all(self, choice: _Choice, index: int) -> bool:
-        if not choice.candidates or any((d.driver, d.pool) in self.incomplete for d in choice.candidates):
+        if not choice.candidates:
             return False
         mark = len(self.picks)
         try:
@@ -225,27 +238,37 @@ class _Search:
 
 
 class _Allocator:
-    def __init__(self, claim, node_name, slices, device_classes, allocated_claims):
+    """One claim of those allocated together: its requests' choices, constraints and configs."""
+
+    def __init__(self, claim: dict, index: int, node_name: str, pools: NodePools, classes: dict, usage: _Usage,
+                 counters: dict):
         self.claim = claim
+        self.index = index
         self.node_name = node_name
-        try:
-            self.devices, self.incomplete = node_devices(slices, node_name)
-        except Unfit as e:
-            raise AllocationError(f"node {node_name!r}: unusable ResourceSlice: {e}") from None
-        self.classes = {c["metadata"]["name"]: c for c in device_classes}
-        self.usage = _Usage(allocated_claims, claim)
-        # what other claims' devices left of the pools' shared counters: each allocated device once
-        self.counters = node_counters(slices, node_name)
-        for device in self.devices:
-            if device.key in self.usage.used:
-                for (counter_set, name), amount in device.consumes.items():
-                    key = (device.driver, device.pool, counter_set, name)
-                    if key in self.counters:
-                        self.counters[key] -= amount
+        self.pools = pools
+        self.devices = pools.devices
+        self.classes = classes
+        self.usage = usage
+        self.counters = counters  # what other claims' devices left of the pools' shared counters
         spec = (claim.get("spec") or {}).get("devices") or {}
         self.constraints = spec.get("constraints") or []
         self.claim_configs = spec.get("config") or []
         self.requests = [self._choices(r) for r in spec.get("requests") or []]
+        # As upstream: a claim that would need more results than an allocation holds fails at once.
+        fewest = sum(min(len(c.candidates) if c.count is None else c.count for c in choices)
+                     for choices in self.requests)
+        if fewest > MAX_RESULTS:
+            raise AllocationError(f"claim {self.label}: number of requested devices {fewest} exceeds the claim "
+                                  f"limit of {MAX_RESULTS}")
+
+    @property
+    def label(self) -> str:
+        meta = self.claim.get("metadata") or {}
+        return f"{meta.get('namespace')}/{meta.get('name')}"
+
+    @property
+    def tagged_constraints(self) -> list[Constraint]:
+        return [(self.index, c) for c in self.constraints]
 
     def _choices(self, request: dict) -> list[_Choice]:
         if request.get("firstAvailable"):
@@ -273,25 +296,33 @@ class _Allocator:
         mode = spec.get("allocationMode") or "ExactCount"
         if mode not in ("ExactCount", "All"):
             raise AllocationError(f"request {name!r}: unknown allocationMode {mode!r}")
+        if mode == "All":  # "all" cannot be known while a pool is being published or is broken
+            for driver, pool in sorted(self.pools.incomplete):
+                raise AllocationError(f"request {name!r}: asks for all devices, but resource pool {driver}/{pool} "
+                                      "is currently being updated")
+            for (driver, pool), why in sorted(self.pools.invalid.items()):
+                raise AllocationError(f"request {name!r}: asks for all devices, but resource pool {driver}/{pool} "
+                                      f"is currently invalid ({why})")
         try:
             capacity_requests = {n: to_quantity(v) for n, v in
                                  ((spec.get("capacity") or {}).get("requests") or {}).items()}
         except Unfit as e:
             raise AllocationError(f"request {name!r}: capacity.requests: {e}") from None
         count = None if mode == "All" else int(spec.get("count", 1))
-        return _Choice(name, request, spec, device_class, candidates, tainted, count, capacity_requests)
+        return _Choice(name, request, spec, device_class, candidates, tainted, count, capacity_requests, self.index)
 
-    def allocate(self) -> dict:
-        search = _Search(self.requests, self.usage, self.constraints, self.incomplete, self.counters)
-        if not search.run():
-            meta = self.claim.get("metadata") or {}
-            raise AllocationError(f"cannot allocate claim {meta.get('namespace')}/{meta.get('name')} "
-                                  f"on node {self.node_name!r}: {self._explain()}")
+    def allocation(self, search: _Search) -> dict:
+        """This claim's part of a search that succeeded."""
+        picks = [p for p in search.picks if p.choice.claim == self.index]
+        chosen = [c for c in search.chosen if c.claim == self.index]
         return {
-            "devices": {"results": [self._result(p) for p in search.picks], "config": self._configs(search.chosen)},
+            "devices": {"results": [self._result(p) for p in picks], "config": self._configs(chosen)},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": [self.node_name]}]}]},
         }
+
+    def fits_alone(self) -> bool:
+        return _Search(self.requests, self.usage, self.tagged_constraints, self.counters).run()
 
     @staticmethod
     def _result(pick: _Pick) -> dict:
@@ -373,7 +404,7 @@ class _Allocator:
             return (f"no device on the node matches device class {choice.spec['deviceClassName']!r}{what} "
                     f"and the request's selectors ({len(self.devices)} devices on the node"
                     f"{self._attribute_values(choice)})")
-        probe = _Search([[choice]], self.usage, [], self.incomplete, self.counters)
+        probe = _Search([[choice]], self.usage, [], self.counters)
         unfit = []
         for device in choice.candidates:
             try:
@@ -382,8 +413,6 @@ class _Allocator:
                 unfit.append((device.name, str(e)))
         shown = _by_reason(unfit)
         if choice.count is None:
-            if any((d.driver, d.pool) in self.incomplete for d in choice.candidates):
-                return "allocationMode All needs every device, but a pool on the node is still being published"
             if unfit:
                 return f"allocationMode All needs every matching device, but {shown}"
         elif choice.count > len(choice.candidates):
@@ -392,7 +421,7 @@ class _Allocator:
             return (f"needs {choice.count} device(s), only {len(choice.candidates) - len(unfit)} of "
                     f"{len(choice.candidates)} matching device(s) can take it: {shown}")
         scoped = [c for c in self.constraints if _in_scope(c, choice)]
-        if scoped and not _Search([[choice]], self.usage, scoped, self.incomplete, self.counters).run():
+        if scoped and not _Search([[choice]], self.usage, [(self.index, c) for c in scoped], self.counters).run():
             return "no set of devices satisfies " + ", ".join(_describe(c) for c in scoped)
         return None
 
@@ -422,8 +451,55 @@ def allocate(claim: dict, *, node_name: str, slices: list[dict], device_classes:
 
     Raises AllocationError when the claim does not fit.
     """
-    allocation = _Allocator(claim, node_name, slices, device_classes, allocated_claims).allocate()
-    return {"allocation": allocation, "reservedFor": [pod_reference(pod)] if pod else []}
+    return allocate_claims([claim], node_name=node_name, slices=slices, device_classes=device_classes,
+                           allocated_claims=allocated_claims, pod=pod)[0]
+
+
+def allocate_claims(claims: list[dict], *, node_name: str, slices: list[dict], device_classes: list[dict],
+                    allocated_claims: list[dict], pod: dict | None = None) -> list[dict]:
+    """The new statuses of claims allocated together (a pod's), in their order: one search over
+    all their requests, so a later claim can undo an earlier claim's pick, as upstream's allocator
+    does (`small-and-large-backtrack-claims`).
+
+    Raises AllocationError when they do not all fit.
+    """
+    try:
+        pools = node_devices(slices, node_name)
+    except Unfit as e:
+        raise AllocationError(f"node {node_name!r}: unusable ResourceSlice: {e}") from None
+    classes = {c["metadata"]["name"]: c for c in device_classes}
+    usage = _Usage(allocated_claims, claims)
+    # what other claims' devices left of the pools' shared counters: each allocated device once
+    counters = node_counters(slices, node_name)
+    for device in pools.devices:
+        if device.key in usage.used:
+            for (counter_set, name), amount in device.consumes.items():
+                key = (device.driver, device.pool, counter_set, name)
+                if key in counters:
+                    counters[key] -= amount
+    plans = [_Allocator(claim, i, node_name, pools, classes, usage, counters) for i, claim in enumerate(claims)]
+    search = _Search([r for plan in plans for r in plan.requests], usage,
+                     [c for plan in plans for c in plan.tagged_constraints], counters)
+    if not search.run():
+        raise AllocationError(_why_not(plans, node_name))
+    reserved = [pod_reference(pod)] if pod else []
+    return [{"allocation": plan.allocation(search), "reservedFor": list(reserved)} for plan in plans]
+
+
+def _why_not(plans: list[_Allocator], node_name: str) -> str:
+    """The first claim that does not fit even alone and why, else that they do not fit together;
+    and the invalid pools that were left out (upstream's "invalid resource pools were encountered")."""
+    pools = plans[0].pools if plans else NodePools([], set(), {})
+    left_out = ("; invalid resource pools were encountered: " + ", ".join(
+        f"{driver}/{pool} ({why})" for (driver, pool), why in sorted(pools.invalid.items()))) if pools.invalid else ""
+    if pools.incomplete:
+        left_out += "; pools still being published were left out: " + ", ".join(
+            f"{driver}/{pool}" for driver, pool in sorted(pools.incomplete))
+    for plan in plans:
+        if not plan.fits_alone():
+            return f"cannot allocate claim {plan.label} on node {node_name!r}: {plan._explain()}{left_out}"
+    return (f"cannot allocate claims {[plan.label for plan in plans]} on node {node_name!r}: each fits alone but "
+            f"not all together (not enough devices or capacity left){left_out}")
 
 
 def pod_reference(pod: dict) -> dict:

@@ -85,14 +85,26 @@ class Device:
                    bool(device.get("allowMultipleAllocations")), device.get("taints") or [], consumes=consumes)
 
 
-def node_devices(slices: list[dict], node_name: str) -> tuple[list[Device], set[tuple[str, str]]]:
+@dataclass
+class NodePools:
+    """What a node offers: the usable devices in the order the scheduler tries them, and the
+    pools it cannot use (by (driver, pool)): incomplete ones (fewer slices of the newest generation
+    than pool.resourceSliceCount: the driver is still publishing) and invalid ones (a device name
+    twice), each with why."""
+
+    devices: list[Device]
+    incomplete: set[tuple[str, str]]
+    invalid: dict[tuple[str, str], str]
+
+
+def node_devices(slices: list[dict], node_name: str) -> NodePools:
     """The node's devices in the order the scheduler tries them, from each pool's newest
     generation only: pools by driver then pool name, a pool's slices by name, each slice's
     devices in their order (k8s.io/dynamic-resource-allocation/structured, 1.36: kubernetes
     PR 136641 sorts slices and pools; before it the order was the informer's).
 
-    Also returns the (driver, pool) pairs whose newest generation is not complete yet
-    (fewer slices seen than pool.resourceSliceCount), which "All" requests must not use.
+    As upstream's GatherPools and allocator (1.37): nothing is allocated from an incomplete or an
+    invalid pool; a request for all devices fails while the node has one (NodePools says which).
     """
     ordered = sorted(slices, key=lambda s: (s["spec"]["driver"], s["spec"]["pool"]["name"],
                                             (s.get("metadata") or {}).get("name") or ""))
@@ -106,9 +118,18 @@ def node_devices(slices: list[dict], node_name: str) -> tuple[list[Device], set[
     current = [s for s in local if int(s["pool"].get("generation", 0)) == newest[(s["driver"], s["pool"]["name"])]]
     seen = Counter((s["driver"], s["pool"]["name"]) for s in current)
     expected = {(s["driver"], s["pool"]["name"]): int(s["pool"].get("resourceSliceCount", 1)) for s in current}
-    incomplete = {pool for pool, n in seen.items() if n < expected[pool]}
-    devices = [Device.from_slice(spec, d) for spec in current for d in spec.get("devices") or []]
-    return devices, incomplete
+    incomplete = {pool for pool, n in seen.items() if n != expected[pool]}
+    invalid: dict[tuple[str, str], str] = {}
+    names: dict[tuple[str, str], set[str]] = {}
+    for spec in current:
+        pool = (spec["driver"], spec["pool"]["name"])
+        for d in spec.get("devices") or []:
+            if d["name"] in names.setdefault(pool, set()):
+                invalid.setdefault(pool, f"duplicate device name {d['name']}")
+            names[pool].add(d["name"])
+    devices = [Device.from_slice(spec, d) for spec in current for d in spec.get("devices") or []
+               if (spec["driver"], spec["pool"]["name"]) not in incomplete | set(invalid)]
+    return NodePools(devices, incomplete, invalid)
 
 
 def node_counters(slices: list[dict], node_name: str) -> dict[tuple[str, str, str, str], Decimal]:
