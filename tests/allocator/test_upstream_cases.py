@@ -106,7 +106,8 @@ CASES: dict[str, tuple[list, list, list, list, Any]] = {
         [[("req-0", "pool-1", "device-1")], [("req-1", "pool-1", "device-2")]]),
     "devices-split-across-different-slices": (
         [claim("claim-0", request("req-0", CLASS_A, 2))], [device_class(CLASS_A, DRIVER_A)],
-        [resource_slice("slice-1", "pool-1", device("device-1")), resource_slice("slice-2", "pool-2", device("device-1"))],
+        [resource_slice("slice-1", "pool-1", device("device-1")),
+         resource_slice("slice-2", "pool-2", device("device-1"))],
         [], [[("req-0", "pool-1", "device-1"), ("req-0", "pool-2", "device-1")]]),
     "obsolete-slice": (
         [claim("claim-0", request("req-0", CLASS_A))], [device_class(CLASS_A, DRIVER_A)],
