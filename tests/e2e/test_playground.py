@@ -20,9 +20,10 @@ ROOT = Path(__file__).parents[2]
 # Every example that runs beside the others on 2 GPUs in capacity mode: extended-resources/ takes
 # a whole GPU or needs partition mode (tests below and test_playground_partition.py run them),
 # partition/ partition mode, mps/ and latency/ a GPU that serves MPS claims
-# (test_playground_mps.py), health-taints/ a whole GPU; tests/cluster/test_examples.py runs each.
+# (test_playground_mps.py), health-taints/ a whole GPU, mig/ a GPU in MIG mode
+# (test_playground_mig.py); tests/cluster/test_examples.py runs each.
 EXAMPLES = sorted(p for p in (ROOT / "deploy" / "examples").glob("**/*.yaml")
-                  if not {"extended-resources", "partition", "mps", "latency", "health-taints"} & set(p.parts))
+                  if not {"extended-resources", "partition", "mps", "latency", "health-taints", "mig"} & set(p.parts))
 
 
 @pytest.fixture(scope="module")

@@ -139,8 +139,8 @@ def test_get_prints_the_real_servers_columns(kubectl, deployed):
                          "POOL": "node-a"}
     classes = table(kubectl("get", "deviceclasses"))
     assert all(list(c) == ["NAME", "AGE"] for c in classes)
-    assert [c["NAME"] for c in classes] == ["gpu.gpushare.dev", "gpushare.dev", "mps.gpushare.dev",
-                                            "share.gpushare.dev"]
+    assert [c["NAME"] for c in classes] == ["gpu.gpushare.dev", "gpushare.dev", "mig.gpushare.dev",
+                                            "mps.gpushare.dev", "share.gpushare.dev"]
     pods = {r["NAME"]: r for r in table(kubectl("get", "pods"))}
     assert list(pods["trainer"]) == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
     assert pods["trainer"]["READY"] == "0/1" and pods["trainer"]["STATUS"] == "Pending"

@@ -30,7 +30,7 @@ from . import BUILD, REPO
 
 # suite -> the glibc version its libc6 has (what the image matrix expects to find inside)
 GLIBC_SUITES = {"bullseye": "2.31", "bookworm": "2.36", "trixie": "2.41"}
-CACHE = Path(os.environ.get("GPUSHARE_TEST_ROOTS") or REPO / ".cache" / "roots")
+CACHE = Path(os.environ.get("GPUSHARE_TEST_ROOTS") or REPO / ".cache" / "roots").resolve()  # runc: no links
 PROBE = "/usr/local/bin/gpushare-probe"  # where each root has the probe
 MUSL_LOADER = "/lib/ld-musl-x86_64.so.1"
 # the probe for musl: the same source, without the glibc baseline (musl has no symbol versions)
