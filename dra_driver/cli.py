@@ -60,14 +60,18 @@ def add_logging(p: argparse.ArgumentParser) -> None:
                         "auto: json unless stderr is a terminal")
 
 
+def add_kubeconfig(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--kubeconfig", default=None, type=flags.existing_file,
+                   help="kubeconfig file; unset, as kubectl: $KUBECONFIG, then ~/.kube/config if it exists, "
+                        "then the in-cluster service account")
+
+
 def add_cluster(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="this node's name; the ResourceSlice pool is named after it (env NODE_NAME, "
                         "set from the downward API in the DaemonSet)")
-    g.add_argument("--kubeconfig", default=None, type=flags.existing_file,
-                   help="kubeconfig file; unset, as kubectl: $KUBECONFIG, then ~/.kube/config if it exists, "
-                        "then the in-cluster service account")
+    add_kubeconfig(g)
     g.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME,
                    help="DRA driver name: in ResourceSlices, DeviceClass selectors and socket names")
 
@@ -163,9 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("claim", metavar="CLAIM", help="the ResourceClaim's name")
     p.add_argument("-n", "--namespace", default="default", help="the claim's namespace")
     g = p.add_argument_group("cluster")
-    g.add_argument("--kubeconfig", default=None, type=flags.existing_file,
-                   help="kubeconfig file; unset, as kubectl: $KUBECONFIG, then ~/.kube/config if it exists, "
-                        "then the in-cluster service account")
+    add_kubeconfig(g)
     g.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name of the slices")
     p.set_defaults(run=lazy("dra_driver.explain", "run"))
 
@@ -178,9 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "unprepare them and their pods hang in Terminating. --force deletes those "
                                    "pods and waits (--timeout) until the plugins have unprepared every claim.")
     g = p.add_argument_group("cluster")
-    g.add_argument("--kubeconfig", default=None, type=flags.existing_file,
-                   help="kubeconfig file; unset, as kubectl: $KUBECONFIG, then ~/.kube/config if it exists, "
-                        "then the in-cluster service account")
+    add_kubeconfig(g)
     g.add_argument("--driver-name", default=DEFAULT_DRIVER_NAME, help="DRA driver name of the claims' devices")
     p.add_argument("--force", action="store_true",
                    help="delete the pods that use the claims and wait until the plugins unprepared them all")

@@ -13,6 +13,8 @@ Prepare (after a DeviceClass's and a claim's configs are merged) both ask strate
 
 from __future__ import annotations
 
+from dra_driver.mig import GpuSet
+
 TIME_SLICING = "TimeSlicing"
 MPS = "MPS"
 NONE = "None"
@@ -66,19 +68,9 @@ class GpuStrategies:
 
     @classmethod
     def parse(cls, text: str, mixed: bool = False) -> GpuStrategies:
-        """--mps-gpus: `none`, `all`, or GPU indexes separated by commas (`0,2`)."""
-        text = text.strip()
-        if text in ("", "none"):
-            return cls(frozenset(), mixed)
-        if text == "all":
-            return cls("all", mixed)
-        try:
-            indexes = frozenset(int(part) for part in text.split(","))
-        except ValueError:
-            raise ValueError(f"--mps-gpus: {text!r}: expected none, all or GPU indexes like 0,2") from None
-        if any(i < 0 for i in indexes):
-            raise ValueError(f"--mps-gpus: {text!r}: GPU indexes are 0 or more")
-        return cls(indexes, mixed)
+        """--mps-gpus: `none`, `all`, or GPU indexes separated by commas (`0,2`): GpuSet's grammar."""
+        gpus = GpuSet.parse(text, "--mps-gpus")
+        return cls("all" if gpus.indexes is None else gpus.indexes, mixed)
 
     def of(self, index: int) -> str:
         """The `sharingStrategy` attribute of GPU `index`'s devices."""
