@@ -4,7 +4,9 @@ with the scheduler's generic "cannot allocate all claims"; this names the GPUs, 
 memory and compute, and what each request asks (docs/operations.md, "Why a claim is Pending").
 
 Read from the API server only: the driver's ResourceSlices (each GPU's memory and compute, or its
-partition shares) and every allocated ResourceClaim (what it consumes of which device).
+partition shares, and the taints its devices carry) and every allocated ResourceClaim (what it
+consumes of which device). Not judged: DeviceTaintRules (taints an admin puts on devices through
+the API rather than in the slice) and CEL selectors (a class's or a request's).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Gpu:
     whole: bool = False  # taken whole (a request with no capacity)
     shares: list[str] = field(default_factory=list)  # partition mode: its share devices
     taken: set[str] = field(default_factory=set)  # ... and those allocated
+    taints: list[JSON] = field(default_factory=list)  # its devices' taints (the health monitor's)
 
     @property
     def partition(self) -> bool:
@@ -79,12 +82,13 @@ def gpus_of(slices: list[JSON], driver: str) -> dict[tuple[str, str], Gpu]:
             if ref.share is None:
                 policy = capacity["memory"].get("requestPolicy") or {}
                 default = parse_bytes(policy.get("default", format_bytes(memory // 8)), "memory default")
-                gpus[key] = Gpu(node, key[1], memory, compute, default)
+                gpu = gpus[key] = Gpu(node, key[1], memory, compute, default)
             else:
                 gpu = gpus.setdefault(key, Gpu(node, key[1], 0, Decimal(0), 0))
                 gpu.memory += memory
                 gpu.compute += compute
                 gpu.shares.append(device["name"])
+            gpu.taints += [t for t in device.get("taints") or [] if t not in gpu.taints]
     return gpus
 
 
@@ -118,6 +122,7 @@ class Ask:
     compute: Decimal | None  # None: all of the GPU's time
     capacity: bool  # asks capacity at all (else a whole GPU, or shares by count)
     count: int
+    tolerations: tuple[JSON, ...] = ()
 
     def describe(self) -> str:
         if not self.capacity:
@@ -126,7 +131,16 @@ class Ask:
         compute = str(self.compute) if self.compute is not None else "100 (the default: the whole GPU's time)"
         return f"memory {memory}, compute {compute}"
 
+    def untolerated(self, gpu: Gpu) -> list[str]:
+        """The GPU's taints that keep the scheduler off it for this request, as key=value:effect."""
+        return [f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in gpu.taints
+                if t.get("effect") in ("NoSchedule", "NoExecute")
+                and not any(_tolerates(tol, t) for tol in self.tolerations)]
+
     def verdict(self, gpu: Gpu) -> str:
+        tainted = self.untolerated(gpu)
+        if tainted:
+            return f"no: tainted {', '.join(tainted)} and the request does not tolerate it"
         if gpu.partition:
             if self.capacity:
                 return "no: partition-mode shares; capacity asks need capacity-mode GPUs"
@@ -151,6 +165,18 @@ class Ask:
         return "no: " + "; ".join(short) + (" (more than the GPU has)" if never else "")
 
 
+def _tolerates(toleration: JSON, taint: JSON) -> bool:
+    """A device toleration matches a taint as a pod's does a node's (resource.k8s.io/v1
+    DeviceToleration): an empty key with Exists matches every key, an empty effect every effect."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("key") and toleration["key"] != taint.get("key"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return True
+    return bool(toleration.get("key")) and toleration.get("value", "") == taint.get("value", "")
+
+
 def asks_of(claim: JSON) -> list[Ask]:
     asks = []
     for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
@@ -162,7 +188,7 @@ def asks_of(claim: JSON) -> list[Ask]:
             asks.append(Ask(name, exact.get("deviceClassName", ""),
                             parse_bytes(memory, "memory") if memory is not None else None,
                             parse_decimal(compute, "compute") if compute is not None else None,
-                            bool(capacity), int(exact.get("count", 1))))
+                            bool(capacity), int(exact.get("count", 1)), tuple(exact.get("tolerations") or ())))
     return asks
 
 

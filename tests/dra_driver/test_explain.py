@@ -3,6 +3,7 @@ from ResourceSlices and allocated ResourceClaims as the API server holds them.""
 
 from __future__ import annotations
 
+from dra_driver.controller.pending import message
 from dra_driver.explain import explain
 
 DRIVER = "gpushare.dev"
@@ -75,3 +76,27 @@ def test_partition_shares_and_an_allocated_claim():
         "ResourceClaim default/s: allocated (node-b/gpu-0-share-1)"]
     assert explain(pending(), [], [], DRIVER)[1] == \
         "  no ResourceSlice of gpushare.dev publishes a GPU: is the kubelet plugin running?"
+
+
+def test_a_tainted_gpu_does_not_fit_unless_the_request_tolerates_its_taint():
+    slices = capacity_slice("node-a", "80Gi", "80Gi")
+    slices["spec"]["devices"][0]["taints"] = [{"key": "gpushare.dev/unhealthy", "value": "xid-79",
+                                               "effect": "NoSchedule"}]
+    slices["spec"]["devices"][1]["taints"] = [{"key": "example.com/info", "effect": "None"}]  # keeps nobody off
+    lines = explain(pending(memory="1Gi", compute="10"), [slices], [], DRIVER)
+    assert lines[2] == ("  node-a gpu-0: memory 80Gi free of 80Gi, compute 100 free of 100 -> no: tainted "
+                        "gpushare.dev/unhealthy=xid-79:NoSchedule and the request does not tolerate it")
+    assert lines[3].endswith("-> fits")
+    tolerant = pending(memory="1Gi", compute="10")
+    exactly = tolerant["spec"]["devices"]["requests"][0]["exactly"]
+    for toleration, fits in [({"key": "gpushare.dev/unhealthy", "operator": "Exists"}, True),
+                             ({"key": "gpushare.dev/unhealthy", "value": "xid-79", "effect": "NoSchedule"}, True),
+                             ({"operator": "Exists"}, True),
+                             ({"key": "gpushare.dev/unhealthy", "value": "xid-48"}, False),
+                             ({"key": "gpushare.dev/unhealthy", "operator": "Exists", "effect": "NoExecute"}, False)]:
+        exactly["tolerations"] = [toleration]
+        assert explain(tolerant, [slices], [], DRIVER)[2].endswith("-> fits") is fits, toleration
+    # the controller's NoGpuFits Event says so when every GPU is kept off by its taint
+    slices["spec"]["devices"][1]["taints"] = slices["spec"]["devices"][0]["taints"]
+    text = message(pending(memory="1Gi", compute="10"), [slices], [], DRIVER)
+    assert text is not None and text.count("tainted gpushare.dev/unhealthy=xid-79:NoSchedule") == 2
