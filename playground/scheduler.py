@@ -6,8 +6,10 @@ dynamicresources/dynamicresources.go):
 
 - wait until every claim exists (a template's claim: until the resourceclaim controller made it);
   a claim being deleted keeps the pod unschedulable;
-- PreBind: add the finalizer resource.kubernetes.io/delete-protection, then allocate the claim
-  on the node and reserve it for the pod (the allocation stand-in, allocate_and_reserve);
+- Filter: the pod's unallocated claims are allocated together in memory, in one search
+  (allocate_together), so a later claim can undo an earlier claim's pick;
+- PreBind: add the finalizer resource.kubernetes.io/delete-protection, then write each claim's
+  allocation that Filter found and reserve it for the pod (allocate_and_reserve);
 - when a claim does not fit, undo what this attempt allocated or reserved (Unreserve), set the
   pod's PodScheduled condition False/Unschedulable and record one FailedScheduling Event;
 - bind (POST pods/NAME/binding) and record a Scheduled Event.
@@ -16,7 +18,7 @@ A pod whose containers request extended resources backed by DRA (extended.py) ge
 plugin's extended-resource path does (extendeddynamicresources.go): each such resource the node
 does not list in status.allocatable (a device plugin's) is allocated through DRA, one that is
 neither is unschedulable (`Insufficient <name>`, as NodeResourcesFit says); the special claim is
-tried in memory first (Filter), then created, allocated and reserved like the pod's own claims
+tried in memory with the pod's own claims (Filter), then created, allocated and reserved like them
 (PreBind), and pod.status.extendedResourceClaimStatus written before the binding. A claim left
 by an attempt that did not bind is deleted and the pod tried again (PostFilter); one created by
 a failing attempt is deleted (Unreserve).
@@ -31,11 +33,12 @@ from kubernetes.utils import parse_quantity
 from dra_driver.kube import JSON, api_error, json_body, plain
 from playground import extended
 
-from .allocator import AllocationError, allocate_and_reserve, allocate_on_node
+from .allocator import AllocationError, allocate_and_reserve, allocate_together
 from .claimcontroller import FINALIZER
 from .objects import list_all, pod_claim_names, pod_event
 
 COMPONENT = "default-scheduler"
+EXTENDED = "<extended-resources>"  # the special claim's name in Filter, before it is created
 SCHEDULER_NAME = "default-scheduler"
 
 
@@ -69,23 +72,27 @@ class Scheduler:
         if waiting:
             raise Unschedulable(f"waiting for resource claim(s) of {', '.join(waiting)} to be created")
         special = self._extended_claim(pod)  # (claim body, requestMappings) or None
+        claims = [self._claim(meta["namespace"], n) for n in names.values() if n is not None]
+        for claim in claims:
+            if claim["metadata"].get("deletionTimestamp"):
+                raise Unschedulable(f'resourceclaim "{claim["metadata"]["name"]}" is being deleted')
+        planned = self._filter(pod, claims, special[0] if special else None)
         done: list[tuple[str, bool]] = []  # (claim, allocated by this attempt) for Unreserve
         created = ""
         try:
-            claim_names = [n for n in names.values() if n is not None]
             if special:
                 created = json_body(self.resource.create_namespaced_resource_claim(
                     meta["namespace"], plain(special[0]), _preload_content=False))["metadata"]["name"]
-                claim_names.append(created)
-            for claim_name in claim_names:
-                claim = self._claim(meta["namespace"], claim_name)
-                if claim["metadata"].get("deletionTimestamp"):
-                    raise Unschedulable(f'resourceclaim "{claim_name}" is being deleted')
+                claims.append(self._claim(meta["namespace"], created))
+                planned[created] = planned.pop(EXTENDED)
+            for claim in claims:
+                claim_name = claim["metadata"]["name"]
                 allocated = bool((claim.get("status") or {}).get("allocation"))
                 if not allocated and FINALIZER not in (claim["metadata"].get("finalizers") or []):
                     self.resource.patch_namespaced_resource_claim(claim_name, meta["namespace"], plain(
                         {"metadata": {"finalizers": [*(claim["metadata"].get("finalizers") or []), FINALIZER]}}))
-                allocate_and_reserve(self.api, meta["namespace"], claim_name, self.node_name, pod=pod)
+                allocate_and_reserve(self.api, meta["namespace"], claim_name, self.node_name, pod=pod,
+                                     planned=planned.get(claim_name))
                 done.append((claim_name, not allocated))
             if special:
                 self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], plain({"status": {
@@ -102,6 +109,21 @@ class Scheduler:
         self._reported.pop(meta["uid"], None)
         pod_event(self.api, pod, "Normal", "Scheduled",
                      f"Successfully assigned {meta['namespace']}/{meta['name']} to {self.node_name}", COMPONENT)
+
+    def _filter(self, pod: JSON, claims: list[JSON], special: JSON | None) -> dict[str, JSON]:
+        """Filter: claim name -> the allocation found for each unallocated claim of the pod (the
+        special claim, not yet created, as EXTENDED), all in one search; Unschedulable when they
+        do not fit together."""
+        pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]
+        if special:
+            pending.append({**special, "metadata": {**special["metadata"], "name": EXTENDED}})
+        if not pending:
+            return {}
+        try:
+            statuses = allocate_together(self.api, pending, self.node_name, pod)
+        except AllocationError as e:
+            raise Unschedulable(f"0/1 nodes are available: 1 cannot allocate all claims ({e})") from None
+        return {c["metadata"]["name"]: s["allocation"] for c, s in zip(pending, statuses, strict=True)}
 
     def _extended_claim(self, pod: JSON) -> tuple[JSON, list[JSON]] | None:
         """The special claim the pod's DRA-backed extended resources need on this node, and the
@@ -126,13 +148,7 @@ class Scheduler:
             raise Unschedulable(f'deleted extended resource claim "{stale["metadata"]["name"]}" '
                                 f"of an earlier scheduling attempt")
         requests, mappings = extended.requests_and_mappings(pod, by_dra, mapping)
-        body = extended.claim_body(pod, requests)
-        try:  # Filter: the claim is tried in memory; nothing is written for a pod that does not fit
-            allocate_on_node(self.api, {**body, "metadata": {**body["metadata"], "name": "<extended-resources>"}},
-                             self.node_name, pod)
-        except AllocationError as e:
-            raise Unschedulable(f"0/1 nodes are available: 1 cannot allocate all claims ({e})") from None
-        return body, mappings
+        return extended.claim_body(pod, requests), mappings
 
     def _node(self) -> JSON:
         return json_body(self.core.read_node(self.node_name, _preload_content=False))

@@ -4,7 +4,8 @@
 through the API. See core.py for the search and devices.py / cel.py for the device model.
 """
 
-from .api import allocate_and_reserve, allocate_on_node
+from .api import allocate_and_reserve, allocate_on_node, allocate_together
 from .core import AllocationError, allocate, allocate_claims
 
-__all__ = ["AllocationError", "allocate", "allocate_claims", "allocate_and_reserve", "allocate_on_node"]
+__all__ = ["AllocationError", "allocate", "allocate_claims", "allocate_and_reserve", "allocate_on_node",
+           "allocate_together"]

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from dra_driver.kube import JSON, json_body, plain
 
 from ..objects import list_all
-from .core import AllocationError, allocate, pod_reference
+from .core import AllocationError, allocate_claims, pod_reference
 
 MAX_CONFLICTS = 5  # status writes retried after a 409 (someone else changed the claim)
 
@@ -26,18 +26,28 @@ def _allocated_node(allocation: JSON) -> list[str]:
 def allocate_on_node(api_client: ApiClient, claim: JSON, node_name: str, pod: JSON | None = None) -> JSON:
     """The status allocate() gives the claim on the node, next to the claims allocated now; writes
     nothing (the scheduler's Filter: a claim not yet in the API server can be tried too)."""
+    return allocate_together(api_client, [claim], node_name, pod)[0]
+
+
+def allocate_together(api_client: ApiClient, claims: list[JSON], node_name: str,
+                      pod: JSON | None = None) -> list[JSON]:
+    """The statuses allocate_claims() gives a pod's unallocated claims on the node, found in one
+    search (a later claim may undo an earlier one's pick), next to the claims allocated now;
+    writes nothing (the scheduler's Filter)."""
     api = ResourceV1Api(api_client)
     slices = [s for s in list_all(api.list_resource_slice)
               if s["spec"].get("nodeName") == node_name or s["spec"]["pool"]["name"] == node_name]
     allocated = [c for c in list_all(api.list_resource_claim_for_all_namespaces)
                  if (c.get("status") or {}).get("allocation")]
-    return allocate(claim, node_name=node_name, slices=slices, device_classes=list_all(api.list_device_class),
-                    allocated_claims=allocated, pod=pod)
+    return allocate_claims(claims, node_name=node_name, slices=slices,
+                           device_classes=list_all(api.list_device_class), allocated_claims=allocated, pod=pod)
 
 
 def allocate_and_reserve(api_client: ApiClient, namespace: str, claim_name: str, node_name: str,
-                         pod: JSON | None = None) -> JSON:
+                         pod: JSON | None = None, planned: JSON | None = None) -> JSON:
     """Allocate the claim on the node (unless it already is) and reserve it for the pod.
+    `planned`: the allocation a Filter found for it beside the pod's other claims
+    (allocate_together), written as it is; without it the claim is allocated alone.
 
     Returns the claim as written. Raises AllocationError when it does not fit, or when it is
     already allocated for another node.
@@ -56,7 +66,8 @@ def allocate_and_reserve(api_client: ApiClient, namespace: str, claim_name: str,
                 return claim  # nothing to write
             reserved.append(pod_reference(pod))
         else:
-            status.update(allocate_on_node(api_client, claim, node_name, pod))
+            status.update({"allocation": planned, "reservedFor": [pod_reference(pod)] if pod else []}
+                          if planned else allocate_on_node(api_client, claim, node_name, pod))
         try:
             return json_body(api.replace_namespaced_resource_claim_status(claim_name, namespace, plain(claim),
                                                                            _preload_content=False))

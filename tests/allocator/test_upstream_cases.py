@@ -184,3 +184,29 @@ def test_result_limit_is_named() -> None:
     claims, classes, slices, allocated, _ = CASES["too-many-devices-total"]
     with pytest.raises(AllocationError, match="number of requested devices 33 exceeds the claim limit of 32"):
         allocate_claims(claims, node_name=NODE, slices=slices, device_classes=classes, allocated_claims=allocated)
+
+
+def test_the_playgrounds_scheduler_allocates_a_pods_claims_together():
+    """small-and-large-backtrack-claims through the playground's scheduler and the API emulator:
+    the pod's first claim alone would take the large device (listed first), leaving the second
+    claim nothing; allocated together, the first takes the small one and the pod is bound."""
+    from kubernetes import client
+
+    from playground.emulator import ApiEmulator
+    from playground.scheduler import Scheduler
+
+    with ApiEmulator() as emu, emu.api_client() as api_client:
+        resource, core = client.ResourceV1Api(api_client), client.CoreV1Api(api_client)
+        resource.create_device_class(device_class(CLASS_A, DRIVER_A))
+        resource.create_resource_slice(SMALL_LARGE[0])
+        for name, size in (("claim-0", "1Gi"), ("claim-1", "2Gi")):
+            resource.create_namespaced_resource_claim("default", claim(name, request(f"req-{name[-1]}", CLASS_A, 1,
+                                                                                     mem(size))))
+        core.create_namespaced_pod("default", {"metadata": {"name": "pod"}, "spec": {
+            "containers": [{"name": "c", "image": "busybox"}],
+            "resourceClaims": [{"name": n, "resourceClaimName": n} for n in ("claim-0", "claim-1")]}})
+        Scheduler(api_client, NODE).sync()
+        assert core.read_namespaced_pod("pod", "default").spec.node_name == NODE
+        got = {n: [(r.pool, r.device) for r in resource.read_namespaced_resource_claim(
+            n, "default").status.allocation.devices.results] for n in ("claim-0", "claim-1")}
+        assert got == {"claim-0": [("pool-1", "device-1")], "claim-1": [("pool-1", "device-2")]}
