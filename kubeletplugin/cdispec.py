@@ -32,6 +32,7 @@ CONTAINER_CONTROL_DIR = "/var/run/gpushare/control"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_SIM_DIR = "/usr/local/gpushare/sim"
 CONTAINER_SIM_STATE = "/var/run/gpushare/sim.state"
+VISIBLE_ENV_PREFIX = "GPUSHARE_SIM_VISIBLE_"  # + the claim uid: its GPUs, as device nodes would
 STRATEGY_ENV = "GPUSHARE_SHARING_STRATEGY"
 SIM_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 
@@ -71,6 +72,13 @@ class SimDriver:
             env["GPUSHARE_SIM_MIG"] = self.mig
         return env
 
+    @staticmethod
+    def visible(claim: PreparedClaim) -> str:
+        """The simulator's stand-in for the claim's device nodes: a container sees only these GPUs,
+        numbered from 0 (hook/sim/sim_state.h, sim_visible_count). One variable per claim, so a
+        container of two claims sees the GPUs of both."""
+        return f"{VISIBLE_ENV_PREFIX}{claim.uid.replace('-', '_')}={','.join(str(g.index) for g in claim.gpus)}"
+
     def edits(self) -> tuple[list[str], list[Mount]]:
         env = [f"LD_LIBRARY_PATH={CONTAINER_SIM_DIR}",
                *(f"{k}={v}" for k, v in self.env(CONTAINER_SIM_STATE).items())]
@@ -107,7 +115,7 @@ def build_spec(claim: PreparedClaim, files: ClaimFiles, host_library: str, sim: 
         mounts += mount_mps
     if sim is not None:
         sim_env, sim_mounts = sim.edits()
-        env += sim_env
+        env += [*sim_env, sim.visible(claim)]
         mounts += sim_mounts
     nodes = [DeviceNode(path) for path in claim.device_nodes]
     devices = []

@@ -82,10 +82,11 @@ static void register_fork(void) { pthread_atfork(NULL, NULL, fork_child); }
         NEED_INIT();                                                  \
         if (!me()->cur) return CUDA_ERROR_INVALID_CONTEXT;            \
     } while (0)
+/* A CUdevice is the device's ordinal in this process (sim_visible_count, sim_mig.h); d becomes
+ * the simulated GPU's index, or the call fails as CUDA's does for an ordinal it does not have */
 #define VALID_DEV(d)                                                  \
     do {                                                              \
-        if ((d) < 0 || (unsigned)(d) >= sim->ndev) return CUDA_ERROR_INVALID_DEVICE; \
-        if (mig_other(d)) return CUDA_ERROR_INVALID_DEVICE;           \
+        if (((d) = physical_of(d)) < 0) return CUDA_ERROR_INVALID_DEVICE; \
     } while (0)
 
 /* CUDA_VISIBLE_DEVICES=MIG-<uuid> of a MIG device NVML made: the process sees that one device,
@@ -97,10 +98,17 @@ static const struct sim_mig_profile *mig_view(int *dev)
     if (dev) *dev = d;
     return sim_mig_profile_of(d, &sim->mig[d].gi[slot]);
 }
-static int mig_other(int d)
+static int physical_of(int ordinal)
 {
     int mdev;
-    return mig_view(&mdev) && d != mdev;
+    if (mig_view(&mdev)) return ordinal == 0 ? mdev : -1;
+    return sim_visible_physical(ordinal);
+}
+static int ordinal_of(int physical)
+{
+    int mdev;
+    if (mig_view(&mdev)) return physical == mdev ? 0 : -1;
+    return sim_visible_ordinal(physical);
 }
 
 SIM_API CUresult cuInit(unsigned int flags)
@@ -123,20 +131,14 @@ SIM_API CUresult cuDriverGetVersion(int *v)
 SIM_API CUresult cuDeviceGetCount(int *n)
 {
     NEED_INIT();
-    *n = mig_view(NULL) ? 1 : (int)sim->ndev;
+    *n = mig_view(NULL) ? 1 : (int)sim_visible_count();
     return CUDA_SUCCESS;
 }
 
 SIM_API CUresult cuDeviceGet(CUdevice *d, int ordinal)
 {
     NEED_INIT();
-    int mdev;
-    if (mig_view(&mdev)) {
-        if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-        *d = mdev;
-        return CUDA_SUCCESS;
-    }
-    VALID_DEV(ordinal);
+    if (physical_of(ordinal) < 0) return CUDA_ERROR_INVALID_DEVICE;
     *d = ordinal;
     return CUDA_SUCCESS;
 }
@@ -286,7 +288,7 @@ SIM_API CUresult cuCtxPopCurrent_v2(CUcontext *c)
 SIM_API CUresult cuCtxGetDevice(CUdevice *d)
 {
     NEED_CTX();
-    *d = me()->cur->dev;
+    *d = ordinal_of(me()->cur->dev);
     return CUDA_SUCCESS;
 }
 /* "only supported under Volta+ MPS" (cuda.h): a plain context has no execution affinity */
@@ -784,8 +786,8 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const
     if (!h || !prop) return CUDA_ERROR_INVALID_VALUE;
     int dev = -1;
     if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        VALID_DEV(prop->location.id);
         dev = prop->location.id;
+        VALID_DEV(dev);
     }
     return sim_alloc(dev, size, GS_KIND_VMM, h);
 }

@@ -67,13 +67,15 @@ SIM_API nvmlReturn_t nvmlSystemGetNVMLVersion(char *v, unsigned int len) { NEED_
 SIM_API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) { NEED_INIT(); *v = 13000; return NVML_SUCCESS; }
 SIM_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
 
-SIM_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) { NEED_INIT(); *n = sim->ndev; return NVML_SUCCESS; }
+/* Indexes are the GPUs this process can open, numbered from 0 (sim_visible_count, sim_state.h) */
+SIM_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) { NEED_INIT(); *n = sim_visible_count(); return NVML_SUCCESS; }
 SIM_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *n) { return nvmlDeviceGetCount_v2(n); }
 SIM_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d)
 {
     NEED_INIT();
-    if (!d || i >= sim->ndev) return NVML_ERROR_INVALID_ARGUMENT;
-    *d = &g_devs[i];
+    int physical = sim_visible_physical((int)i);
+    if (!d || physical < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *d = &g_devs[physical];
     return NVML_SUCCESS;
 }
 SIM_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) { return nvmlDeviceGetHandleByIndex_v2(i, d); }
@@ -84,14 +86,21 @@ SIM_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
     char s[96];
     for (unsigned i = 0; uuid && i < sim->ndev; i++) {
         sim_uuid_string((int)i, s, sizeof s);
-        if (strcmp(s, uuid) == 0) {
+        if (strcmp(s, uuid) == 0 && sim_visible_ordinal((int)i) >= 0) {
             *d = &g_devs[i];
             return NVML_SUCCESS;
         }
     }
     return nvml_mig_by_uuid(uuid, d);
 }
-SIM_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) { DEV(d); *i = (unsigned)d->index; return NVML_SUCCESS; }
+SIM_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i)
+{
+    DEV(d);
+    int ordinal = sim_visible_ordinal(d->index);
+    if (ordinal < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *i = (unsigned)ordinal;
+    return NVML_SUCCESS;
+}
 /* The N of /dev/nvidiaN; the mock backend gives each simulated GPU its index as minor. */
 SIM_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *m) { DEV(d); *m = (unsigned)d->index; return NVML_SUCCESS; }
 static int mig_handle_uuid(nvmlDevice_t d, char *out, unsigned len);
@@ -563,7 +572,7 @@ static nvmlReturn_t nvml_mig_by_uuid(const char *uuid, nvmlDevice_t *d)
     for (unsigned i = 0; uuid && i < sim->ndev; i++)
         for (int g = 0; g < SIM_MIG_MAX_GI; g++) {
             struct sim_mig_gi *gi = &sim->mig[i].gi[g];
-            if (!gi->in_use || !gi->ci_in_use) continue;
+            if (!gi->in_use || !gi->ci_in_use || sim_visible_ordinal((int)i) < 0) continue;
             sim_mig_uuid((int)i, gi->serial, s, sizeof s);
             if (strcmp(s, uuid) == 0) {
                 g_migs[i][g] = (struct nvmlDevice_st){(int)i, g};

@@ -309,3 +309,48 @@ void sim_mem_unreserve(int dev, uint64_t size)
     __atomic_sub_fetch(&sim->dev[dev].used, size, __ATOMIC_RELAXED);
     __atomic_sub_fetch(&sim_me->used[dev], size, __ATOMIC_RELAXED);
 }
+
+extern char **environ;
+#define VISIBLE_PREFIX "GPUSHARE_SIM_VISIBLE_"
+
+static uint32_t visible_mask(void)
+{
+    static uint32_t mask; /* bit per physical GPU; set once, the environment is the process's */
+    static int done;
+    if (__atomic_load_n(&done, __ATOMIC_ACQUIRE)) return mask;
+    uint32_t m = 0;
+    int named = 0;
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, VISIBLE_PREFIX, sizeof VISIBLE_PREFIX - 1) != 0) continue;
+        const char *v = strchr(*e, '=');
+        if (!v) continue;
+        named = 1;
+        for (char *end; *++v;) {
+            long i = strtol(v, &end, 10);
+            if (end != v && i >= 0 && i < SIM_MAX_DEV) m |= 1u << i;
+            v = end;
+            if (*v != ',') break;
+        }
+    }
+    unsigned n = sim ? sim->ndev : SIM_MAX_DEV;
+    mask = named ? m & ((1u << n) - 1) : (1u << n) - 1;
+    __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+    return mask;
+}
+
+unsigned sim_visible_count(void) { return (unsigned)__builtin_popcount(visible_mask()); }
+
+int sim_visible_physical(int ordinal)
+{
+    uint32_t m = visible_mask();
+    for (int p = 0; ordinal >= 0 && p < SIM_MAX_DEV; p++)
+        if (m & (1u << p) && ordinal-- == 0) return p;
+    return -1;
+}
+
+int sim_visible_ordinal(int physical)
+{
+    uint32_t m = visible_mask();
+    if (physical < 0 || physical >= SIM_MAX_DEV || !(m & (1u << physical))) return -1;
+    return __builtin_popcount(m & ((1u << physical) - 1));
+}

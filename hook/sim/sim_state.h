@@ -80,4 +80,14 @@ void sim_mem_unreserve(int dev, uint64_t size);
 void sim_robust_lock(pthread_mutex_t *m);
 void sim_reap(void);                /* give back what dead processes held (NVML queries) */
 
+/* The GPUs this process can open. A container gets the device nodes (/dev/nvidiaN) of its
+ * claims' GPUs only, and CUDA and NVML number those from 0 inside it. The simulator has no
+ * device nodes: a claim's spec names its GPUs in GPUSHARE_SIM_VISIBLE_<claim>=i,j (one variable
+ * per claim, so a container of two claims sees both, as with device nodes). A process with no
+ * such variable (the host: plugin, agent) sees every GPU. Ordinal: the number CUDA and NVML
+ * give inside; physical: the index in sim->dev. */
+unsigned sim_visible_count(void);
+int sim_visible_physical(int ordinal);  /* -1: no such ordinal */
+int sim_visible_ordinal(int physical);  /* -1: not visible */
+
 #endif

@@ -60,10 +60,8 @@ def slices(kube: Kube) -> list[dict]:
 
 def cu_total(kube: Kube, pod: str) -> int:
     """The memory the pod's container sees on its claim's GPU (CUDA's total, the probe's meminfo
-    in the running container). By the GPU's index: every simulated GPU is visible in a mock
-    node's containers (no device nodes to leave out), where on GPU nodes only the claim's are."""
-    gpu = int(results(kube, claim_of(kube, pod))[0]["device"].split("-")[1])  # gpu-<i>[-share-<j>]
-    out = kube("exec", pod, "--", "sh", "-c", f'"$(gpushare-dra hook-path probe)" --device {gpu} meminfo')
+    in the running container): its device 0, the only one it has, on a mock node as on a GPU node."""
+    out = kube("exec", pod, "--", "sh", "-c", '"$(gpushare-dra hook-path probe)" meminfo')
     return int(out.split("cu_total=")[1].split()[0])
 
 

@@ -116,8 +116,8 @@ spec:
       --max {max} --hold 3600 & wait']
     resources: {{claims: [{{name: gpu}}]}}
 """
-# On GPU 0: every simulated GPU is visible in a mock node's containers, and the probe allocates
-# on device 0.
+# On GPU 0: 0.1.0's specs for the simulator do not name the claim's GPUs (its containers see
+# every simulated GPU), and the probe allocates on device 0.
 CLAIM = """
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
