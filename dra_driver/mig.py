@@ -250,7 +250,8 @@ class GpuSet:
         self.indexes = indexes  # None: all
 
     @classmethod
-    def parse(cls, text: str, flag: str = "--mig-gpus") -> GpuSet:
+    def parse(cls, text: str) -> GpuSet:
+        """A GPU list; ValueError says what is wrong with `text` (the caller names the flag)."""
         text = text.strip()
         if text in ("", "none"):
             return cls(frozenset())
@@ -259,9 +260,9 @@ class GpuSet:
         try:
             indexes = frozenset(int(part) for part in text.split(","))
         except ValueError:
-            raise ValueError(f"{flag}: {text!r}: expected {MIG_GPUS_ACCEPTED}") from None
+            raise ValueError(f"{text!r}: expected {MIG_GPUS_ACCEPTED}") from None
         if any(i < 0 for i in indexes):
-            raise ValueError(f"{flag}: {text!r}: GPU indexes are 0 or more")
+            raise ValueError(f"{text!r}: GPU indexes are 0 or more")
         return cls(indexes)
 
     def __contains__(self, index: object) -> bool:

@@ -69,7 +69,7 @@ class GpuStrategies:
     @classmethod
     def parse(cls, text: str, mixed: bool = False) -> GpuStrategies:
         """--mps-gpus: `none`, `all`, or GPU indexes separated by commas (`0,2`): GpuSet's grammar."""
-        gpus = GpuSet.parse(text, "--mps-gpus")
+        gpus = GpuSet.parse(text)
         return cls("all" if gpus.indexes is None else gpus.indexes, mixed)
 
     def of(self, index: int) -> str:

@@ -36,7 +36,7 @@ def test_the_gpu_attribute_and_who_it_serves():
                                                                      GPU_MPS]
     assert GpuStrategies.parse("all").of(7) == GPU_MPS
     assert GpuStrategies.parse("all", mixed=True).of(0) == GPU_MIXED
-    with pytest.raises(ValueError, match="--mps-gpus"):
+    with pytest.raises(ValueError, match="^'first': expected none, all, or GPU indexes"):  # the caller names the flag
         GpuStrategies.parse("first")
     assert gpu_serves(GPU_MPS, "MPS") and not gpu_serves(GPU_MPS, "TimeSlicing") and not gpu_serves(GPU_MPS, "None")
     assert gpu_serves(GPU_TIME_SLICED, "None") and not gpu_serves(GPU_TIME_SLICED, "MPS")

@@ -174,6 +174,10 @@ def kube_versions():
      f"gpushare-dra kubelet-plugin: error: --health-ignore-xids: '' in '1,,2' is not an XID {XIDS_ACCEPTED}"),
     (["kubelet-plugin", "--health-ignore-xids", "all,13"],
      f"gpushare-dra kubelet-plugin: error: --health-ignore-xids: 'all' in 'all,13' is not an XID {XIDS_ACCEPTED}"),
+    (["kubelet-plugin", "--mig-gpus", "x"],  # the flag named once, not again by the parser's own message
+     "gpushare-dra kubelet-plugin: error: --mig-gpus: 'x': expected none, all, or GPU indexes like 0,2"),
+    (["kubelet-plugin", "--mps-gpus", "0,-1"],
+     "gpushare-dra kubelet-plugin: error: --mps-gpus: '0,-1': GPU indexes are 0 or more"),
     (["kubelet-plugin", "--health-ignore-xids=79,4294967296"],
      "gpushare-dra kubelet-plugin: error: --health-ignore-xids: '4294967296' in '79,4294967296' is not an XID "
      + XIDS_ACCEPTED),
