@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec
 from dra_driver.config import LATENCY, MPS
-from kubeletplugin import mpslayout
+from kubeletplugin.strategies.mps import layout as mpslayout
 
 from .claimfiles import CONTAINER_LIBRARY, ClaimFiles
 from .prepared import PreparedClaim
@@ -134,7 +134,7 @@ def mps_edits(claim: PreparedClaim, state_dir: str, shm: bool = False) -> tuple[
     blocks ahead of batch work where their SMs meet).
 
     The share env vars only let a tenant lower its share: the control daemon's limits for the
-    server are the ceiling (kubeletplugin/mps.py sets them), and the library holds the claim's
+    server are the ceiling (kubeletplugin/strategies/mps/control.py sets them), and the library holds the claim's
     processes together to the share in SM-time (hook/src/pacing.c, mps_scale). One GPU per MPS claim: a pipe
     folder names one control daemon, and Prepare refuses MPS claims of several GPUs.
 

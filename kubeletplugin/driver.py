@@ -2,10 +2,14 @@
 
 A claim's life, each step recorded before the next starts (fault points in faults.py):
 
-    Prepare:   checkpoint PrepareStarted -> [MIG instances] -> claim files -> CDI spec -> checkpoint PrepareCompleted
-    Unprepare: checkpoint UnprepareStarted -> remove CDI spec -> remove claim files -> [MIG instances] -> drop entry
+    Prepare:   checkpoint PrepareStarted -> strategies acquire (MIG instances) -> claim files
+               -> strategies apply (MPS limits) -> CDI spec -> checkpoint PrepareCompleted
+    Unprepare: checkpoint UnprepareStarted -> remove CDI spec -> remove claim files
+               -> strategies release (MIG instances) -> drop entry -> strategies apply (MPS limits)
 
-(MIG instances have a ledger of their own, migstate.py, recovered after the claims.)
+The sharing strategies (kubeletplugin/strategies/: time slicing, MPS, MIG) are called through one
+interface at those steps and at start-up; what they make has records of their own (the MIG
+ledger), recovered after the claims.
 
 At start-up (`recover`) anything not PrepareCompleted is rolled back, completed claims get
 missing files or specs rewritten (a reboot empties /var/run/cdi), CDI specs that no entry owns
@@ -30,7 +34,6 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from cdi import find_devices_of_kind, remove_temp_files
-from dra_driver.config import MPS
 from dra_driver.config.strategies import GPU_MPS, STRATEGY_ATTRIBUTE, GpuStrategies, gpu_serves
 from dra_driver.devicemodel import parse_device_name
 from dra_driver.discovery import DeviceBackend, GpuInfo
@@ -47,18 +50,22 @@ from dra_driver.kube import (
     warning_event,
 )
 from dra_driver.log import get_logger
-from dra_driver.mig import MigError, MigInstances, MigProfile
+from dra_driver.mig import MigInstances, MigProfile
 
 from . import checkpoint as ckpt
 from .allocation import plan_claim, unmet_capacity
 from .cdispec import SimDriver, build_spec
 from .claimfiles import CONTAINER_LIBRARY
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
-from .faults import NO_FAULTS, Faults
-from .migstate import MigState
-from .mps import MpsControl, MpsError
+from .faults import NO_FAULTS, Faults, reaches
 from .nodestate import NodeState
 from .prepared import PreparedClaim, PreparedDevice, PreparedError, PreparedGpu
+from .strategies import Strategy, StrategyError
+from .strategies.mig.ledger import MigState
+from .strategies.mig.strategy import Mig
+from .strategies.mps.control import MpsControl
+from .strategies.mps.strategy import Mps
+from .strategies.timeslicing import TimeSlicing
 
 log = get_logger("kubeletplugin.driver")
 
@@ -111,7 +118,7 @@ class ClaimListener(Protocol):
 class Driver:
     def __init__(self, api: client.ApiClient, driver_name: str, node_name: str, backend: DeviceBackend,
                  partitions: int, host_library: str, node: NodeState, mps: MpsControl,
-                 strategies: GpuStrategies | None = None, sim: SimDriver | None = None,
+                 gpu_strategies: GpuStrategies | None = None, sim: SimDriver | None = None,
                  faults: Faults = NO_FAULTS, mig: MigInstances | None = None) -> None:
         """Everything it works with is built by the caller (main.py): `node` is the node's state
         (claims' folders, CDI specs, checkpoint, call lock), `sim` the simulated driver that mock
@@ -132,13 +139,16 @@ class Driver:
         self.checkpoint = node.checkpoint
         self.calls = node.calls  # another plugin instance may share the state dir (a rolling upgrade): calls take turns
         self.mps = mps
-        self.strategies = strategies or GpuStrategies()  # what each GPU serves (its sharingStrategy attribute)
+        self.gpu_strategies = gpu_strategies or GpuStrategies()  # what each GPU serves (its sharingStrategy attribute)
         self._locks = KeyedLocks(CLAIM_LOCK_WAIT_S)
         self._gpus: dict[int, GpuInfo] = {}
         self._gpus_lock = threading.Lock()
-        self.faults = faults
+        self.faults = faults  # the fault points its steps reach (faults.reaches)
         # MIG instances made for claims (None: --mig-gpus names no GPU)
-        self.mig = MigState(mig, self.state_dir, self._mig_profiles, faults.reached) if mig else None
+        mig_state = MigState(mig, self.state_dir, self._mig_profiles, faults.reached) if mig else None
+        # called in this order at every step of a claim's life (strategies/__init__.py)
+        self.strategies: tuple[Strategy, ...] = (TimeSlicing(), Mps(mps),
+                                                 Mig(mig_state, capability_nodes=backend.name == "nvml"))
         self.listeners: list[ClaimListener] = []  # a listener's failure never fails a call
         self.on_error: Callable[[str, str], None] = lambda operation, reason: None  # metrics: failed calls by reason
 
@@ -187,76 +197,94 @@ class Driver:
         with self._locks.hold(uid):
             entry = self.checkpoint.get(uid)
             if entry and entry.state == ckpt.PREPARE_COMPLETED and entry.prepared:
-                # A second pod sharing the claim, or a kubelet restart: same answer, regions untouched.
-                if not self.specs.exists(uid):
-                    self._write_spec(entry.prepared)
-                log.debug("claim already prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare")
-                return entry.prepared.devices
+                return self._answer_again(entry.prepared)
             if entry:
                 self._remove(uid, "leftover of an interrupted call")
             claim, unmet = self._plan(ref)
-            self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_STARTED, namespace, name, None))
-            self.faults.reached("prepare-started-recorded")
-            try:
-                claim = self._make_mig(claim)
-                self.files.write(claim)
-                self.faults.reached("prepare-files-written")
-                self._apply_mps(claim, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, claim))
-                self._write_spec(claim)
-                self.faults.reached("prepare-spec-written")
-                self.checkpoint.set(uid, ckpt.Entry(ckpt.PREPARE_COMPLETED, namespace, name, claim))
-            except MpsError as e:
-                log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="mps",
-                          error=str(e))
-                self._remove(uid, "rollback of a failed prepare")
-                raise ClaimError(f"sharingStrategy MPS: {e}", reason="mps") from None
-            except MigError as e:
-                log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="mig",
-                          error=str(e))
-                self._remove(uid, "rollback of a failed prepare")
-                raise ClaimError(f"MIG: {e}", reason="mig") from None
-            except OSError as e:
-                log.error("prepare failed, rolling back", claim=f"{namespace}/{name}", uid=uid, step="write",
-                          error=str(e))
-                self._remove(uid, "rollback of a failed prepare")
-                raise ClaimError(f"writing the claim's files: {e}", reason="io") from None
-            self.faults.reached("prepare-completed-recorded")
-            log.info("claim prepared", claim=f"{namespace}/{name}", uid=uid, step="prepare",
-                     gpus=[f"{g.uuid} memory={g.memory_limit} compute={g.compute_limit}" for g in claim.gpus])
-            self._tell(claim, prepared=True)
-            if unmet:
-                self._warn_author(claim, unmet)
+            self._record_started(claim)
+            with self._rolled_back_on_failure(claim):
+                claim = self._acquire(claim)
+                self._write_files(claim)
+                self._apply(claim, self._prepared_now() | {claim.uid: claim})
+                self._write_claim_spec(claim)
+                self._record_completed(claim)
+            self._announce(claim, unmet)
             return claim.devices
+
+    def _answer_again(self, claim: PreparedClaim) -> tuple[PreparedDevice, ...]:
+        """A second pod sharing the claim, or a kubelet restart: same answer, regions untouched."""
+        if not self.specs.exists(claim.uid):
+            self._write_spec(claim)
+        log.debug("claim already prepared", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid, step="prepare")
+        return claim.devices
+
+    @reaches("prepare-started-recorded")
+    def _record_started(self, claim: PreparedClaim) -> None:
+        self.checkpoint.set(claim.uid, ckpt.Entry(ckpt.PREPARE_STARTED, claim.namespace, claim.name, None))
+
+    @contextmanager
+    def _rolled_back_on_failure(self, claim: PreparedClaim) -> Iterator[None]:
+        """A step that fails leaves nothing of the claim behind; its ClaimError says which."""
+        try:
+            yield
+        except StrategyError as e:
+            self._roll_back(claim, e.reason, e.cause)
+            raise ClaimError(str(e), reason=e.reason) from None
+        except OSError as e:
+            self._roll_back(claim, "write", e)
+            raise ClaimError(f"writing the claim's files: {e}", reason="io") from None
+
+    def _roll_back(self, claim: PreparedClaim, step: str, error: Exception) -> None:
+        log.error("prepare failed, rolling back", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid, step=step,
+                  error=str(error))
+        self._remove(claim.uid, "rollback of a failed prepare")
+
+    def _acquire(self, claim: PreparedClaim) -> PreparedClaim:
+        """The claim with what the strategies made for its devices (MIG instances)."""
+        for strategy in self.strategies:
+            claim = strategy.acquire(claim)
+        return claim
+
+    @reaches("prepare-files-written")
+    def _write_files(self, claim: PreparedClaim) -> None:
+        self.files.write(claim)
+
+    def _apply(self, claim: PreparedClaim, claims: dict[str, PreparedClaim]) -> None:
+        """The strategies learn that `claim` came or went: `claims` are the prepared claims now."""
+        for strategy in self.strategies:
+            strategy.apply(claim, claims)
+
+    def _prepared_now(self) -> dict[str, PreparedClaim]:
+        """Every claim the checkpoint has an answer for, by uid (one being unprepared too)."""
+        return {uid: e.prepared for uid, e in self.checkpoint.items() if e.prepared}
+
+    @reaches("prepare-spec-written")
+    def _write_claim_spec(self, claim: PreparedClaim) -> None:
+        self._write_spec(claim)
+
+    @reaches("prepare-completed-recorded")
+    def _record_completed(self, claim: PreparedClaim) -> None:
+        self.checkpoint.set(claim.uid, ckpt.Entry(ckpt.PREPARE_COMPLETED, claim.namespace, claim.name, claim))
+
+    def _announce(self, claim: PreparedClaim, unmet: str | None) -> None:
+        """Log the prepared claim, tell the listeners, and warn its author of capacity it did not get."""
+        log.info("claim prepared", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid, step="prepare",
+                 gpus=[f"{g.uuid} memory={g.memory_limit} compute={g.compute_limit}" for g in claim.gpus])
+        self._tell(claim, prepared=True)
+        if unmet:
+            self._warn_author(claim, unmet)
 
     def _mig_profiles(self, gpu_uuid: str) -> tuple[MigProfile, ...]:
         with self._gpus_lock:
             gpus = list(self._gpus.values()) or self.backend.discover()
         return next((g.mig_profiles for g in gpus if g.uuid == gpu_uuid), ())
 
-    def _make_mig(self, claim: PreparedClaim) -> PreparedClaim:
-        """The claim with its MIG devices' instances made (or joined): their UUIDs and IDs recorded."""
-        if not any(g.mig for g in claim.gpus):
-            return claim
-        if self.mig is None:
-            raise MigError("the claim has MIG devices but this plugin's --mig-gpus names no GPU")
-        gpus = []
-        for gpu in claim.gpus:
-            if gpu.mig is not None:
-                instance, uuid = self.mig.acquire(claim.uid, gpu.mig)
-                gpu = replace(gpu, uuid=uuid, mig=instance)
-            gpus.append(gpu)
-        nodes = claim.device_nodes
-        if self.backend.name == "nvml":  # the MIG devices' capabilities besides the GPU's nodes (docs/mig.md)
-            nodes = (*nodes, *(n for g in gpus if g.mig for n in _mig_capability_nodes(g.minor, g.mig.gpu_instance,
-                                                                                      g.mig.compute_instance)))
-        return replace(claim, gpus=tuple(gpus), device_nodes=nodes)
-
     def _plan(self, ref: ClaimRef) -> tuple[PreparedClaim, str | None]:
         """The claim prepared, and what to tell its author about capacity it asked for and did not get."""
         claim = self._read_claim(ref)
         plan = plan_claim(claim, self.driver_name, self.node_name, self._gpus_for(claim), self.partitions)
         for gpu in plan.gpus:  # the scheduler keeps strategies apart by the devices' attribute; a claim that
-            served = self.strategies.of(gpu.index)  # chose MPS through another class is refused here
+            served = self.gpu_strategies.of(gpu.index)  # chose MPS through another class is refused here
             if not gpu_serves(served, plan.sharing_strategy):
                 raise ClaimError(f"sharingStrategy {plan.sharing_strategy}: GPU {gpu.index} serves "
                                  f"{'MPS claims only' if served == GPU_MPS else 'TimeSlicing and None claims'} "
@@ -385,20 +413,6 @@ class Driver:
         except Exception:  # never fails a call: an unused file left behind is harmless
             log.exception("pruning unused library versions failed")
 
-    def _apply_mps(self, claim: PreparedClaim, entry: ckpt.Entry | None) -> None:
-        """An MPS claim came (`entry`: its record to be) or went: its GPU's daemon gets the limits
-        of the GPU's MPS claims now (docs/strategies.md)."""
-        if claim.sharing_strategy != MPS:
-            return
-        uuid = claim.gpus[0].uuid
-        claims = {u: e.prepared for u, e in self.checkpoint.items() if e.prepared}
-        if entry is not None and entry.prepared is not None:
-            claims[claim.uid] = entry.prepared
-        else:
-            claims.pop(claim.uid, None)
-        self.mps.apply(uuid, [c.gpus[0] for c in claims.values()
-                              if c.sharing_strategy == MPS and c.gpus[0].uuid == uuid])
-
     # ---- Unprepare -------------------------------------------------------------------------
 
     def unprepare(self, namespace: str, name: str, uid: str) -> None:
@@ -413,30 +427,44 @@ class Driver:
             if entry is None and not self.files.exists(uid) and not self.specs.exists(uid):
                 log.debug("claim not prepared here", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
                 return
-            if entry is not None:
-                self.checkpoint.set(uid, replace(entry, state=ckpt.UNPREPARE_STARTED))
-            self.faults.reached("unprepare-started-recorded")
+            self._record_unprepare_started(uid, entry)
             self._remove(uid, "unprepare")
-            if entry and entry.prepared:
-                try:
-                    self._apply_mps(entry.prepared, None)
-                except MpsError as e:  # the claim is gone either way; its limits only ever loosen
-                    log.error("MPS limits not updated", uid=uid, step="unprepare", error=str(e))
-            self.faults.reached("unprepare-completed")
+            self._apply_without(entry.prepared if entry else None)
             log.info("claim unprepared", claim=f"{namespace}/{name}", uid=uid, step="unprepare")
             self._tell(entry.prepared if entry else None, prepared=False)
         if entry and entry.prepared and entry.prepared.library not in (None, self.host_library):
             self.prune_libraries()  # it may have been the last claim on an older build
 
+    @reaches("unprepare-started-recorded")
+    def _record_unprepare_started(self, uid: str, entry: ckpt.Entry | None) -> None:
+        if entry is not None:
+            self.checkpoint.set(uid, replace(entry, state=ckpt.UNPREPARE_STARTED))
+
+    @reaches("unprepare-completed")
+    def _apply_without(self, claim: PreparedClaim | None) -> None:
+        """The strategies learn that a prepared claim went (None: it never completed its Prepare)."""
+        if claim is None:
+            return
+        try:
+            self._apply(claim, self._prepared_now())
+        except StrategyError as e:  # the claim is gone either way; its limits only ever loosen
+            log.error("strategy not updated", uid=claim.uid, step="unprepare", error=str(e))
+
     def _remove(self, uid: str, why: str) -> None:
-        self.specs.remove(uid)
-        self.faults.reached("unprepare-spec-removed")
-        self.files.remove(uid)
-        self.faults.reached("unprepare-files-removed")
-        if self.mig is not None:  # after the files: a crash before this point leaves the entry, retried
-            self.mig.release_claim(uid)
+        self._remove_spec(uid)
+        self._remove_files(uid)
+        for strategy in self.strategies:  # after the files: a crash before this point leaves the entry, retried
+            strategy.release(uid)
         self.checkpoint.delete(uid)
         log.debug("claim state removed", uid=uid, step="remove", reason=why)
+
+    @reaches("unprepare-spec-removed")
+    def _remove_spec(self, uid: str) -> None:
+        self.specs.remove(uid)
+
+    @reaches("unprepare-files-removed")
+    def _remove_files(self, uid: str) -> None:
+        self.files.remove(uid)
 
     # ---- Start-up --------------------------------------------------------------------------
 
@@ -506,9 +534,8 @@ class Driver:
             if UID.fullmatch(uid) and self._wrote_spec(uid):
                 log.warning("removing a CDI spec no claim owns", uid=uid, step="recover")
                 self.specs.remove(uid)
-        self._recover_mps()
-        if self.mig is not None:
-            self.mig.recover({uid: e.prepared for uid, e in self.checkpoint.items() if e.prepared})
+        for strategy in self.strategies:
+            strategy.recover(self._prepared_now())
         self.checkpoint.replace_all(dict(self.checkpoint.items()))  # records the current boot id
         log.info("state recovered", claims=len(known), rebooted=rebooted, step="recover")
         self.prune_libraries()
@@ -527,16 +554,6 @@ class Driver:
             except OSError:
                 continue
         return False
-
-    def _recover_mps(self) -> None:
-        """Each GPU with MPS claims has its daemon (found after a plugin restart, started again
-        after a reboot) with their limits; a failure is logged, the claims' containers retry."""
-        for uid, entry in self.checkpoint.items():
-            if entry.prepared and entry.prepared.sharing_strategy == MPS:
-                try:
-                    self._apply_mps(entry.prepared, entry)
-                except MpsError as e:
-                    log.error("MPS control daemon not ready", uid=uid, step="recover", error=str(e))
 
     def _adopt_unrecorded_claims(self) -> None:
         """Record as prepared every claim folder with a whole prepared.json the checkpoint lacks."""
@@ -560,25 +577,6 @@ class Driver:
         claims another plugin instance prepared on this node count too."""
         return {uid: e.prepared for uid, e in self.checkpoint.on_disk().items()
                 if e.state == ckpt.PREPARE_COMPLETED and e.prepared is not None}
-
-
-MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
-
-
-def _mig_capability_nodes(minor: int, gpu_instance: int, compute_instance: int,
-                          minors_file: str = MIG_MINORS) -> tuple[str, ...]:
-    """/dev/nvidia-caps/nvidia-cap<N> of a MIG device's GPU and compute instance: the access
-    capabilities a process needs to open it (NVIDIA MIG user guide, "Device Nodes and
-    Capabilities"; the driver lists them as `gpu<minor>/gi<id>/access <N>` and
-    `gpu<minor>/gi<id>/ci<id>/access <N>`). None where the file is missing."""
-    wanted = {f"gpu{minor}/gi{gpu_instance}/access", f"gpu{minor}/gi{gpu_instance}/ci{compute_instance}/access"}
-    try:
-        with open(minors_file) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return ()
-    return tuple(f"/dev/nvidia-caps/nvidia-cap{parts[1]}" for parts in (line.split() for line in lines)
-                 if len(parts) == 2 and parts[0] in wanted and parts[1].isdigit())
 
 
 def _nvidia_device_nodes(gpus: tuple[PreparedGpu, ...]) -> tuple[str, ...]:

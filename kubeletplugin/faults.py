@@ -1,5 +1,7 @@
 """Fault points of Prepare and Unprepare, for the crash and isolation tests: a Faults object the
 Driver is given, NO_FAULTS (nothing happens) unless the plugin's process was started with one.
+The driver's steps name their point with `@reaches(step)` (the step's method reaches it when it
+returns); the MIG strategy is handed `Faults.reached` for its own two.
 
 `gpushare-dra kubelet-plugin` reads them from its environment once, at start-up
 (`Faults.from_env`; never set these in production):
@@ -15,8 +17,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import wraps
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 PREPARE_STEPS = (
     "prepare-started-recorded",   # checkpoint says PrepareStarted, no files yet
@@ -60,3 +64,27 @@ class Faults:
 
 
 NO_FAULTS = Faults()
+
+
+class _HasFaults(Protocol):
+    faults: Faults
+
+
+_S = TypeVar("_S", bound=_HasFaults)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def reaches(step: str) -> Callable[[Callable[Concatenate[_S, _P], _R]], Callable[Concatenate[_S, _P], _R]]:
+    """A method that reaches fault point `step` of its object's `faults` when it returns."""
+    if step not in STEPS:
+        raise ValueError(f"fault point {step!r}: not one of {', '.join(STEPS)}")
+
+    def decorate(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+        @wraps(method)
+        def run(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            result = method(self, *args, **kwargs)
+            self.faults.reached(step)
+            return result
+        return run
+    return decorate

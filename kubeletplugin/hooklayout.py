@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from kubeletplugin import mpslayout
+from kubeletplugin.strategies.mps import layout as mpslayout
 
 
 class Field(NamedTuple):

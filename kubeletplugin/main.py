@@ -43,9 +43,9 @@ from .grpcapi import dra_health_v1alpha1_pb2_grpc, pluginregistration_pb2_grpc
 from .healthservice import DeviceHealthServicer
 from .instances import NodeLeader, Registrations
 from .metrics import Metrics
-from .mps import MpsControl, control_program
 from .nodestate import NodeState
 from .server import RegistrationServicer, add_dra_services
+from .strategies.mps.control import MpsControl, control_program
 
 if TYPE_CHECKING:
     from dra_driver.controller import SliceController
@@ -152,7 +152,7 @@ class Plugin:
         self.driver = Driver(self.api, config.driver_name, config.node_name, self.backend, config.partitions, library,
                              NodeState.open(state_dir, config.cdi_root),
                              MpsControl(state_dir, mps_control, root=mps_root),  # mps_root: run it chrooted there
-                             strategies=self.strategies,
+                             gpu_strategies=self.strategies,
                              sim=sim, faults=faults, mig=self.mig)
         self.metrics = Metrics()
         self.metrics.instrument(self.api)

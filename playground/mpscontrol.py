@@ -25,7 +25,7 @@ pipe folder by folder descriptor: never through a link, never in a folder a tena
 For the simulated driver it keeps the server's active-thread percentage in the pipe folder
 (hooklayout.SIM_MPS_FILE), so simulated CUDA processes that name the folder are MPS clients.
 
-control.log is written in the real daemon's format (kubeletplugin/mpslayout.py: the lines the agent
+control.log is written in the real daemon's format (kubeletplugin/strategies/mps/layout.py: the lines the agent
 reads, and the public logs they were taken from): `[<date> <time>.<ms> Control <pid>] <message>`, with a server's
 start (`Starting new server <pid> for user <uid>`, `NEW SERVER <pid>: Ready`) and exit (`Server
 <pid> exited with status <n>`: 0 for `shutdown_server` and `quit`). Every command is recorded too,
@@ -55,8 +55,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kubeletplugin import mpslayout
 from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_SERVER_MAX, sim_mps_server_text
+from kubeletplugin.strategies.mps import layout as mpslayout
 
 SOCKET = mpslayout.SOCKET  # in the pipe folder for clients; in the control folder for commands
 CLIENT_REQUEST = "new_client"  # the stand-in's client request: a server for the peer's user

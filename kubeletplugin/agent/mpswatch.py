@@ -3,7 +3,7 @@ ended abnormally (docs/strategies.md, MPS).
 
 Under MPS one client's fatal GPU fault ends its server, and with it the GPU context of every
 client of that server: every MPS claim on the GPU (one control daemon per GPU serves them all,
-kubeletplugin/mps.py). The control daemon starts a new server for the next client, so nothing
+kubeletplugin/strategies/mps/control.py). The control daemon starts a new server for the next client, so nothing
 stays broken for an operator to see; the claims' processes just got CUDA errors. The agent reads
 the daemon's log and says so: one Warning Event `MpsServerRestarted` on each MPS ResourceClaim
 prepared on the GPU and on each pod its status.reservedFor names, and
@@ -60,7 +60,7 @@ from kubernetes import client
 from dra_driver.config import MPS
 from dra_driver.kube import BACKGROUND_API_TIMEOUT_S, api_deadline, plain, warning_event
 from dra_driver.log import get_logger
-from kubeletplugin import mpslayout
+from kubeletplugin.strategies.mps import layout as mpslayout
 
 from .claimview import ClaimView
 

@@ -28,9 +28,9 @@ import time
 import pytest
 from kubernetes import client
 
-from kubeletplugin import mpslayout
 from kubeletplugin.agent.mpswatch import DAEMON_REASON
-from kubeletplugin.mps import MpsError
+from kubeletplugin.strategies.mps import layout as mpslayout
+from kubeletplugin.strategies.mps.control import MpsError
 from playground.claims import gpushare_config, opaque_config
 from tests.support import wait_for
 from tests.support.tenant import run_tenant, start_tenant

@@ -1,6 +1,6 @@
 """MPS on a GPU node laid out as a driver root (issue 27; docs/strategies.md, "On GPU nodes"):
 no --mps-control flag; the plugin finds nvidia-cuda-mps-control in --driver-root's bin and runs
-it chrooted there (kubeletplugin/mpsroot.py), in a mount namespace of its own with the GPU's
+it chrooted there (kubeletplugin/strategies/mps/root.py), in a mount namespace of its own with the GPU's
 folders and its own /dev/shm bound in. The driver root here is an overlay of this machine's
 root (its userland, as a real driver root has the host's) with the simulated driver's files
 under usr/lib/x86_64-linux-gnu and, at usr/bin/nvidia-cuda-mps-control, the stand-in daemon
@@ -20,8 +20,8 @@ import pytest
 
 from dra_driver.discovery import MockBackend
 from dra_driver.hookpath import native_paths
-from kubeletplugin import mpslayout
-from kubeletplugin.mps import SHM_SIZE
+from kubeletplugin.strategies.mps import layout as mpslayout
+from kubeletplugin.strategies.mps.control import SHM_SIZE
 from playground.claims import gpushare_config, opaque_config
 from tests.support import BUILD, CPU_TIMED, REPO
 from tests.support.hook import throughput
@@ -52,7 +52,7 @@ def driver_root(tmp_path):
     for name, key in (("libcuda.so.1", "sim_cuda"), ("libnvidia-ml.so.1", "sim_nvml")):
         shutil.copy(native_paths()[key], lib / name)
     # The stand-in and the system python, inside the root: the daemon's /tmp is a tmpfs of its own
-    # (kubeletplugin/mpsroot.py), which hides a checkout (and its venv) under /tmp. The stand-in
+    # (kubeletplugin/strategies/mps/root.py), which hides a checkout (and its venv) under /tmp. The stand-in
     # needs the standard library only (-S: no site-packages).
     stand_in = upper / "opt/gpushare-test"
     for package in ("playground", "kubeletplugin"):

@@ -16,9 +16,9 @@ from uuid import uuid4
 import pytest
 from kubernetes import client
 
-from kubeletplugin import mpslayout
 from kubeletplugin.agent.mpswatch import REASON, ControlLog, LogTail, ServerExit
-from kubeletplugin.mps import MpsControl
+from kubeletplugin.strategies.mps import layout as mpslayout
+from kubeletplugin.strategies.mps.control import MpsControl
 from playground.claims import gpushare_config, make_claim, opaque_config, result
 from playground.mpscontrol import SIMULATE_FAULT, Daemon, log_line
 from tests.support import wait_for
@@ -29,7 +29,7 @@ METRIC = "gpushare_mps_server_restarts_total"
 
 
 # ---- the log, line by line ---------------------------------------------------------------------
-# Lines in the layout real daemons wrote (the sources are cited in kubeletplugin/mpslayout.py):
+# Lines in the layout real daemons wrote (the sources are cited in kubeletplugin/strategies/mps/layout.py):
 # control pid right-aligned in 5 columns, the server start logged from the new server's pid.
 REAL_FORMAT = """\
 [2026-03-02 10:14:07.201 Control   412] Starting control daemon using socket /tmp/nvidia-mps/control

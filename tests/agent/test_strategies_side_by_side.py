@@ -19,8 +19,8 @@ import uuid
 import pytest
 from kubernetes import client
 
-from kubeletplugin import mpslayout
 from kubeletplugin.hooklayout import SIM_MPS_FILE, SIM_MPS_KEY_THREADS, SIM_MPS_PIPE_ENV
+from kubeletplugin.strategies.mps import layout as mpslayout
 from playground.claims import gpushare_config, make_claim, opaque_config, result
 from playground.containers import cgroup_mount, parse_kv
 from tests.support import CPU_TIMED, GiB, MiB, wait_for

@@ -8,8 +8,8 @@ import json
 import os
 
 from dra_driver.mig import MigInstance, MigProfile
-from kubeletplugin.migstate import BORROWED, CREATED, LedgerEntry, MigState
 from kubeletplugin.prepared import PreparedClaim, PreparedDevice, PreparedGpu, PreparedMig
+from kubeletplugin.strategies.mig.ledger import BORROWED, CREATED, LedgerEntry, MigState
 
 GPU = "GPU-5ea1c0de-0000-4000-8000-000000000000"
 P3G = MigProfile("3g.40gb", 9, 3, 40448 << 20, 60, 3, 3, 0, 3, 0, (0, 4), 4)

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from kubeletplugin import mpslayout
-from kubeletplugin.mps import MpsControl, MpsError
 from kubeletplugin.prepared import PreparedGpu
+from kubeletplugin.strategies.mps import layout as mpslayout
+from kubeletplugin.strategies.mps.control import MpsControl, MpsError
 from playground.claims import gpushare_config, make_claim, opaque_config, result
 from playground.mpscontrol import effective_share
 from tests.support import GiB

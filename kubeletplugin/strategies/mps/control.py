@@ -8,7 +8,7 @@ through its pipe folder), tells it the limits after every Prepare and Unprepare 
 and stops it (`quit`) with the last. After a node reboot, recovery starts it again.
 
 Where it runs: with --driver-root set and --mps-control at its default, the driver root's own
-nvidia-cuda-mps-control, chrooted there in a mount namespace of its own (mpsroot.py,
+nvidia-cuda-mps-control, chrooted there in a mount namespace of its own (root.py,
 control_program); otherwise --mps-control as given, in the plugin's container (the stand-in).
 
 Talking to it (docs/security.md, "MPS: the control daemon"): the daemon's folders are the
@@ -45,9 +45,11 @@ import time
 from collections.abc import Iterable, Sequence
 
 from dra_driver.log import get_logger
-from kubeletplugin import mpslayout, mpsroot, tmpfs
+from kubeletplugin import tmpfs
+from kubeletplugin.prepared import PreparedGpu
 
-from .prepared import PreparedGpu
+from . import layout as mpslayout
+from . import root as mpsroot
 
 log = get_logger("kubeletplugin.mps")
 
@@ -112,7 +114,7 @@ class MpsControl:
     def __init__(self, state_dir: str, control: Sequence[str], root: str | None = None) -> None:
         self.state_dir = state_dir
         self.control = list(control)  # argv of nvidia-cuda-mps-control (or a stand-in)
-        self.root = root  # the driver root it runs chrooted in (kubeletplugin/mpsroot.py); None: here
+        self.root = root  # the driver root it runs chrooted in (kubeletplugin/strategies/mps/root.py); None: here
 
     def _env(self, gpu_uuid: str, pipe: str | None = None) -> dict[str, str]:
         folders = {mpslayout.PIPE_ENV: pipe or mpslayout.pipe_dir(self.state_dir, gpu_uuid),

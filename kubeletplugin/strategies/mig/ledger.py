@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from cdi.atomic import write_atomic
 from dra_driver.log import get_logger
 from dra_driver.mig import MigError, MigInstance, MigInstances, MigProfile
-
-from .prepared import PreparedClaim, PreparedMig
+from kubeletplugin.prepared import PreparedClaim, PreparedMig
 
 log = get_logger("kubeletplugin.mig")
 

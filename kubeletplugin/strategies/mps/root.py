@@ -3,8 +3,8 @@ mps-control-daemon template: `chroot /driver-root nvidia-cuda-mps-control -d`): 
 servers it starts and the command program all run on the driver root's own libraries, whatever
 the plugin's image holds (docs/strategies.md, "On GPU nodes").
 
-`python -m kubeletplugin.mpsroot --root ROOT --gpu-dir DIR -- PROGRAM [ARGS]`, run by
-kubeletplugin/mps.py as root in the plugin's (privileged) container:
+`python -m kubeletplugin.strategies.mps.root --root ROOT --gpu-dir DIR -- PROGRAM [ARGS]`, run by
+kubeletplugin/strategies/mps/control.py as root in the plugin's (privileged) container:
 
 1. a mount namespace of its own (private: nothing it mounts is seen by the plugin or the host),
    which the daemon keeps for its life;
@@ -14,7 +14,7 @@ kubeletplugin/mps.py as root in the plugin's (privileged) container:
 3. the plugin's /dev, /proc and /sys bound over ROOT's (the GPU's device nodes), then the GPU's
    shm folder over ROOT/dev/shm: one /dev/shm per daemon, the same folder its clients get at
    /dev/shm (cdispec.mps_edits), as an MPS server and its clients share memory there;
-4. chroot(ROOT), then exec PROGRAM with the caller's environment (mps.py names the folders by
+4. chroot(ROOT), then exec PROGRAM with the caller's environment (control.py names the folders by
    their IN_ROOT paths).
 """
 
@@ -68,7 +68,7 @@ def enter(root: str, gpu_dir: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m kubeletplugin.mpsroot")
+    p = argparse.ArgumentParser(prog="python -m kubeletplugin.strategies.mps.root")
     p.add_argument("--root", required=True)
     p.add_argument("--gpu-dir", required=True)
     p.add_argument("program", nargs=argparse.REMAINDER)
