@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from . import flags
 from .devicemodel import BINPACK, DEVICE_ORDERS
+from .mig import GpuSet
 
 DEFAULT_DRIVER_NAME = "gpushare.dev"
 COMMANDS_GROUP = "gpushare_dra.commands"  # each entry: a function adding subcommands to the CLI's subparsers
@@ -141,8 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print the GPUs this node would publish, as YAML",
                        description="Discover GPUs with --device-backend and print them as YAML: 'gpus' "
                                    "(a file --mock-gpus accepts), 'sharing' and, per sharing mode, the "
-                                   "'devices' the ResourceSlices would hold (auto: both modes).")
+                                   "'devices' the ResourceSlices would hold (auto: both modes); with "
+                                   "--mig-gpus, 'mig': what each GPU it names offers and why. Reads only: "
+                                   "no GPU's MIG mode or instances are changed.")
     add_devices(p)
+    p.add_argument("--mig-gpus", default="none", type=flags.gpu_list(GpuSet.parse),
+                   help="the kubelet plugin's --mig-gpus (none, all, or GPU indexes such as 0,2): the devices as a "
+                        "plugin with it would publish them, and 'mig.notes' with what its log says of each GPU "
+                        "it names, e.g. why one offers no MIG devices (MIG mode disabled; docs/mig.md)")
     add_logging(p)
     p.set_defaults(run=_run_discover)
 
@@ -276,18 +283,22 @@ def _run_discover(args: argparse.Namespace) -> int:
     sharing mode publishes for them; `auto` shows both modes, since the server decides."""
     import yaml
 
-    from .controller.slices import desired_devices
+    from .controller.slices import desired_devices, mig_note
     from .discovery import make_backend, mock_entry
 
     gpus = make_backend(args.device_backend, args.mock_gpus, args.driver_root).discover()
+    mig_gpus = GpuSet.parse(args.mig_gpus)
     modes = ("capacity", "partition") if args.sharing_mode == "auto" else (args.sharing_mode,)
     devices = {mode: [{"name": d["name"], **{k: c["value"] for k, c in d["capacity"].items()},
                        **({"taints": [t["value"] for t in d["taints"]]} if "taints" in d else {})}
-                      for d in desired_devices(gpus, mode, args.partitions, taints=True, order=args.device_order)]
+                      for d in desired_devices(gpus, mode, args.partitions, taints=True, order=args.device_order,
+                                               mig_gpus=mig_gpus)]
                for mode in modes}
-    doc = {"gpus": [mock_entry(g) for g in gpus],
-           "sharing": {"mode": args.sharing_mode, "partitions": args.partitions},
-           "devices": devices}
+    doc: dict[str, object] = {"gpus": [mock_entry(g) for g in gpus],
+                              "sharing": {"mode": args.sharing_mode, "partitions": args.partitions},
+                              "devices": devices}
+    if mig_gpus:
+        doc["mig"] = {"gpus": args.mig_gpus, "notes": [n for g in gpus if (n := mig_note(g, mig_gpus))]}
     print(yaml.safe_dump(doc, sort_keys=False), end="")
     return 0
 

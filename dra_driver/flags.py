@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Literal, Self
 
@@ -191,3 +192,16 @@ def check_port_free(flag: str, host: str, port_number: int, zero: str = "0 for a
                 raise FlagError(flag, f"{where} is already in use by another process (accepted: a free port, "
                                       f"or {zero})") from None
             raise FlagError(flag, f"cannot listen on {where}: {e.strerror}") from None
+
+
+def gpu_list(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type for a GPU list flag (--mps-gpus, --mig-gpus): checked by `parse` here, so a
+    bad value is a usage error naming the flag once (`parse`'s message names only the value); the
+    text itself is kept."""
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    return check

@@ -3,6 +3,13 @@
 # lent for about 10 minutes, the machine's start included). Builds the library and the probe,
 # then checks against the real driver, section by section, in this order (the sections never
 # measured on hardware before the ones the H100 measured on 2026-11-28):
+#  10. MIG, read only (issue 42): the GPU's MIG mode from nvidia-smi (current, pending; recorded),
+#      then `gpushare-dra discover` on the GPU's NVML as a plugin with --mig-gpus none and with
+#      --mig-gpus GPU would publish: MIG mode off, the GPU's devices the same either way and the
+#      plugin's note saying why it offers no MIG devices; MIG mode on (an operator's choice, left
+#      as it is), its profile placements as MIG devices and nothing when not named; the MIG mode
+#      unchanged after. Nothing here sets a MIG mode or makes or destroys an instance. --sim also
+#      runs it on a simulated GPU in MIG mode (the simulator's H100 80GB table)
 #   1. the probe: OOM at the limit, cuMemGetInfo/NVML report the limit
 #   2. PyTorch: allocations past the limit raise torch.cuda.OutOfMemoryError,
 #      torch.cuda.mem_get_info shows the limit
@@ -59,7 +66,7 @@
 #
 #   hack/gpu-validate.sh [--out DIR] [--sections LIST] [--budget S] [GPU index]
 #   hack/gpu-validate.sh --mps-only [GPU index]   section 6 alone
-#   hack/gpu-validate.sh --sim [--out DIR]        sections 1 3 5 9 6 7 on the simulated GPU
+#   hack/gpu-validate.sh --sim [--out DIR]        sections 10 1 3 5 9 6 7 on the simulated GPU
 #       (hook/build/sim, its simulated MPS server, the probe's spin kernels instead of PyTorch);
 #       the sections that need PyTorch (2, 4, 8) are refused there
 #   --out DIR       DIR/gpu-validate.json (DIR made if missing): the machine (GPU name, driver,
@@ -67,7 +74,7 @@
 #                   and from PyTorch, the git commit, the windows) and every row (section, case,
 #                   check, target, measured values, ok/FAIL/skip), rewritten after each row and
 #                   at exit ("complete": false while running or when cut off); the traces above
-#   --sections LIST which sections, e.g. 4,8,9 (default: all; --sim: 1,3,5,6,7,9)
+#   --sections LIST which sections, e.g. 4,8,9 (default: all; --sim: 1,3,5,6,7,9,10)
 #   --budget S      past S seconds from the start, the cases not yet begun are skip rows
 #                   (default 450; 0: none), so that a run ends within 8 minutes
 # Environment: SHARE_SECONDS (5): the window of each share measurement (not SECONDS, which bash
@@ -79,15 +86,18 @@
 # AGENT_PYTHON cannot import it, the script runs `AGENT_PYTHON -m pip install --target
 # build/gpu-validate-site structlog pyyaml` (AGENT_WHEELS=DIR: --no-index --find-links DIR, for a
 # machine with no network, e.g. the lent GPU machines: carry a structlog wheel) and runs the
-# agent with that folder on PYTHONPATH. GIT_COMMIT: the commit to record where the copy has no
+# agent with that folder on PYTHONPATH. Section 10's `gpushare-dra discover` runs on the same
+# python and needs nvidia-ml-py and kubernetes besides (installed the same way: carry their
+# wheels and their dependencies' too). GIT_COMMIT: the commit to record where the copy has no
 # .git.
 #
 # Time, at the defaults: --sim took 3 min 28 s and 3 min 32 s on a loaded 2-core machine
-# (2026-11-28; sections 1 3 5 9 6 7: 1-5 ~10 s, 9 ~60 s, 6 ~65 s, 7 ~70 s with all eight untuned
+# (2026-11-28, before section 10; sections 1 3 5 9 6 7: 1-5 ~10 s, 9 ~60 s, 6 ~65 s, 7 ~70 s with all eight untuned
 # cases); it has no PyTorch sections, so it is a lower bound. On a GPU, estimated from the windows and about 5 s to start each PyTorch
 # process: the build and the machine's facts ~20 s, 1-3 ~12 s, the solo run with the captures
 # ~70 s (torch.compile ~15 s of it), 4 ~110 s, 5 ~7 s, 8 ~30 s, 9 ~55 s, 6 ~110 s, 7 ~50 s:
-# about 7.7 minutes (460 s). The budget ends a slower run near 8 minutes (450 s, then the case
+# about 7.7 minutes (460 s), and 10 a few seconds (two `discover` runs; 61 s with --sim's four on
+# the loaded 2-core machine, 2026-11-28). The budget ends a slower run near 8 minutes (450 s, then the case
 # under way; each run is killed after SHARE_SECONDS + START_LEAD + 150 s): what is left is a
 # skip row each, section 7's last cases first; `--sections` splits a run over two windows.
 # Before this rework the script took 13 minutes at SHARE_SECONDS=8.
@@ -115,11 +125,11 @@ while [ $# -gt 0 ]; do
     shift
 done
 GPU=${1:-0}
-SECTIONS=$(echo "${SECTIONS:-$([ "$SIM" = 1 ] && echo 1,3,5,6,7,9 || echo 1,2,3,4,5,6,7,8,9)}" | tr ',' ' ')
+SECTIONS=$(echo "${SECTIONS:-$([ "$SIM" = 1 ] && echo 1,3,5,6,7,9,10 || echo 1,2,3,4,5,6,7,8,9,10)}" | tr ',' ' ')
 for s in $SECTIONS; do
-    [[ "$s" =~ ^[1-9]$ ]] || { echo "gpu-validate: no section $s (1 to 9)" >&2; exit 64; }
+    [[ "$s" =~ ^([1-9]|10)$ ]] || { echo "gpu-validate: no section $s (1 to 10)" >&2; exit 64; }
     if [ "$SIM" = 1 ] && [[ " 2 4 8 " == *" $s "* ]]; then
-        echo "gpu-validate: section $s needs PyTorch on a GPU; --sim runs 1 3 5 6 7 9" >&2; exit 64
+        echo "gpu-validate: section $s needs PyTorch on a GPU; --sim runs 1 3 5 6 7 9 10" >&2; exit 64
     fi
 done
 W=${SHARE_SECONDS:-5}
@@ -258,20 +268,30 @@ LIMITS
 AGENT_PY=${AGENT_PYTHON:-$PY}     # the share agent's python: this repo's packages' structlog and pyyaml
 AGENT_SITE=$REPO/build/gpu-validate-site
 AGENT_PATH=
-agent_imports() { (cd "$REPO" && env ${AGENT_PATH:+PYTHONPATH="$AGENT_PATH"} "$AGENT_PY" -c 'import dra_driver.cli, dra_driver.log, kubeletplugin.agent.standalone') 2>"$WORK/agent-import.err"; }
-find_agent() {
-    agent_imports && return 0
+py_imports() {  # MODULES: whether AGENT_PY imports them from this checkout (its error in WORK/import.err)
+    (cd "$REPO" && env ${AGENT_PATH:+PYTHONPATH="$AGENT_PATH"} "$AGENT_PY" -c "import $1") 2>"$WORK/import.err"
+}
+find_python() {  # WHAT MODULES PACKAGE...: AGENT_PY imports MODULES, the PACKAGEs installed into AGENT_SITE if not
+    local what=$1 modules=$2; shift 2
+    py_imports "$modules" && return 0
     AGENT_PATH=$AGENT_SITE
-    [ -d "$AGENT_SITE" ] && agent_imports && return 0
-    echo "gpu-validate: $AGENT_PY cannot import the share agent ($(tail -1 "$WORK/agent-import.err")): installing" \
-         "structlog and pyyaml into $AGENT_SITE${AGENT_WHEELS:+ from $AGENT_WHEELS}" >&2
+    [ -d "$AGENT_SITE" ] && py_imports "$modules" && return 0
+    echo "gpu-validate: $AGENT_PY cannot import $what ($(tail -1 "$WORK/import.err")): installing" \
+         "$* into $AGENT_SITE${AGENT_WHEELS:+ from $AGENT_WHEELS}" >&2
     # shellcheck disable=SC2046  # the options, when AGENT_WHEELS is set
     "$AGENT_PY" -m pip install -q --disable-pip-version-check --target "$AGENT_SITE" \
-        $([ -n "${AGENT_WHEELS:-}" ] && echo --no-index --find-links "$AGENT_WHEELS") structlog pyyaml >&2 && agent_imports && return 0
-    echo "gpu-validate: $AGENT_PY cannot import the share agent: $(tail -1 "$WORK/agent-import.err"). Set AGENT_PYTHON" \
-         "to a python that can (e.g. $REPO/.venv/bin/python after make -C $REPO .venv/.installed), or carry a structlog" \
-         "wheel and set AGENT_WHEELS to its folder" >&2
+        $([ -n "${AGENT_WHEELS:-}" ] && echo --no-index --find-links "$AGENT_WHEELS") "$@" >&2 && py_imports "$modules" && return 0
+    echo "gpu-validate: $AGENT_PY cannot import $what: $(tail -1 "$WORK/import.err"). Set AGENT_PYTHON" \
+         "to a python that can (e.g. $REPO/.venv/bin/python after make -C $REPO .venv/.installed), or carry the" \
+         "wheels of $* and set AGENT_WHEELS to their folder" >&2
     return 1
+}
+find_agent() { find_python "the share agent" "dra_driver.cli, dra_driver.log, kubeletplugin.agent.standalone" structlog pyyaml; }
+# section 10: the plugin's discovery and publishing, `gpushare-dra discover` (NVML through nvidia-ml-py; the
+# kubernetes client, which the slice code's package imports)
+find_discover() {
+    find_python "gpushare-dra discover" "dra_driver.cli, dra_driver.controller.slices, pynvml" structlog pyyaml \
+        kubernetes nvidia-ml-py
 }
 AGENT=
 agent() {  # DIR...: the agent over these claims, once their control files are there; 1 if it did not start
@@ -470,6 +490,90 @@ share_rows() {
     check "together >= 0.95 x plain time slicing" "$(atleast "$t" "$(times "${plain:-0}" 0.95)")" \
         "together ${t:-?}%, plain pair ${plain:-?}% of solo" ">= 0.95 x the plain pair" together="$t" plain_pair="$plain"
 }
+
+# ---- section 10: MIG, read only: what the plugin publishes for the GPU and why ----
+in_repo() { (cd "$REPO" && exec "$@"); }
+discover() {  # BASE MIG_GPUS [VAR=VALUE...]: `gpushare-dra discover` (NVML, read only) as a plugin with --mig-gpus MIG_GPUS
+    local base=$1 gpus=$2; shift 2
+    go "$base" in_repo timeout -k 5 120 env ${AGENT_PATH:+PYTHONPATH="$AGENT_PATH"} "$@" "$AGENT_PY" -m dra_driver.cli \
+        discover --device-backend nvml --sharing-mode capacity --mig-gpus "$gpus" --log-level warning
+}
+mig_rows() {  # NONE NAMED: the rows of discover's two answers, --mig-gpus none and --mig-gpus GPU
+    local facts mode same nd nm nn profiles note
+    if ! facts=$(in_repo env ${AGENT_PATH:+PYTHONPATH="$AGENT_PATH"} "$AGENT_PY" - "$1.out" "$2.out" "$GPU" 2>"$WORK/mig.err" <<'PYEOF'
+import sys
+
+import yaml
+
+none, named = (yaml.safe_load(open(path)) or {} for path in sys.argv[1:3])
+gpu = int(sys.argv[3])
+info = next(g for g in named["gpus"] if g["index"] == gpu)
+
+
+def of_gpu(doc):
+    return [d for d in doc["devices"]["capacity"] if d["name"] == f"gpu-{gpu}" or d["name"].startswith(f"gpu-{gpu}-")]
+
+
+mig = [d["name"] for d in of_gpu(named) if d["name"].startswith(f"gpu-{gpu}-mig-")]
+profiles = sorted({name.split("-mig-")[1].rsplit("-", 1)[0] for name in mig})  # as device names spell them
+notes = [n for n in (named.get("mig") or {}).get("notes", []) if n.startswith(f"GPU {gpu} ")]
+print(f"mode={int(bool(info.get('migMode')))} same={int(of_gpu(none) == of_gpu(named))} all={len(of_gpu(named))} "
+      f"mig={len(mig)} unnamed={len(of_gpu(none))} profiles={','.join(profiles) or '-'}")
+print("note=" + (notes[0] if notes else "").replace("\n", " "))
+PYEOF
+    ); then
+        check "discover's answers read" 0 "$(tail -1 "$WORK/mig.err")"
+        return
+    fi
+    mode=$(val mode <<< "$facts"); same=$(val same <<< "$facts"); nd=$(val all <<< "$facts")
+    nm=$(val mig <<< "$facts"); nn=$(val unnamed <<< "$facts"); profiles=$(val profiles <<< "$facts")
+    note=$(sed -n 's/^note=//p' <<< "$facts")
+    if [ "$mode" = 0 ]; then
+        check "MIG mode off, named by --mig-gpus: published as before" "$([ "$same" = 1 ] && [ "$nd" -gt 0 ] && echo 1 || echo 0)" \
+            "$nd device(s) of GPU $GPU, $([ "$same" = 1 ] && echo "the same as" || echo "NOT those") without --mig-gpus" \
+            "the devices published without --mig-gpus" same="$same" devices="$nd"
+        check "MIG mode off: says why it offers no MIG devices" \
+            "$([[ "$note" == *"MIG mode is disabled: no MIG devices"* ]] && [ "$nm" = 0 ] && echo 1 || echo 0)" \
+            "${note:-no note}" "the plugin's note: MIG mode disabled" mig_devices="$nm"
+    else
+        check "MIG mode on, named: its profile placements published as MIG devices" \
+            "$([ "$nm" -gt 0 ] && [ "$nm" = "$nd" ] && echo 1 || echo 0)" "$nm of $nd device(s) of GPU $GPU ($profiles)" \
+            "> 0, and nothing of the GPU whole" mig_devices="$nm" devices="$nd" profiles="$profiles"
+        check "MIG mode on, not named: not offered" "$([ "$nn" = 0 ] && echo 1 || echo 0)" "$nn device(s)" 0 devices="$nn"
+        check "MIG mode on: the plugin's note (recorded)" 1 "${note:-no note}" recorded
+    fi
+}
+mig_mode_smi() { nvidia-smi --query-gpu=mig.mode.current,mig.mode.pending --format=csv,noheader -i "$GPU" 2>/dev/null | tr -d ' '; }
+
+if section 10 "MIG, read only (the GPU's MIG mode and instances are never changed)"; then
+CASE="MIG read only"
+if [ "$SIM" = 0 ]; then  # [N/A]: a GPU without MIG; Enabled/Disabled: one with it (the pending mode after a reset)
+    before=$(mig_mode_smi)
+    check "MIG mode current,pending (nvidia-smi, recorded)" 1 "${before:-nvidia-smi answered nothing}" recorded \
+        current="${before%%,*}" pending="${before#*,}"
+fi
+if ! find_discover; then
+    check "gpushare-dra discover runs (the plugin's discovery and publishing)" 0 "$(tail -1 "$WORK/import.err")"
+elif ! discover "$WORK/mig-none" none || ! discover "$WORK/mig-named" "$GPU"; then
+    check "gpushare-dra discover runs (the plugin's discovery and publishing)" 0 \
+        "$(why "$WORK/mig-none"); $(why "$WORK/mig-named")"
+else
+    mig_rows "$WORK/mig-none" "$WORK/mig-named"
+    if [ "$SIM" = 1 ]; then  # the other state, on a simulated GPU in MIG mode (its own state file)
+        CASE="MIG read only, a simulated GPU in MIG mode"
+        sim_mig=(GPUSHARE_SIM_MIG="$GPU" GPUSHARE_SIM_STATE="$WORK/mig-sim.state")
+        if discover "$WORK/mig-on-none" none "${sim_mig[@]}" && discover "$WORK/mig-on-named" "$GPU" "${sim_mig[@]}"; then
+            mig_rows "$WORK/mig-on-none" "$WORK/mig-on-named"
+        else
+            check "gpushare-dra discover runs" 0 "$(why "$WORK/mig-on-none"); $(why "$WORK/mig-on-named")"
+        fi
+    fi
+fi
+if [ "$SIM" = 0 ]; then
+    after=$(mig_mode_smi)
+    check "MIG mode unchanged" "$([ "$after" = "$before" ] && echo 1 || echo 0)" "before $before, after $after" "unchanged"
+fi
+fi  # section 10
 
 if section 1 "the probe: memory"; then
 CASE="probe memory"

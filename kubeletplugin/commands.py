@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from collections.abc import Callable
 from typing import Any
 
 from dra_driver import flags
@@ -17,18 +16,6 @@ from dra_driver.config.strategies import GpuStrategies
 from dra_driver.mig import GpuSet
 
 from .config import DEFAULTS
-
-
-def _gpus(parse: Callable[[str], object]) -> Callable[[str], str]:
-    """An argparse type for a GPU list flag (--mps-gpus, --mig-gpus): checked by `parse` here, so a
-    bad value is a usage error; the text itself is kept."""
-    def check(text: str) -> str:
-        try:
-            parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return text
-    return check
 
 
 def add_commands(sub: Any) -> None:
@@ -68,7 +55,7 @@ def add_commands(sub: Any) -> None:
                    help="command line of NVIDIA's MPS control program, run for claims with sharingStrategy MPS: "
                         "one control daemon per GPU (docs/strategies.md); left at its default with --driver-root "
                         "set, the driver root's own program, run chrooted there")
-    g.add_argument("--mps-gpus", default=DEFAULTS.mps_gpus, type=_gpus(GpuStrategies.parse),
+    g.add_argument("--mps-gpus", default=DEFAULTS.mps_gpus, type=flags.gpu_list(GpuStrategies.parse),
                    help="GPUs that serve sharingStrategy MPS claims only: none, all, or GPU indexes (0,2); "
                         "the others serve TimeSlicing and None claims. Published as the devices' attribute "
                         "sharingStrategy (MPS or TimeSlicing), which the DeviceClasses mps.gpushare.dev and "
@@ -77,7 +64,7 @@ def add_commands(sub: Any) -> None:
                    help="every GPU serves every strategy (sharingStrategy Mixed): MPS claims may share a GPU "
                         "with TimeSlicing and None claims, where the MPS server is one context in the GPU's "
                         "time slicing and its claims get less than their share (docs/strategies.md)")
-    g.add_argument("--mig-gpus", default=DEFAULTS.mig_gpus, type=_gpus(GpuSet.parse),
+    g.add_argument("--mig-gpus", default=DEFAULTS.mig_gpus, type=flags.gpu_list(GpuSet.parse),
                    help="GPUs offered as MIG devices: none, all, or GPU indexes (0,2). A GPU named here whose "
                         "MIG mode the operator enabled (nvidia-smi -i N -mig 1, then a GPU reset) is published as "
                         "its MIG profile placements (DeviceClass mig.gpushare.dev); its instances are created when a "

@@ -83,6 +83,24 @@ def test_discover_mock_prints_gpus():
     assert "memory: 24Gi" in res.stdout
 
 
+def test_discover_says_why_a_gpu_named_for_mig_offers_no_mig_devices(capsys):
+    # MIG mode off (read, never switched): published as without --mig-gpus, and the plugin's reason printed
+    import yaml
+
+    def discover(*flags):
+        assert main(["discover", "--device-backend", "mock", "--mock-gpus", "2x80Gi", "--sharing-mode", "capacity",
+                     *flags]) == 0
+        return yaml.safe_load(capsys.readouterr().out)
+
+    plain, named = discover(), discover("--mig-gpus", "1")
+    assert named["devices"] == plain["devices"] and [d["name"] for d in named["devices"]["capacity"]] == ["gpu-0",
+                                                                                                       "gpu-1"]
+    assert "mig" not in plain
+    [note] = named["mig"]["notes"]
+    assert note.startswith("GPU 1 (GPU-") and "is named by --mig-gpus but its MIG mode is disabled: no MIG devices, " \
+        "offered as before; the driver never switches it (nvidia-smi -i 1 -mig 1" in note
+
+
 def refused(argv, env=None):
     """Run the CLI; assert exit status 2 and exactly one line on stderr, and return that line.
     With env: as a program of its own (the entry point, the environment it reads at start-up);
@@ -176,6 +194,8 @@ def kube_versions():
      f"gpushare-dra kubelet-plugin: error: --health-ignore-xids: 'all' in 'all,13' is not an XID {XIDS_ACCEPTED}"),
     (["kubelet-plugin", "--mig-gpus", "x"],  # the flag named once, not again by the parser's own message
      "gpushare-dra kubelet-plugin: error: --mig-gpus: 'x': expected none, all, or GPU indexes like 0,2"),
+    (["discover", "--mig-gpus", "0,x"],
+     "gpushare-dra discover: error: --mig-gpus: '0,x': expected none, all, or GPU indexes like 0,2"),
     (["kubelet-plugin", "--mps-gpus", "0,-1"],
      "gpushare-dra kubelet-plugin: error: --mps-gpus: '0,-1': GPU indexes are 0 or more"),
     (["kubelet-plugin", "--health-ignore-xids=79,4294967296"],
