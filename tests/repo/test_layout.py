@@ -37,12 +37,19 @@ def test_lint_imports_fails_on_a_product_import_of_the_playground(tmp_path):
         f.write("\nfrom playground import demo  # noqa\n")
     with open(tmp_path / "dra_driver" / "kube.py", "a") as f:
         f.write("\nfrom kubeletplugin import driver  # noqa\n")
+    # and the strategies' and the agent's contracts (one run for all)
+    with open(tmp_path / "kubeletplugin" / "strategies" / "mps" / "control.py", "a") as f:
+        f.write("\nfrom kubeletplugin.strategies.mig import ledger  # noqa\n")
+    with open(tmp_path / "kubeletplugin" / "agent" / "status.py", "a") as f:
+        f.write("\nfrom kubeletplugin.strategies.mps import control  # noqa\n")
     lint = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; "
             "sys.exit(c())", "--no-cache"]
     broken = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "kubeletplugin.driver -> playground.demo" in broken.stdout
     assert "dra_driver.kube -> kubeletplugin.driver" in broken.stdout
+    assert "kubeletplugin.strategies.mps.control -> kubeletplugin.strategies.mig.ledger" in broken.stdout
+    assert "kubeletplugin.agent.status -> kubeletplugin.strategies.mps.control" in broken.stdout
 
 
 def _imports(source: str, package: str) -> list[str]:
