@@ -96,7 +96,7 @@
 # cases); it has no PyTorch sections, so it is a lower bound. On a GPU, estimated from the windows and about 5 s to start each PyTorch
 # process: the build and the machine's facts ~20 s, 1-3 ~12 s, the solo run with the captures
 # ~70 s (torch.compile ~15 s of it), 4 ~110 s, 5 ~7 s, 8 ~30 s, 9 ~55 s, 6 ~110 s, 7 ~50 s:
-# about 7.7 minutes (460 s), and 10 a few seconds (two `discover` runs; 61 s with --sim's four on
+# about 7.7 minutes (460 s), and 10 a few seconds (two `discover` runs; 14 s and 61 s with --sim's four on
 # the loaded 2-core machine, 2026-11-28). The budget ends a slower run near 8 minutes (450 s, then the case
 # under way; each run is killed after SHARE_SECONDS + START_LEAD + 150 s): what is left is a
 # skip row each, section 7's last cases first; `--sections` splits a run over two windows.
