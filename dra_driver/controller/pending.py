@@ -7,11 +7,13 @@ works out with `gpushare-dra explain`'s logic (dra_driver/explain.py) what each 
 when no GPU fits, records `NoGpuFits` on the claim, naming the GPUs with their free memory and
 compute. Again only when that changes (a GPU freed some, another claim took some).
 
-One writer per cluster: the controller of the node that sorts first among the nodes publishing
-the driver's slices (each controller sees them all), so N nodes do not record N Events. Its cost:
-that node lists the driver's slices and every claim each PERIOD_S; every other node lists the
-slices only every OTHERS_PERIOD_S, to notice that it became the first. These are the only
-requests of a controller besides its watch while nothing changes (docs/controller.md).
+One writer per cluster: the controller of the node whose slice sorts first by name among the
+driver's slices (the API server lists in name order), so N nodes do not record N Events. Its
+cost: that node lists the driver's slices and every claim each PERIOD_S; every other node asks
+for the first slice only (limit=1) every OTHERS_PERIOD_S, to notice that it became the writer.
+(It used to list every slice for that: with 1,000 nodes, 1,000 lists of the whole fleet's slices
+every 5 minutes, and all of them 10 s after the controllers started; docs/fleet.md.) These are
+the only requests of a controller besides its watch while nothing changes (docs/controller.md).
 """
 
 from __future__ import annotations
@@ -105,13 +107,11 @@ class PendingClaims:
 
     def pass_once(self) -> int:
         """One look; the number of Events recorded."""
-        slices = json_body(self._resource.list_resource_slice(
-            field_selector=f"spec.driver={self.driver}", _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT)).get("items") or []
-        nodes = sorted({s["spec"].get("nodeName") for s in slices if s["spec"].get("nodeName")})
-        self._writer = bool(nodes) and nodes[0] == self.node
+        first = self._slices(limit=1)
+        self._writer = bool(first) and first[0]["spec"].get("nodeName") == self.node
         if not self._writer:
             return 0  # another node's controller writes them
+        slices = self._slices()
         claims = json_body(self._resource.list_resource_claim_for_all_namespaces(
             _preload_content=False, _request_timeout=REQUEST_TIMEOUT)).get("items") or []
         now, recorded, pending = self.now(), 0, set()
@@ -130,6 +130,12 @@ class PendingClaims:
             recorded += 1
         self._told = {uid: text for uid, text in self._told.items() if uid in pending}
         return recorded
+
+    def _slices(self, limit: int | None = None) -> list[JSON]:
+        """The driver's slices in name order: all, or the first `limit`."""
+        return json_body(self._resource.list_resource_slice(
+            field_selector=f"spec.driver={self.driver}", limit=limit, _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT)).get("items") or []
 
     def _record(self, claim: JSON, text: str) -> None:
         meta = claim["metadata"]

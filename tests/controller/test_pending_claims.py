@@ -5,6 +5,7 @@ change. Against the API emulator (the real cluster: tests/cluster/test_cluster.p
 from __future__ import annotations
 
 import datetime
+from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client
 
@@ -67,3 +68,19 @@ def test_a_claim_no_gpu_holds_now_gets_one_event_from_one_node(emulator):
     # claims just made (here: all of them, seen 1 minute before now) are left to the scheduler's first try
     earlier = lambda: datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1)  # noqa: E731
     assert PendingClaims(api, DRIVER, "node-a", now=earlier).pass_once() == 0
+
+
+def test_a_node_that_does_not_write_asks_for_one_slice_only(emulator):
+    """Every node looks every 5 minutes whether it became the writer: one slice's worth, not the
+    fleet's slices (1,000 nodes' lists of every slice cost the API server more than the fleet's
+    publishing; docs/fleet.md)."""
+    api = emulator.api_client()
+    resource = client.ResourceV1Api(api)
+    for node in ("node-c", "node-a", "node-b"):
+        resource.create_resource_slice(capacity_slice(node))
+    sent = []
+    request = api.rest_client.request
+    api.rest_client.request = lambda method, url, *a, **kw: sent.append((method, url)) or request(method, url, *a, **kw)
+    assert PendingClaims(api, DRIVER, "node-b").pass_once() == 0
+    assert [(method, urlsplit(url).path, parse_qs(urlsplit(url).query).get("limit")) for method, url in sent] == [
+        ("GET", "/apis/resource.k8s.io/v1/resourceslices", ["1"])], sent
