@@ -1,6 +1,7 @@
 """SliceController against the API emulator, through the real kubernetes client."""
 
 import time
+from urllib.parse import parse_qs
 
 import pytest
 from kubernetes import client
@@ -187,6 +188,23 @@ def test_no_writes_in_steady_state(emulator, gpus, controllers):
     # fell in these 3 s: the driver's slices and every claim, listed
     look = {("GET", "/apis/resource.k8s.io/v1/resourceslices"), ("GET", "/apis/resource.k8s.io/v1/resourceclaims")}
     assert [r for r in emulator.requests if (r.method, r.path) not in look] == []
+
+
+def test_lists_are_served_from_the_api_servers_cache(emulator, gpus, controllers):
+    """No consistent list of slices: kube-apiserver answers one from etcd when its cache lags,
+    reading every slice of the fleet for one node's (docs/fleet.md). The watch starts from the
+    cache ("0"); the pool's lists are no older than the controller's last list or write."""
+    ctrl = controllers(emulator, gpus.backend())
+    assert ctrl.wait_synced(5)
+    _api(emulator).delete_collection_resource_slice()  # the watch wakes it: a list, a write
+    wait_for(lambda: emulator.count_requests("POST", "resourceslices", writes_only=True) >= 3, timeout=5)
+    assert emulator.wait_quiet(0.5)
+    lists = [parse_qs(r.query) for r in emulator.requests  # (this test's own reads come after)
+             if r.method == "GET" and r.path == "/apis/resource.k8s.io/v1/resourceslices" and not r.is_watch]
+    assert len(lists) >= 3 and all(q.get("resourceVersion") for q in lists), lists
+    assert [q.get("resourceVersionMatch") for q in lists[2:]] == [["NotOlderThan"]] * len(lists[2:]), lists
+    written = max(int(s["metadata"]["resourceVersion"]) for s in slices_of(emulator))
+    assert int(lists[-1]["resourceVersion"][0]) >= written, lists
 
 
 def test_gpu_change_republishes_once(emulator, tmp_path, controllers):
