@@ -327,13 +327,13 @@ class SliceController:
             name = body["metadata"]["name"]
             if name in by_name:
                 body["metadata"]["resourceVersion"] = by_name[name]["metadata"]["resourceVersion"]
-                returned = self._api.replace_resource_slice(name, plain(body), _preload_content=False,
-                                                            _request_timeout=REQUEST_TIMEOUT)
+                answer = self._api.replace_resource_slice(name, plain(body), _preload_content=False,
+                                                          _request_timeout=REQUEST_TIMEOUT)
             else:
-                returned = self._api.create_resource_slice(plain(body), _preload_content=False,
-                                                           _request_timeout=REQUEST_TIMEOUT)
+                answer = self._api.create_resource_slice(plain(body), _preload_content=False,
+                                                         _request_timeout=REQUEST_TIMEOUT)
             self._generation = generation  # written once: never hand this number out again
-            returned = json_body(returned)
+            returned = json_body(answer)
             self._saw(returned["metadata"].get("resourceVersion"))
             self._learn(body, returned)
         for name, old in by_name.items():
@@ -355,10 +355,10 @@ class SliceController:
         finished publishing (docs/fleet.md). A stale answer costs a 409 and a retry, never a
         wrong slice: every write is conditional (create by name, replace by resourceVersion)."""
         selector = f"spec.driver={self.driver},spec.nodeName={self.node}"
-        fresh = {"resource_version": self._seen_rv, "resource_version_match": "NotOlderThan"} if self._seen_rv \
-            else {"resource_version": "0"}
-        listed = json_body(self._api.list_resource_slice(field_selector=selector, _preload_content=False,
-                                                         _request_timeout=REQUEST_TIMEOUT, **fresh))
+        listed = json_body(self._api.list_resource_slice(
+            field_selector=selector, resource_version=self._seen_rv or "0",
+            resource_version_match="NotOlderThan" if self._seen_rv else None, _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT))
         self._saw(listed["metadata"].get("resourceVersion"))
         return [s for s in listed.get("items") or [] if (s["spec"].get("pool") or {}).get("name") == self.node]
 
