@@ -83,6 +83,7 @@ class PendingClaims:
         self.driver, self.node, self.period, self.now = driver, node, period, now
         self._told: dict[str, str] = {}  # claim uid -> the message recorded last
         self._writer = True  # this node sorts first (until a look says otherwise)
+        self._listed_all = False  # the last look listed every slice (this node wrote then)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -107,11 +108,15 @@ class PendingClaims:
 
     def pass_once(self) -> int:
         """One look; the number of Events recorded."""
-        first = self._slices(limit=1)
-        self._writer = bool(first) and first[0]["spec"].get("nodeName") == self.node
+        # The writer lists every slice anyway (it needs them all); the others ask for the first.
+        slices = self._slices(limit=None if self._listed_all else 1)
+        self._writer = bool(slices) and slices[0]["spec"].get("nodeName") == self.node
         if not self._writer:
+            self._listed_all = False
             return 0  # another node's controller writes them
-        slices = self._slices()
+        if not self._listed_all:
+            slices = self._slices()
+        self._listed_all = True
         claims = json_body(self._resource.list_resource_claim_for_all_namespaces(
             _preload_content=False, _request_timeout=REQUEST_TIMEOUT)).get("items") or []
         now, recorded, pending = self.now(), 0, set()

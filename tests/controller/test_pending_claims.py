@@ -81,6 +81,16 @@ def test_a_node_that_does_not_write_asks_for_one_slice_only(emulator):
     sent = []
     request = api.rest_client.request
     api.rest_client.request = lambda method, url, *a, **kw: sent.append((method, url)) or request(method, url, *a, **kw)
+    asked = lambda: [(urlsplit(url).path.rsplit("/", 1)[1], parse_qs(urlsplit(url).query).get("limit"))  # noqa: E731
+                     for method, url in sent]
     assert PendingClaims(api, DRIVER, "node-b").pass_once() == 0
-    assert [(method, urlsplit(url).path, parse_qs(urlsplit(url).query).get("limit")) for method, url in sent] == [
-        ("GET", "/apis/resource.k8s.io/v1/resourceslices", ["1"])], sent
+    assert asked() == [("resourceslices", ["1"])], sent
+    # The writer learns it writes from the first slice, then lists them all and the claims; from
+    # then on it lists every slice at once (it needs them all): 2 requests a look, as before.
+    writer = PendingClaims(api, DRIVER, "node-a")
+    sent.clear()
+    writer.pass_once()
+    assert asked() == [("resourceslices", ["1"]), ("resourceslices", None), ("resourceclaims", None)], sent
+    sent.clear()
+    writer.pass_once()
+    assert asked() == [("resourceslices", None), ("resourceclaims", None)], sent
