@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec
+from cdi import ContainerEdits, Device, DeviceNode, Mount, Spec, SpecDir
 from dra_driver.config import LATENCY, MPS
 from kubeletplugin.strategies.mps import layout as mpslayout
 
@@ -154,3 +154,19 @@ def mps_edits(claim: PreparedClaim, state_dir: str, shm: bool = False) -> tuple[
     if shm:
         mounts.append(Mount(mpslayout.shm_dir(state_dir, gpu.uuid), "/dev/shm", _RW))
     return env, mounts
+
+
+def written_by(specs: SpecDir, uid: str, files: ClaimFiles) -> bool:
+    """Whether the spec of claim `uid` in `specs` was written by the plugin whose claim folders are
+    `files`: it mounts files of them. Another plugin's sharing the CDI root (a playground, a
+    test's plugin, another run's: each has its own state dir) names its own. A spec that mounts
+    nothing (sharingStrategy None) names no plugin: the caller decides by its checkpoint."""
+    ours = os.path.join(files.root, "")
+    for ext in (".json", ".yaml"):
+        try:
+            with open(os.path.join(specs.root, f"{specs.prefix}{uid}{ext}"), encoding="utf-8") as f:
+                if ours in f.read():
+                    return True
+        except OSError:
+            continue
+    return False

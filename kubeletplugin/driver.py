@@ -54,7 +54,7 @@ from dra_driver.mig import MigInstances, MigProfile
 
 from . import checkpoint as ckpt
 from .allocation import plan_claim, unmet_capacity
-from .cdispec import SimDriver, build_spec
+from .cdispec import SimDriver, build_spec, written_by
 from .claimfiles import CONTAINER_LIBRARY
 from .claimref import UID, ClaimError, ClaimRef, check_ref, check_uid
 from .faults import NO_FAULTS, Faults, reaches
@@ -531,7 +531,8 @@ class Driver:
             log.error("claim folder without a record kept; the claim's Prepare reuses it, its Unprepare removes it",
                       uid=uid, path=self.files.dir(uid), step="recover")
         for uid in self.specs.names() - known - self.files.uids():
-            if UID.fullmatch(uid) and self._wrote_spec(uid):
+            if UID.fullmatch(uid) and written_by(self.specs, uid, self.files):
+                # (a spec that mounts nothing of ours, sharingStrategy None, stays: no container asks for it)
                 log.warning("removing a CDI spec no claim owns", uid=uid, step="recover")
                 self.specs.remove(uid)
         for strategy in self.strategies:
@@ -539,21 +540,6 @@ class Driver:
         self.checkpoint.replace_all(dict(self.checkpoint.items()))  # records the current boot id
         log.info("state recovered", claims=len(known), rebooted=rebooted, step="recover")
         self.prune_libraries()
-
-    def _wrote_spec(self, uid: str) -> bool:
-        """Whether a spec of our kind was written by a plugin with this state dir: it mounts files of
-        our claims folder. Another plugin's sharing the CDI root (a playground, a test's plugin: podman
-        reads only /etc/cdi and /var/run/cdi) names its own, and is never touched. A spec that mounts
-        nothing of ours (sharingStrategy None) stays too: a spec no container asks for does nothing."""
-        ours = os.path.join(self.files.root, "")
-        for ext in (".json", ".yaml"):
-            try:
-                with open(os.path.join(self.specs.root, f"{self.specs.prefix}{uid}{ext}"), encoding="utf-8") as f:
-                    if ours in f.read():
-                        return True
-            except OSError:
-                continue
-        return False
 
     def _adopt_unrecorded_claims(self) -> None:
         """Record as prepared every claim folder with a whole prepared.json the checkpoint lacks."""

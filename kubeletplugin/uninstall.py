@@ -2,8 +2,10 @@
 plugin left on this node.
 
 The plugin keeps its state on shutdown on purpose (a restart or an upgrade must find every
-prepared claim); after an uninstall nothing uses it. Removed: our CDI specs (kind
-k8s.gpushare.dev/claim) in --cdi-root; the checkpoint, claim folders, lock files and
+prepared claim); after an uninstall nothing uses it. Removed: the CDI specs (kind
+k8s.gpushare.dev/claim) in --cdi-root that this --state-dir's plugin wrote (they mount its claim
+folders, or name a claim its checkpoint or claim folders hold: another plugin's specs in a shared
+CDI root stay); the checkpoint, claim folders, lock files and
 simulated-GPU state in --state-dir; with --hook-dir, the installed libraries. Only names we create are touched, so a
 folder shared with something else keeps that something.
 """
@@ -27,8 +29,8 @@ from dra_driver.kube import api_error
 from dra_driver.log import get_logger
 
 from . import checkpoint as ckpt
-from .cdispec import KIND
-from .claimfiles import unmount_all_regions
+from .cdispec import KIND, written_by
+from .claimfiles import ClaimFiles, unmount_all_regions
 from .config import DEFAULTS
 from .instances import LOCK_FILES, REGISTERED_DIR
 
@@ -47,27 +49,29 @@ class NodeStateInUse(RuntimeError):
     """Claims are still prepared here: their containers may be running on these files."""
 
 
-def prepared_claims(state_dir: str) -> list[str]:
-    """`namespace/name` of every claim the checkpoint holds (a corrupt checkpoint: the claim folders)."""
+def prepared_claims(state_dir: str) -> dict[str, str]:
+    """uid -> `namespace/name` of every claim the checkpoint holds (a corrupt checkpoint: the
+    claim folders, uid -> uid)."""
     cp = ckpt.Checkpoint(os.path.join(state_dir, CHECKPOINT), None)
     try:
         cp.load()
-        return sorted(f"{e.namespace}/{e.name}" for _, e in cp.items())
+        return {uid: f"{e.namespace}/{e.name}" for uid, e in cp.items()}
     except ckpt.CheckpointCorrupt:
-        claims = os.path.join(state_dir, "claims")
-        return sorted(os.listdir(claims)) if os.path.isdir(claims) else []
+        return {uid: uid for uid in ClaimFiles(state_dir).uids()}
 
 
 def remove_node_state(state_dir: str, cdi_root: str, hook_dir: str | None = None,
                       force: bool = False) -> dict[str, int]:
     """Remove our files; returns counts by kind. NodeStateInUse unless `force` when claims are prepared."""
-    in_use = prepared_claims(state_dir)
+    prepared = prepared_claims(state_dir)
+    in_use = sorted(prepared.values())
     if in_use and not force:
         raise NodeStateInUse(f"--state-dir {state_dir}: {len(in_use)} claim(s) still prepared on this node "
                              f"({', '.join(in_use[:5])}{', ...' if len(in_use) > 5 else ''}); delete the pods "
                              "that use them first, or pass --force")
-    specs = SpecDir(cdi_root, KIND)
-    names = specs.names()
+    specs, files = SpecDir(cdi_root, KIND), ClaimFiles(state_dir)
+    held = prepared.keys() | files.uids()
+    names = {n for n in specs.names() if n in held or written_by(specs, n, files)}
     for name in names:
         specs.remove(name)
     counts = {"cdi_specs": len(names), "state_entries": _remove(state_dir, STATE_NAMES), "hook_files": 0}

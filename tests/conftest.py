@@ -38,7 +38,12 @@ SERIAL = (
 )
 # In SERIAL's folders but timing nothing: they run beside the rest.
 NOT_SERIAL = ("tests/hook/test_sanitizers.py",  # builds and runs the library under ASan, TSan, valgrind
-              "tests/hook/test_replay.py")  # the probe's trace parser: nothing timed
+              "tests/hook/test_replay.py",  # the probe's trace parser: nothing timed
+              # what the library and the simulator do, not how fast: layouts, loading, memory
+              # limits, MIG, images' baselines, SM counts, the profile converter
+              "tests/hook/test_hooklayout.py", "tests/hook/test_loading.py", "tests/hook/test_packaging.py",
+              "tests/hook/test_memory.py", "tests/hook/test_sim_mig.py", "tests/hook/test_baseline.py",
+              "tests/hook/test_mps_sm_count.py", "tests/hook/test_trace_from_profile.py")
 # On xdist workers (`--dist loadfile --no-loadscope-reorder`) these files start first, so that none
 # of them is still running alone at the end: test_crash.py is about a fifth of the parallel part.
 FIRST = ("tests/agent/test_image_matrix.py", "tests/kubeletplugin/test_crash.py", "tests/hook/test_sanitizers.py",

@@ -25,15 +25,22 @@ from tests.support.cluster import DOWN, HELM, STATE, UP, Helm, Kube, host_traces
 from tests.support.neighbours import Neighbours
 
 COLD_UP_TIMEOUT = 4800  # a cold Go build of the five binaries on 2 cores, the image and the debs
-# test_cluster_down.py takes the cluster down: it runs after every other test of this folder.
-LAST = "tests/cluster/test_cluster_down.py"
+# The files run in this order, each finding the state the one before left (one install of each
+# kind): test_examples.py uses the kustomize install `installed` made; test_cluster.py's last test
+# deletes it (kubectl delete -k); test_helm_install.py and test_upgrade.py install the chart on a
+# cluster without it; test_cluster_down.py takes the cluster down, after every other test here.
+ORDER = ("test_examples.py", "test_cluster.py", "test_helm_install.py", "test_upgrade.py", "test_cluster_down.py")
+
+
+def _rank(item: pytest.Item) -> int:
+    return ORDER.index(item.path.name) if item.path.name in ORDER else len(ORDER)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    last = [item for item in items if item.nodeid.startswith(LAST)]
-    rest = [item for item in items if not item.nodeid.startswith(LAST)]
-    at = max((i + 1 for i, item in enumerate(rest) if item.nodeid.startswith("tests/cluster/")), default=len(rest))
-    items[:] = rest[:at] + last + rest[at:]
+    """This folder's tests (one span of items) sorted by ORDER, stable within a file."""
+    mine = [i for i, item in enumerate(items) if item.nodeid.startswith("tests/cluster/")]
+    for i, item in zip(mine, sorted((items[i] for i in mine), key=_rank), strict=True):
+        items[i] = item
 
 
 def _parse_up_output(stdout: str) -> tuple[str, str]:

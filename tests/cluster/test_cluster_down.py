@@ -1,5 +1,5 @@
 """hack/cluster-down removes what hack/cluster-up made, and nothing else, on this folder's real
-cluster. It runs after every other test here (tests/cluster/conftest.py LAST): it takes the
+cluster. It runs after every other test here (tests/cluster/conftest.py ORDER): it takes the
 cluster down.
 
 Before cluster-up the fixture noted the host's traces of a cluster (tests/support/cluster.py

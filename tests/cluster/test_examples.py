@@ -3,9 +3,9 @@ says, as dra-example-driver's demo/ does: the pods Running with what their claim
 probe's meminfo, tests/support/cluster.py `examples`), then deleted: each pod ends at SIGTERM
 (its shell's trap), so the deletes take seconds, not the 30 s grace period.
 
-(deploy/examples/e2e: test_cluster.py's budget test.) The product is installed by the package's
-`installed` fixture; test_cluster.py's last test removes it, so `product` installs it again if
-this file runs after it.
+(deploy/examples/e2e: test_cluster.py's budget test.) The product is the package's `installed`
+kustomize install: this file runs before test_cluster.py, whose last test removes it
+(tests/cluster/conftest.py ORDER).
 """
 
 from __future__ import annotations
@@ -44,10 +44,9 @@ spec:
 
 @pytest.fixture
 def product(installed: Kube) -> Kube:
-    """The kustomize install, made again if an earlier test removed it."""
+    """The kustomize install, its plugin rolled out and publishing (an earlier test here may have
+    restarted it)."""
     kube = installed
-    if kube.run("get", *DS, check=False).returncode != 0:
-        kube("apply", "-k", "deploy/overlays/mock")
     kube("rollout", "status", *DS, "--timeout=300s", timeout=320)
     kube.wait_until("ResourceSlices of the node", lambda: slices(kube))
     return kube

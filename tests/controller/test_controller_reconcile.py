@@ -7,6 +7,7 @@ import pytest
 from kubernetes import client
 
 from dra_driver.controller import SliceController
+from dra_driver.controller.reconciler import WATCH_SECONDS
 from dra_driver.discovery import MockBackend
 from playground.claims import DRIVER, NODE
 from tests.support import wait_for
@@ -122,14 +123,20 @@ def test_200_gpus_split_into_consistent_slices(emulator, tmp_path, controllers):
     assert len(devices_of(emulator)) == 200
 
 
+# An external delete or edit is restored on the watch's event: nothing else looks at the pool
+# sooner than the watch's own expiry (WATCH_SECONDS, then a re-list), so a restore within this
+# bound can only have come from the event. How fast it is (milliseconds) is hack/bench-controller's
+# figure (docs/controller.md): a wall-clock bound here failed on a loaded 2-core machine (7 s at load 15).
+RESTORED_WITHIN_S = 60
+assert RESTORED_WITHIN_S < WATCH_SECONDS[0]
+
+
 def test_external_delete_restored(emulator, gpus, controllers):
     ctrl = controllers(emulator, MockBackend("200x80Gi"))
-    assert ctrl.wait_synced(10)
+    assert ctrl.wait_synced(RESTORED_WITHIN_S)
     victim = slices_of(emulator)[1]["metadata"]["name"]
-    start = time.monotonic()
     _api(emulator).delete_resource_slice(victim)
-    wait_for(lambda: len(slices_of(emulator)) == 2 and generations(emulator) == {2}, timeout=5)
-    assert time.monotonic() - start < 5
+    wait_for(lambda: len(slices_of(emulator)) == 2 and generations(emulator) == {2}, timeout=RESTORED_WITHIN_S)
     assert len(devices_of(emulator)) == 200
 
 
@@ -141,7 +148,8 @@ def test_external_edit_restored(emulator, gpus, controllers):
     s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRange"]["max"] = "1Ti"
     s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["default"] = "1Ti"
     _api(emulator).replace_resource_slice(s["metadata"]["name"], s)
-    wait_for(lambda: devices_of(emulator)["gpu-0"]["capacity"]["memory"]["value"] == "80Gi", timeout=5)
+    wait_for(lambda: devices_of(emulator)["gpu-0"]["capacity"]["memory"]["value"] == "80Gi",
+             timeout=RESTORED_WITHIN_S)
     assert generations(emulator) == {2}
 
 
