@@ -43,7 +43,8 @@ NOT_SERIAL = ("tests/hook/test_sanitizers.py",  # builds and runs the library un
               # limits, MIG, images' baselines, SM counts, the profile converter
               "tests/hook/test_hooklayout.py", "tests/hook/test_loading.py", "tests/hook/test_packaging.py",
               "tests/hook/test_memory.py", "tests/hook/test_sim_mig.py", "tests/hook/test_baseline.py",
-              "tests/hook/test_mps_sm_count.py", "tests/hook/test_trace_from_profile.py")
+              "tests/hook/test_mps_sm_count.py", "tests/hook/test_trace_from_profile.py",
+              "tests/hook/test_sim_visible.py")  # which GPUs a process sees
 # On xdist workers (`--dist loadfile --no-loadscope-reorder`) these files start first, so that none
 # of them is still running alone at the end: test_crash.py is about a fifth of the parallel part.
 FIRST = ("tests/agent/test_image_matrix.py", "tests/kubeletplugin/test_crash.py", "tests/hook/test_sanitizers.py",
