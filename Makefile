@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 DIST   ?= dist
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test test-deps tools lint hook codegen bench image clean
+.PHONY: demo test test-two-nodes test-deps tools lint hook codegen bench image clean
 
 demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster (installs only .[demo])
 	$(BIN)/gpushare-dra demo
@@ -19,18 +19,23 @@ demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster
 # `serial` (tests/conftest.py: CPU-timed shares on the simulator). The cluster's lines come as they
 # happen, each led by `cluster|`, its summary after the parallel part's. All parts always run; it
 # fails if any did; the serial part names its 15 slowest tests (the target: the whole suite under
-# 15 minutes warm). `pytest -q` alone runs every test serially.
+# 15 minutes warm). `pytest -q` alone runs every test serially. The two-node tests (marked
+# `two_nodes`: a second node joined, one lost and back on the controllers' real timings) are
+# `make test-two-nodes`, not in `make test`: docs/operations.md, "Two nodes on one machine".
 TEST_WORKERS ?= 4
 
 test: test-deps tools lint hook  ## the checks and every test suite, as CI runs it (as root: podman and the rest installed)
 	status=0; rc=$$(mktemp); \
-	{ $(BIN)/python -m pytest -v -p no:cacheprovider --durations=5 tests/cluster; echo $$? > $$rc; } 2>&1 | \
+	{ $(BIN)/python -m pytest -v -p no:cacheprovider --durations=5 -m "not two_nodes" tests/cluster; echo $$? > $$rc; } 2>&1 | \
 	    sed -u 's/^/cluster| /' & \
 	$(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	    --ignore=tests/cluster || status=$$?; \
 	wait; [ "$$(cat $$rc)" = 0 ] || { echo "make test: tests/cluster failed (its lines: cluster|)"; status=1; }; rm -f $$rc; \
 	$(BIN)/python -m pytest -q -m serial --durations=15 --ignore=tests/cluster || status=$$?; \
 	exit $$status
+
+test-two-nodes: test-deps hook  ## as root: the real cluster with a second node (tests/cluster/test_two_nodes.py), as CI runs it
+	$(BIN)/python -m pytest -v -p no:cacheprovider --durations=5 -m two_nodes tests/cluster
 
 lint: $(STAMP)               ## ruff, mypy and the import contracts between the parts (all configured in pyproject.toml)
 	$(BIN)/ruff check .

@@ -28,7 +28,8 @@ network=gpushare  # the CNI network's name (its results: /var/lib/cni/results/gp
 # Host paths the kubelet, the plugin and containerd (/var/lib/cni: its CNI result cache) use.
 # cluster-up notes which were absent (state/created-paths); cluster-down removes only those (the
 # CDI folders only when empty: other software writes specs there too).
-host_paths=(/var/lib/kubelet /var/lib/gpushare /opt/gpushare /var/lib/cni /etc/cdi /var/run/cdi)
+host_paths=(/var/lib/kubelet /var/lib/gpushare /opt/gpushare /var/lib/cni /etc/cdi /var/run/cdi
+            /var/log/pods /var/log/containers)
 cdi_dirs=(/etc/cdi /var/run/cdi)
 # The product's CDI specs on this node (docs/contract.md): the plugin's kind, mounting its state dir.
 # cluster-down removes those written since cluster-up (state/up-since), no other file there.
@@ -60,3 +61,25 @@ pid_of() {  # the pid cluster-up recorded for a component, if that process still
     local f=$pids/$1.pid
     [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && cat "$f"
 }
+
+# The second node (hack/cluster-up --nodes 2) on the same machine: its kubelet and containerd run
+# in a mount namespace of their own (kept by a bind mount of its file, node2_mntns), where each
+# host path the kubelet, the plugin DaemonSet and containerd use (node2_paths) is bound to the
+# node's folder <state>/node2/root<path>; so the DaemonSet's hostPath /var/lib/kubelet/plugins_registry
+# is node 2's kubelet's, its /var/run/cdi node 2's containerd's. Own ports, pod subnet, bridge and
+# cgroup root (under the first node's, so that cluster-down's sweep of cgroup_root covers it).
+node2_suffix=-2  # the node's name: the first node's with this suffix
+node2_state=$state/node2
+node2_run=$run_dir/node2
+node2_sock=$node2_run/containerd.sock
+node2_mntns=$node2_run/mnt
+node2_pod_cidr=10.89.0.0/16
+node2_bridge=gpushare1
+node2_network=gpushare2
+node2_cgroup_root=$cgroup_root/node2
+node2_kubelet_port=10350
+node2_healthz_port=10348
+node2_paths=("${host_paths[@]}")
+node2_components=(containerd-2 kubelet-2)
+in_node2() { nsenter --mount="$node2_mntns" "$@"; }  # a command in the second node's mount namespace
+node2_namespace_kept() { awk -v m="$node2_mntns" '$2 == m {found=1} END {exit !found}' /proc/self/mounts; }
