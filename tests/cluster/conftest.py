@@ -29,7 +29,9 @@ COLD_UP_TIMEOUT = 4800  # a cold Go build of the five binaries on 2 cores, the i
 # kind): test_examples.py uses the kustomize install `installed` made; test_cluster.py's last test
 # deletes it (kubectl delete -k); test_helm_install.py and test_upgrade.py install the chart on a
 # cluster without it; test_cluster_down.py takes the cluster down, after every other test here.
-ORDER = ("test_examples.py", "test_cluster.py", "test_helm_install.py", "test_upgrade.py", "test_cluster_down.py")
+# test_two_nodes.py (`make test-two-nodes`) uses that install too, and removes its second node.
+ORDER = ("test_examples.py", "test_two_nodes.py", "test_cluster.py", "test_helm_install.py", "test_upgrade.py",
+         "test_cluster_down.py")
 
 
 def _rank(item: pytest.Item) -> int:
