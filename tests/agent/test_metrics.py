@@ -79,9 +79,10 @@ def test_docs_list_every_metric_and_reason(node):
     assert len(ours) >= 23 and "process_cpu_seconds" in families
     missing = [n for n in ours if not re.search(rf"`{n}(_total)?`", doc)]
     assert not missing, missing
-    code = "".join(p.read_text() for p in (Path(__file__).parents[2] / "kubeletplugin").glob("*.py"))
+    code = "".join(p.read_text() for p in (Path(__file__).parents[2] / "kubeletplugin").rglob("*.py"))
     reasons = (set(re.findall(r'reason(?:: str)? ?= ?"([a-z_]+)"', code))
-               | set(re.findall(r'on_error\(\w+, "([a-z_]+)"\)', code)))
+               | set(re.findall(r'on_error\(\w+, "([a-z_]+)"\)', code))
+               | set(re.findall(r'StrategyError\("[^"]*", "([a-z_]+)"', code)))  # kubeletplugin/strategies/
     assert {"invalid_claim", "internal", "claim_not_found"} <= reasons
     listed = re.search(r"reason[^:]*: ([a-z_, ]+)\)", doc).group(1)
     assert reasons == {r.strip() for r in listed.split(",")}

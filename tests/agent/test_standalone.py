@@ -38,7 +38,10 @@ def test_the_cdi_schema_is_vendored_with_its_source_and_licence():
 
 
 def test_ci_runs_the_readme_command():
-    assert "exec make test" in (ROOT / ".ci" / "run").read_text()
+    """.ci/run runs `make test` and the two-node target, and fails when either does."""
+    script = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "make test || status=1" in script and "make test-two-nodes || status=1" in script
+    assert script[-1] == "exit $status"
 
 
 def _test_deps(env_path: str, as_user: str | None = None):
