@@ -20,6 +20,7 @@ from decimal import Decimal
 from kubernetes import client
 
 from .devicemodel import FULL_COMPUTE, MEMORY_STEP, parse_device_name
+from .devicetaints import untolerated
 from .kube import JSON, api_client, api_error, json_body
 from .quantity import QuantityError, format_bytes, parse_bytes, parse_decimal
 
@@ -133,9 +134,8 @@ class Ask:
 
     def untolerated(self, gpu: Gpu) -> list[str]:
         """The GPU's taints that keep the scheduler off it for this request, as key=value:effect."""
-        return [f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in gpu.taints
-                if t.get("effect") in ("NoSchedule", "NoExecute")
-                and not any(_tolerates(tol, t) for tol in self.tolerations)]
+        return [f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}"
+                for t in untolerated(gpu.taints, self.tolerations)]
 
     def verdict(self, gpu: Gpu) -> str:
         tainted = self.untolerated(gpu)
@@ -163,18 +163,6 @@ class Ask:
             return "fits"
         never = memory > gpu.memory or compute > gpu.compute
         return "no: " + "; ".join(short) + (" (more than the GPU has)" if never else "")
-
-
-def _tolerates(toleration: JSON, taint: JSON) -> bool:
-    """A device toleration matches a taint as a pod's does a node's (resource.k8s.io/v1
-    DeviceToleration): an empty key with Exists matches every key, an empty effect every effect."""
-    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
-        return False
-    if toleration.get("key") and toleration["key"] != taint.get("key"):
-        return False
-    if toleration.get("operator", "Equal") == "Exists":
-        return True
-    return bool(toleration.get("key")) and toleration.get("value", "") == taint.get("value", "")
 
 
 def asks_of(claim: JSON) -> list[Ask]:

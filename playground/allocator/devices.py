@@ -12,10 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from dra_driver.devicetaints import untolerated
 from dra_driver.quantity import QuantityError, format_bytes, parse_decimal, show
 
-# Taint effects that keep a device from being allocated; others (e.g. "None") do not.
-BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 _BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
@@ -148,18 +147,7 @@ def node_counters(slices: list[dict], node_name: str) -> dict[tuple[str, str, st
 
 def untolerated_taint(device: Device, tolerations: list[dict]) -> dict | None:
     """The first NoSchedule/NoExecute taint of the device that no toleration covers."""
-    for taint in device.taints:
-        if taint.get("effect") in BLOCKING_EFFECTS and not any(_tolerates(t, taint) for t in tolerations):
-            return taint
-    return None
-
-
-def _tolerates(toleration: dict, taint: dict) -> bool:
-    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
-        return False
-    if (toleration.get("operator") or "Equal") == "Exists":
-        return not toleration.get("key") or toleration["key"] == taint.get("key")
-    return toleration.get("key") == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+    return next(iter(untolerated(device.taints, tolerations)), None)
 
 
 def consumed_amount(capacity: Capacity, requested: Decimal | None) -> Decimal:
