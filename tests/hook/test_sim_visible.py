@@ -19,11 +19,16 @@ pytestmark = needs_sim
 GiB = 1 << 30
 
 
-def probe(tmp_path: Path, *args: str, **visible: str) -> subprocess.CompletedProcess[str]:
-    env = sim_nvml_env(tmp_path / "sim.state", 3, 16 * GiB) | {
+def sim_env(tmp_path: Path, **visible: str) -> dict[str, str]:
+    """Three simulated GPUs; `visible`: claim -> its GPUs, as the plugin's spec names them."""
+    return sim_nvml_env(tmp_path / "sim.state", 3, 16 * GiB) | {
         "LD_LIBRARY_PATH": native_paths()["sim_dir"],
         **{f"GPUSHARE_SIM_VISIBLE_{claim}": gpus for claim, gpus in visible.items()}}
-    return subprocess.run([native_paths()["probe"], *args], env=env, capture_output=True, text=True, timeout=30)
+
+
+def probe(tmp_path: Path, *args: str, **visible: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([native_paths()["probe"], *args], env=sim_env(tmp_path, **visible), capture_output=True,
+                          text=True, timeout=30)
 
 
 def uuid(i: int) -> str:
@@ -42,9 +47,7 @@ def test_a_process_sees_its_claims_gpus_from_0_and_no_other(tmp_path):
     assert other.returncode != 0 and "CUDA_ERROR_INVALID_DEVICE" in other.stdout + other.stderr
     # what a process does on its ordinal 0 is done on the claim's GPU: the host sees it there
     held = subprocess.Popen([native_paths()["probe"], "alloc", "--chunk", str(GiB), "--max", str(GiB),
-                             "--hold", "30"], env=sim_nvml_env(tmp_path / "sim.state", 3, 16 * GiB) | {
-        "LD_LIBRARY_PATH": native_paths()["sim_dir"], "GPUSHARE_SIM_VISIBLE_a": "1"},
-        stdout=subprocess.DEVNULL)
+                             "--hold", "30"], env=sim_env(tmp_path, a="1"), stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20
         while True:
