@@ -82,8 +82,7 @@ class PendingClaims:
         self._core = client.CoreV1Api(api_client)
         self.driver, self.node, self.period, self.now = driver, node, period, now
         self._told: dict[str, str] = {}  # claim uid -> the message recorded last
-        self._writer = True  # this node sorts first (until a look says otherwise)
-        self._listed_all = False  # the last look listed every slice (this node wrote then)
+        self._writer: bool | None = None  # whether the last look found this node the writer; None: no look yet
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -98,7 +97,7 @@ class PendingClaims:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stopped.wait(self.period if self._writer else OTHERS_PERIOD_S):
+        while not self._stopped.wait(OTHERS_PERIOD_S if self._writer is False else self.period):
             try:
                 self.pass_once()
             except client.ApiException as e:
@@ -109,14 +108,13 @@ class PendingClaims:
     def pass_once(self) -> int:
         """One look; the number of Events recorded."""
         # The writer lists every slice anyway (it needs them all); the others ask for the first.
-        slices = self._slices(limit=None if self._listed_all else 1)
+        was_writer = self._writer
+        slices = self._slices(limit=None if was_writer else 1)
         self._writer = bool(slices) and slices[0]["spec"].get("nodeName") == self.node
         if not self._writer:
-            self._listed_all = False
             return 0  # another node's controller writes them
-        if not self._listed_all:
+        if not was_writer:
             slices = self._slices()
-        self._listed_all = True
         claims = json_body(self._resource.list_resource_claim_for_all_namespaces(
             _preload_content=False, _request_timeout=REQUEST_TIMEOUT)).get("items") or []
         now, recorded, pending = self.now(), 0, set()
