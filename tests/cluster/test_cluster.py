@@ -54,7 +54,8 @@ def test_the_node_is_ready_the_plugin_runs_and_publishes_slices(installed):
     assert node["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.37.")
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.")
     pods = kube.items("pods", "-n", "gpushare-system", "-l", "app.kubernetes.io/name=gpushare-dra")
-    plugin = [p for p in pods if p["spec"].get("nodeName") == kube.node]
+    # the DaemonSet's pod now: one an earlier test's rollout replaced may still be ending (handover)
+    plugin = [p for p in pods if p["spec"].get("nodeName") == kube.node and not p["metadata"].get("deletionTimestamp")]
     assert plugin and plugin[0]["status"]["phase"] == "Running", [p["status"] for p in pods]
     assert all(cs["ready"] for cs in plugin[0]["status"]["containerStatuses"])
     slices = [s for s in kube.items("resourceslices") if s["spec"]["driver"] == DRIVER]
