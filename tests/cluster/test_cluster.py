@@ -72,8 +72,7 @@ def test_two_pods_of_one_claim_share_its_budget_allocated_by_the_real_scheduler(
     try:
         kube("apply", "-f", f"{files[0]}-claims.yaml", "-f", f"{files[1]}-trainer-a.yaml",
              "-f", f"{files[2]}-trainer-b.yaml", "-f", f"{files[3]}-other-team.yaml")
-        kube("wait", "--for=condition=Ready", "pod/trainer-a", "pod/trainer-b", "pod/other",
-             "--timeout=240s", timeout=260)
+        kube.wait_ready("trainer-a", "trainer-b", "other")
         # Allocated by the real scheduler's allocator, reserved for both pods, one device.
         claim = kube.get("resourceclaim", "shared-gpu")
         results = claim["status"]["allocation"]["devices"]["results"]
@@ -122,7 +121,7 @@ def test_the_real_kubelet_shows_the_device_health_in_the_pod_status(installed):
     files = [f"deploy/examples/{E2E}/01-claims.yaml", f"deploy/examples/{E2E}/04-other-team.yaml"]
     try:
         kube("apply", "-f", files[0], "-f", files[1])
-        kube("wait", "--for=condition=Ready", "pod/other", "--timeout=240s", timeout=260)
+        kube.wait_ready("other")
 
         def health():
             statuses = kube.get("pod", "other")["status"]["containerStatuses"][0].get("allocatedResourcesStatus", [])
@@ -221,7 +220,7 @@ def test_a_claim_no_gpu_holds_now_gets_an_event_naming_each_gpus_free_capacity(i
         for name in names[:2]:
             kube.apply(claim_manifest(name, memory="70Gi", compute="50"))
             kube.apply(HOLDER_POD.format(name=name))
-        kube("wait", "--for=condition=Ready", "pod/fill-0", "pod/fill-1", "--timeout=180s", timeout=200)
+        kube.wait_ready("fill-0", "fill-1", timeout=180)
         kube.apply(claim_manifest("no-fit", memory="20Gi", compute="10"))
         kube.apply(HOLDER_POD.format(name="no-fit"))
         told = kube.wait_until("the NoGpuFits Event on the claim", lambda: [
@@ -265,7 +264,7 @@ def test_a_pod_created_while_the_plugin_pod_is_deleted_starts_at_once(installed)
         kube.apply(claim_template("gap-1gi"))
         kube("delete", "pod", "-n", "gpushare-system", old["metadata"]["name"], "--wait=false")
         kube.apply(GAP_POD)
-        kube("wait", "--for=condition=Ready", "pod/during-replacement", "--timeout=45s", timeout=60)
+        kube.wait_ready("during-replacement", timeout=45)
         events = kube.items("events", "--field-selector", "involvedObject.name=during-replacement")
         failed = [e["message"] for e in events if e.get("reason") == "FailedPrepareDynamicResources"]
         assert not failed, failed
@@ -536,7 +535,7 @@ def test_the_real_scheduler_places_mig_instances_and_shares_one(installed):
             kube.apply(yaml.safe_dump(pod))
             name = pod["metadata"]["name"]
             if name != "mig-small":
-                kube("wait", "--for=condition=Ready", f"pod/{name}", "--timeout=240s", timeout=260)
+                kube.wait_ready(name)
         devices = {c["metadata"]["name"].rsplit("-mig-", 1)[0]: c["status"]["allocation"]["devices"]["results"][0][
             "device"] for c in kube.items("resourceclaims") if c.get("status", {}).get("allocation")}
         assert devices == {"mig-whole": "gpu-0-mig-3g-40gb-0", "mig-tenant-a": "gpu-0-mig-3g-40gb-4",

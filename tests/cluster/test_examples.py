@@ -77,10 +77,6 @@ def claim_of(kube: Kube, pod: str) -> str:
     return claim.get("resourceClaimName") or body["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
 
 
-def ready(kube: Kube, *pods: str) -> None:
-    kube("wait", "--for=condition=Ready", *(f"pod/{p}" for p in pods), "--timeout=240s", timeout=260)
-
-
 def delete_in_time(kube: Kube, text: str) -> float:
     """kubectl delete of the objects in text with their pods' own grace period: the seconds it took."""
     start = time.monotonic()
@@ -108,10 +104,10 @@ def test_capacity_and_first_available_examples(product):
         "---\n" + examples("first-available")
     try:
         kube.apply(whole)
-        ready(kube, "whole-gpu-user")
+        kube.wait_ready("whole-gpu-user")
         assert cu_total(kube, "whole-gpu-user") == 80 * GiB  # all of the 80Gi GPU's memory
         kube.apply(rest)
-        ready(kube, "trainer", "team-gpu-a", "team-gpu-b", "flexible")
+        kube.wait_ready("trainer", "team-gpu-a", "team-gpu-b", "flexible")
         assert cu_total(kube, "trainer") == 10 * GiB
         kube.wait_until("trainer's `nvidia-smi -L`", lambda: "GPU 0: " in kube.logs("trainer"), timeout=60)
         team = kube.get("resourceclaim", "team-gpu")["status"]
@@ -133,7 +129,7 @@ def test_extended_resources_whole_gpu_example(product):
     text = examples("extended-resources/whole-gpu.yaml")  # gpushare.dev/gpu: capacity mode's class
     try:
         kube.apply(text)
-        ready(kube, "whole-gpu-pod")
+        kube.wait_ready("whole-gpu-pod")
         assert [r["driver"] for r in results(kube, claim_of(kube, "whole-gpu-pod"))] == [DRIVER]
         assert cu_total(kube, "whole-gpu-pod") == 80 * GiB  # a whole simulated 80Gi GPU
     finally:
@@ -153,7 +149,7 @@ def test_partition_examples(product):
             d for s in slices(kube) for d in s["spec"]["devices"]
             if d.get("attributes", {}).get("sharing", {}).get("string") == "partition"], timeout=120)
         kube.apply(text)
-        ready(kube, "two-shares-pod", "share-pod")
+        kube.wait_ready("two-shares-pod", "share-pod")
         two = [r["device"] for r in results(kube, "two-shares")]
         assert len(two) == 2 and len({d.split("-share-")[0] for d in two}) == 1, two  # shares of one GPU
         assert cu_total(kube, "two-shares-pod") == 20 * GiB
@@ -178,7 +174,7 @@ def test_mps_and_latency_examples(product):
             for s in slices(kube) for d in s["spec"]["devices"]} == {"MPS"}, timeout=120)
         kube.apply(text)
         pods = {"mps-job-a": 10 * GiB, "mps-job-b": 10 * GiB, "inference-server": 16 * GiB, "training-job": 40 * GiB}
-        ready(kube, *pods)
+        kube.wait_ready(*pods)
         assert {p: cu_total(kube, p) for p in pods} == pods
         latency = kube.get("resourceclaim", "inference")["spec"]["devices"]["config"][0]["opaque"]["parameters"]
         assert latency["priority"] == "Latency"
@@ -204,10 +200,10 @@ def test_health_taints_example(product):
             if d.get("taints")}, timeout=60)
         assert taints == {"gpu-1": ["gpushare.dev/unhealthy"]}, taints
         kube.apply(plain)
-        ready(kube, "whole-gpu-user")
+        kube.wait_ready("whole-gpu-user")
         assert results(kube, "whole-gpu")[0]["device"] == "gpu-0"
         kube.apply(text)
-        ready(kube, "gpu-diagnostics")
+        kube.wait_ready("gpu-diagnostics")
         assert results(kube, claim_of(kube, "gpu-diagnostics"))[0]["device"] == "gpu-1"
     finally:
         took = delete_in_time(kube, text + "---\n" + plain)

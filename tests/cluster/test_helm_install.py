@@ -164,7 +164,7 @@ def test_helm_uninstall_refuses_while_a_claim_is_in_use_then_force_unprepares_an
     try:
         kube.apply(claim_manifest("uninstall-held", memory="1Gi", compute="10"))
         kube.apply(IN_USE_POD)
-        kube("wait", "--for=condition=Ready", "pod/uninstall-user", "--timeout=180s", timeout=200)
+        kube.wait_ready("uninstall-user", timeout=180)
         refused = helm.run("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m")
         assert refused.returncode != 0, refused.stdout
         told = refused.stdout + refused.stderr

@@ -176,7 +176,7 @@ def test_upgrade_from_the_previous_release(cluster: Kube, helm: Helm):
         kube.apply(CLAIM.format(name="upgrade-shared", memory="4Gi"))
         for name in ("upgrade-a", "upgrade-b"):
             kube.apply(SHARED_POD.format(name=name, claim="upgrade-shared", max=3 * GiB // 2))
-        kube("wait", "--for=condition=Ready", "pod/upgrade-a", "pod/upgrade-b", "--timeout=240s", timeout=260)
+        kube.wait_ready("upgrade-a", "upgrade-b")
         for name in ("upgrade-a", "upgrade-b"):
             assert kube.wait_until(f"{name}'s probe", lambda n=name: held(kube, n), timeout=90) == \
                 (3 * GiB // 2, "max")
@@ -213,7 +213,7 @@ def test_upgrade_from_the_previous_release(cluster: Kube, helm: Helm):
         # A new claim is prepared by the new plugin: its spec names the new build.
         kube.apply(CLAIM.format(name="upgrade-own", memory="1Gi"))
         kube.apply(SHARED_POD.format(name="upgrade-d", claim="upgrade-own", max=2 * GiB))
-        kube("wait", "--for=condition=Ready", "pod/upgrade-c", "pod/upgrade-d", "--timeout=240s", timeout=260)
+        kube.wait_ready("upgrade-c", "upgrade-d")
         assert kube.wait_until("upgrade-c's probe", lambda: held(kube, "upgrade-c"), timeout=90) == (GiB, "oom")
         assert kube.wait_until("upgrade-d's probe", lambda: held(kube, "upgrade-d"), timeout=90) == (GiB, "oom")
         [own_spec] = specs_of(kube.get("resourceclaim", "upgrade-own")["metadata"]["uid"])

@@ -142,6 +142,42 @@ class Kube:
             time.sleep(every)
         raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
+    def wait_ready(self, *pods: str, timeout: int = 240, namespace: str = "default") -> None:
+        """kubectl wait for the pods' Ready condition; on a timeout the failure says why each pod
+        is not Ready (its conditions, containers' waiting reasons, its Events) and what the plugin
+        logged last, so that a run that cannot be repeated still explains itself."""
+        out = self.run("wait", "-n", namespace, "--for=condition=Ready", *(f"pod/{p}" for p in pods),
+                       f"--timeout={timeout}s", check=False, timeout=timeout + 20)
+        if out.returncode != 0:
+            raise AssertionError(f"pods not Ready in {timeout}s: {out.stdout}{out.stderr}\n"
+                                 + self.why_not_ready(pods, namespace))
+
+    def why_not_ready(self, pods: tuple[str, ...], namespace: str) -> str:
+        lines = []
+        for pod in pods:
+            got = self.run("get", "-n", namespace, "pod", pod, "-o", "json", check=False)
+            if got.returncode != 0:
+                lines.append(f"{pod}: {got.stderr.strip()}")
+                continue
+            status = json.loads(got.stdout).get("status", {})
+            lines.append(f"{pod}: {status.get('phase')} on {status.get('hostIP')}")
+            lines += [f"  condition {c['type']}={c['status']} {c.get('reason', '')} {c.get('message', '')}"
+                      for c in status.get("conditions", []) if c.get("status") != "True"]
+            lines += [f"  container {c['name']}: {state} {detail.get('reason', '')} {detail.get('message', '')}"
+                      for c in status.get("containerStatuses", []) for state, detail in c.get("state", {}).items()
+                      if state != "running"]
+            events = self.run("get", "-n", namespace, "events", "--field-selector",
+                              f"involvedObject.name={pod}", "-o",
+                              "custom-columns=AT:.lastTimestamp,REASON:.reason,MESSAGE:.message",
+                              "--no-headers", check=False)
+            lines += [f"  event {e}" for e in events.stdout.splitlines()[-8:]]
+        for plugin in plugin_pods(self):
+            name = plugin["metadata"]["name"]
+            logs = self.run("logs", "-n", NAMESPACE, name, "--tail=25", check=False)
+            lines.append(f"plugin {name} ({plugin['status'].get('phase')}), last lines:")
+            lines += [f"  {line[:400]}" for line in (logs.stdout + logs.stderr).splitlines()]
+        return "\n".join(lines)
+
     def with_token(self, token: str, path: Path) -> Kube:
         """The same kubectl and server, authenticated by token alone (a kubeconfig written at path)."""
         config = yaml.safe_load(Path(self.kubeconfig).read_text())
