@@ -30,7 +30,7 @@ from ..log import get_logger
 
 REASON = "NoGpuFits"
 PERIOD_S = 10.0
-OTHERS_PERIOD_S = 300.0
+OTHERS_PERIOD_S = 60.0  # how long Events may pause when the writer's node goes (its slices with it)
 GRACE_S = 5.0
 REQUEST_TIMEOUT = (5, 30)
 MESSAGE_MAX = 1024  # what an Event's message may hold
