@@ -12,29 +12,33 @@ demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster
 	$(BIN)/gpushare-dra demo
 	@echo "gpushare-dra is in $(CURDIR)/$(BIN): export PATH=\"$(CURDIR)/$(BIN):\$$PATH\" (or . $(BIN)/activate)"
 
-# `make test` runs pytest three times: the real cluster's tests (tests/cluster: one cluster, mostly
-# waiting on it) beside the tests that mostly wait too (subprocesses, gRPC, the API emulator) on
-# TEST_WORKERS pytest-xdist workers, a file per worker at a time, the longest files first
-# (tests/conftest.py FIRST; hence --no-loadscope-reorder); then, alone on the machine, those marked
-# `serial` (tests/conftest.py: CPU-timed shares on the simulator). The cluster's lines come as they
-# happen, each led by `cluster|`, its summary after the parallel part's. All parts always run; it
-# fails if any did; the serial part names its 15 slowest tests (the target: the whole suite under
-# 15 minutes warm). `pytest -q` alone runs every test serially. The two-node tests (marked
-# `two_nodes`: a second node joined, one lost and back on the controllers' real timings) are
-# `make test-two-nodes`, not in `make test`: docs/operations.md, "Two nodes on one machine".
+# `make test` runs pytest three times. The real cluster's tests (tests/cluster, the two-node ones
+# too: one cluster, mostly waiting on it) run from the start, beside the rest: first the tests
+# that mostly wait too (subprocesses, gRPC, the API emulator) on TEST_WORKERS pytest-xdist workers,
+# a file per worker at a time, the longest files first (tests/conftest.py FIRST; hence
+# --no-loadscope-reorder); then those marked `serial` (tests/conftest.py: shares timed on the
+# simulator, which flake when they wait for a core) on SERIAL_WORKERS workers, each using about a
+# third of a core. The cluster and the parallel part run at nice 10 (the cluster's processes too,
+# which cluster-up starts from its test), so that the timed tests get a core the moment they want
+# one. The cluster's lines come as they happen, each led by `cluster|`, its summary last. All parts
+# always run; it fails if any did; the parts name their slowest tests (the target: the whole suite
+# under 15 minutes warm). `pytest -q` alone runs every test one at a time. `make test-two-nodes`
+# runs the two-node tests alone (docs/operations.md, "Two nodes on one machine").
 TEST_WORKERS ?= 4
+SERIAL_WORKERS ?= 2
 
 test: test-deps tools lint hook  ## the checks and every test suite, as CI runs it (as root: podman and the rest installed)
 	status=0; rc=$$(mktemp); \
-	{ $(BIN)/python -m pytest -v -p no:cacheprovider --durations=5 -m "not two_nodes" tests/cluster; echo $$? > $$rc; } 2>&1 | \
+	{ nice -n 10 $(BIN)/python -m pytest -v -p no:cacheprovider --durations=5 tests/cluster; echo $$? > $$rc; } 2>&1 | \
 	    sed -u 's/^/cluster| /' & \
-	$(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	nice -n 10 $(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 \
 	    --ignore=tests/cluster || status=$$?; \
+	$(BIN)/python -m pytest -q -m serial -n $(SERIAL_WORKERS) --dist loadfile --no-loadscope-reorder \
+	    --durations=15 --ignore=tests/cluster || status=$$?; \
 	wait; [ "$$(cat $$rc)" = 0 ] || { echo "make test: tests/cluster failed (its lines: cluster|)"; status=1; }; rm -f $$rc; \
-	$(BIN)/python -m pytest -q -m serial --durations=15 --ignore=tests/cluster || status=$$?; \
 	exit $$status
 
-test-two-nodes: test-deps hook  ## as root: the real cluster with a second node (tests/cluster/test_two_nodes.py), as CI runs it
+test-two-nodes: test-deps hook  ## as root: the two-node tests alone (tests/cluster/test_two_nodes.py; make test runs them too)
 	$(BIN)/python -m pytest -v -p no:cacheprovider --durations=5 -m two_nodes tests/cluster
 
 lint: $(STAMP)               ## ruff, mypy and the import contracts between the parts (all configured in pyproject.toml)

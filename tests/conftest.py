@@ -23,10 +23,11 @@ from tests.support import neighbours
 from tests.support.neighbours import Neighbours
 from tests.support.plugin import REAL_LIBRARY, Dirs, launch_plugin
 
-# `make test` runs the suite in two parts: what is marked `serial` alone, after the rest ran on
-# pytest-xdist workers (`-m "not serial" -n ...`). Serial: the suites that measure CPU or GPU time
-# over fixed windows on the simulator (they flake when another test shares the 2 cores), the real
-# cluster (one cluster, its own session fixtures), and every file with a CPU_TIMED test.
+# `make test` runs the suite in parts (Makefile): the rest on pytest-xdist workers (`-m "not
+# serial" -n 4`), then what is marked `serial` on two workers, the real cluster beside both. Serial:
+# the suites that measure CPU or GPU time over fixed windows on the simulator (they flake when the
+# 2 cores are full; each uses about a third of one), the real cluster (one cluster, its own session
+# fixtures), and every file with a CPU_TIMED test.
 # `pytest` alone runs everything, one test at a time, as before.
 SERIAL = (
     "tests/hook/",
@@ -46,10 +47,12 @@ NOT_SERIAL = ("tests/hook/test_sanitizers.py",  # builds and runs the library un
               "tests/hook/test_mps_sm_count.py", "tests/hook/test_trace_from_profile.py",
               "tests/hook/test_sim_visible.py")  # which GPUs a process sees
 # On xdist workers (`--dist loadfile --no-loadscope-reorder`) these files start first, so that none
-# of them is still running alone at the end: test_crash.py is about a fifth of the parallel part.
+# of them is still running alone at the end: test_crash.py is about a fifth of the parallel part,
+# test_compute_shares.py and test_compute_guard.py each a sixth of the serial part.
 FIRST = ("tests/agent/test_image_matrix.py", "tests/kubeletplugin/test_crash.py", "tests/hook/test_sanitizers.py",
          "tests/dra_driver/test_cli.py",
-         "tests/controller/test_controller_reconcile.py", "tests/deploy/test_admission.py")
+         "tests/controller/test_controller_reconcile.py", "tests/deploy/test_admission.py",
+         "tests/hook/test_compute_shares.py", "tests/agent/test_compute_guard.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
