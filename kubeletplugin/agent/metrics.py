@@ -118,6 +118,8 @@ class AgentCollector:
             ("temperature_celsius", "GPU temperature (NVML)"), ("power_watts", "GPU power draw (NVML)"),
         )}
         for s in gpus:
+            if s.mig:  # a MIG device: a part of its GPU (its claims' metrics say what their processes hold)
+                continue
             labels = [str(s.index), s.uuid]
             per_gpu["memory_used_bytes"].add_metric(labels, s.memory_used)
             per_gpu["memory_total_bytes"].add_metric(labels, s.memory_total)
