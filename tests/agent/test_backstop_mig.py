@@ -7,66 +7,17 @@ claims' processes are counted."""
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 
-import pynvml
-import pytest
-
-from playground.claims import make_claim, result
 from tests.agent.test_backstop import escape, events
 from tests.support import MiB, wait_for
-
-MIG_GPU = 3  # the node's last GPU (the suites' nodes have 4): put in MIG mode for the test and back after
-INSTANCE = f"gpu-{MIG_GPU}-mig-1g-10gb-0"  # 1g.10gb at memory slice 0
-
-
-def _set_mig_mode(on: bool) -> bool:
-    """The operator's `nvidia-smi -i 3 -mig 1`, on the simulated NVML the node's agent loaded in this
-    process; whether it was on before."""
-    gpu = pynvml.nvmlDeviceGetHandleByIndex(MIG_GPU)
-    was = bool(pynvml.nvmlDeviceGetMigMode(gpu)[0])
-    if was != on:
-        pynvml.nvmlDeviceSetMigMode(gpu, int(on))
-    return was
-
-
-@pytest.fixture
-def mig_node(node_factory):
-    """A node whose GPU 3 is in MIG mode and offered as MIG devices; the mode set back at the end
-    (the worker's later nodes share the simulated state), after the test's claims are unprepared."""
-    node = node_factory(mig_gpus=str(MIG_GPU))  # (its agent loads the simulated NVML: pynvml answers from it)
-    was = _set_mig_mode(True)
-    node.restart_plugin()  # discovers the mode
-    node.prepared = []
-    yield node
-    for w in node.workloads:
-        w.stop()
-    for ref in node.prepared:
-        node.kubelet.unprepare(ref)
-    if not was:
-        _set_mig_mode(False)
-
-
-def share_instance(node, memory: str):
-    """A claim of `memory` and half the compute of the one 1g.10gb instance; (ref, CDI ids)."""
-    ref = make_claim(node.api, [result(INSTANCE, consumed={"memory": memory, "compute": "50"})])
-    answer = node.kubelet.prepare(ref).claims[ref.uid]
-    assert not answer.error, answer.error
-    node.prepared.append(ref)
-    return ref, [i for d in answer.devices for i in d.cdi_device_ids]
-
-
-def device_uuid(node, ref) -> str:
-    spec = json.load(open(os.path.join(node.dirs.cdi, f"k8s.gpushare.dev-claim_{ref.uid}.json")))
-    return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])["CUDA_VISIBLE_DEVICES"]
+from tests.support.mig import device_uuid, share_instance
 
 
 def test_a_tenant_bypassing_the_library_in_a_shared_mig_instance_is_killed_and_its_neighbour_is_not(mig_node):
     node = mig_node
-    a, ids_a = share_instance(node, "256Mi")
-    b, ids_b = share_instance(node, "1Gi")
+    a, ids_a = share_instance(node, "256Mi", 50)
+    b, ids_b = share_instance(node, "1Gi", 50)
     uuid = device_uuid(node, a)
     assert uuid.startswith("MIG-") and device_uuid(node, b) == uuid  # one instance, made at Prepare
     neighbour = node.run("neighbour", ids_b, "alloc", "--chunk", "64Mi", "--max", "64Mi", "--hold", "60")
@@ -82,6 +33,7 @@ def test_a_tenant_bypassing_the_library_in_a_shared_mig_instance_is_killed_and_i
     assert neighbour.running() and events(node, b) == []
     assert node.claim_metric("gpushare_claim_backstop_violations_total", b) == 0
     assert wait_for(lambda: node.share(b).procs == 1)
+    assert node.claim_metric("gpushare_claim_utilization_ratio", b) is None  # NVML has none in MIG mode
     # the per-GPU metrics stay the whole GPUs' (the MIG device is a part of GPU 3)
     assert {dict(labels)["UUID"][:4] for labels in node.scrape()["gpushare_gpu_memory_used_bytes"]} == {"GPU-"}
 
@@ -96,7 +48,7 @@ def test_mig_devices_are_listed_again_for_a_device_not_looked_for_yet_never_at_e
     original = sampler.list_migs
     monkeypatch.setattr(sampler, "list_migs", lambda: (threading.get_ident() == here and listings.append(1),
                                                        original())[1])
-    ref, _ = share_instance(node, "256Mi")
+    ref, _ = share_instance(node, "256Mi", 50)
     uuid = device_uuid(node, ref)
     sampler._migs = {}  # as before the instance was made (the agent's period, every 0.5 s, may have listed it)
     assert sampler.process_memory({uuid}) == {uuid: {}}  # listed once, then read: no process yet
