@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 
-from tests.agent.test_backstop import escape, events
 from tests.support import MiB, wait_for
+from tests.support.backstop import escape, events
 from tests.support.mig import device_uuid, share_instance
 
 
