@@ -143,11 +143,11 @@ class Sampler:
     """Each GPU, and each MIG device of a GPU in MIG mode, sampled by its own UUID.
 
     A claim on a MIG device names the MIG device's UUID, and NVML lists a process in a MIG
-    instance with its memory on that MIG device's handle (the parent's aggregate needs privileges
-    the NVML reference does not name, and utilization, the GPU's or per process, is not supported
-    in MIG mode). Instances come and go while the agent runs (the plugin makes one at Prepare):
-    they are listed again each agent period (`sample`) and when the backstop asks for a UUID the
-    sampler has not looked for yet, never at every poll."""
+    instance with its memory on that MIG device's handle (the parent's aggregate is a privileged
+    caller's only, and utilization, the GPU's or per process, is not supported in MIG mode).
+    Instances come and go while the agent runs (the plugin makes one at Prepare): they are listed
+    again each agent period (`sample`) and when the backstop asks for a UUID the sampler has not
+    looked for yet, never at every poll."""
 
     def __init__(self) -> None:
         pynvml.nvmlInit()
@@ -156,7 +156,10 @@ class Sampler:
         self._last_seen = [0] * len(self._handles)  # NVML timestamps (us) of the previous util sample
         self._running = RunningProcesses()
         self._missing: set[str] = set()  # UUIDs asked for that no listing found: not listed again for them
-        self._migs: dict[str, MigDevice] = {}  # replaced whole (list_migs): the backstop's thread reads it
+        # replaced whole by list_migs (the backstop's thread reads them): the MIG devices, and every
+        # GPU's and MIG device's handle by UUID
+        self._migs: dict[str, MigDevice] = {}
+        self._devices: dict[str, Handle] = dict(zip(self._uuids, self._handles, strict=True))
         self.list_migs()
 
     def list_migs(self) -> None:
@@ -178,6 +181,8 @@ class Sampler:
                     continue
                 found[uuid] = MigDevice(uuid, index, m)
         self._migs = found
+        self._devices = {**dict(zip(self._uuids, self._handles, strict=True)),
+                         **{m.uuid: m.handle for m in found.values()}}
 
     def sample(self) -> list[GpuSample]:
         self.list_migs()
@@ -214,16 +219,19 @@ class Sampler:
         """The backstop's cheap query: per GPU or MIG device uuid (of `uuids`, default all), host
         pid -> bytes (one NVML call per device). A device whose query failed is left out: unread is
         not empty (docs/agent.md)."""
-        if uuids is not None:
-            unknown = set(uuids).difference(self._uuids, self._migs)
-            if unknown - self._missing:  # a MIG device made since the period, looked for once
+        devices = self._devices
+        if uuids is None:
+            uuids = devices
+        elif missing := {u for u in uuids if u not in devices}:
+            if not missing <= self._missing:  # a MIG device made since the period: looked for once
                 self.list_migs()
-                unknown.difference_update(self._migs)
-            self._missing = unknown
-        devices = [*zip(self._uuids, self._handles, strict=True), *((m.uuid, m.handle) for m in self._migs.values())]
+                devices = self._devices
+                missing.difference_update(devices)
+            self._missing = missing
         out: dict[str, dict[int, int]] = {}
-        for uuid, h in devices:
-            if uuids is not None and uuid not in uuids:
+        for uuid in uuids:
+            h = devices.get(uuid)
+            if h is None:
                 continue
             try:
                 out[uuid] = self._running(h)

@@ -50,7 +50,8 @@ def test_mig_devices_are_listed_again_for_a_device_not_looked_for_yet_never_at_e
                                                        original())[1])
     ref, _ = share_instance(node, "256Mi", 50)
     uuid = device_uuid(node, ref)
-    sampler._migs = {}  # as before the instance was made (the agent's period, every 0.5 s, may have listed it)
+    # as before the instance was made (the agent's period, every 0.5 s, may have listed it since)
+    sampler._devices = dict(zip(sampler._uuids, sampler._handles, strict=True))
     assert sampler.process_memory({uuid}) == {uuid: {}}  # listed once, then read: no process yet
     assert listings == [1]
     for _ in range(5):
