@@ -183,13 +183,15 @@ SIM_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t 
     return NVML_SUCCESS;
 }
 
-/* live processes holding memory on or having run kernels on the device */
-static unsigned procs_on(int dev, struct sim_proc **out, unsigned max)
+/* live processes holding memory on or having run kernels on the device; mig_slot1 > 0: only
+ * those in that GPU instance (slot + 1), as a MIG device's handle lists them */
+static unsigned procs_on(int dev, uint32_t mig_slot1, struct sim_proc **out, unsigned max)
 {
     unsigned n = 0;
     for (int i = 0; i < SIM_MAX_PROC; i++) {
         struct sim_proc *p = &sim->proc[i];
         if (!p->in_use || (!p->used[dev] && !p->busy_ns[dev])) continue;
+        if (mig_slot1 && __atomic_load_n(&p->mig_slot1, __ATOMIC_RELAXED) != mig_slot1) continue;
         if (n < max) out[n] = p;
         n++;
     }
@@ -252,20 +254,34 @@ static unsigned caller_pid(struct sim_proc *p)
     return seen;
 }
 
+static struct sim_mig_gi *mig_of(nvmlDevice_t d);
+
+/* nvmlDeviceGetComputeRunningProcesses as NVIDIA documents it for MIG mode (NVML API Reference,
+ * nvmlDeviceGetComputeRunningProcesses_v3: "In MIG mode, if device handle is provided, the API
+ * returns aggregate information, only if the caller has appropriate privileges. Per-instance
+ * information can be queried by using specific MIG device handles"; nvmlProcessInfo_t: "If MIG is
+ * enabled, stores a valid GPU instance ID", 0xFFFFFFFF otherwise): a MIG device's handle lists
+ * the processes of its instance with their memory; the parent's lists every instance's, each with
+ * its GPU and compute instance IDs. Not simulated: the privilege the aggregate needs (every caller
+ * gets it here; the node agent reads MIG devices' handles, which need none). */
 static nvmlReturn_t running(nvmlDevice_t d, unsigned int *count, void *infos, size_t stride)
 {
-    DEV(d);
+    struct sim_mig_gi *mig = mig_of(d);
+    if (!mig) DEV(d);
+    int dev = d->index;
     struct sim_proc *ps[SIM_MAX_PROC];
     sim_reap();
-    unsigned n = procs_on(d->index, ps, SIM_MAX_PROC);
+    unsigned n = procs_on(dev, mig ? (uint32_t)d->mig + 1 : 0, ps, SIM_MAX_PROC);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     if (!infos || *count < n) {
         *count = n;
         return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
     }
     for (unsigned i = 0; i < n; i++) {
-        nvmlProcessInfo_t info = {caller_pid(ps[i]), __atomic_load_n(&ps[i]->used[d->index], __ATOMIC_RELAXED),
-                                  0xFFFFFFFFu, 0xFFFFFFFFu};
+        uint32_t slot1 = __atomic_load_n(&ps[i]->mig_slot1, __ATOMIC_RELAXED);
+        struct sim_mig_gi *gi = sim->mig[dev].mode && slot1 ? &sim->mig[dev].gi[slot1 - 1] : NULL;
+        nvmlProcessInfo_t info = {caller_pid(ps[i]), __atomic_load_n(&ps[i]->used[dev], __ATOMIC_RELAXED),
+                                  gi ? gi->id : 0xFFFFFFFFu, gi ? gi->ci_id : 0xFFFFFFFFu};
         memcpy((char *)infos + i * stride, &info, stride < sizeof info ? stride : sizeof info);
     }
     *count = n;
@@ -284,11 +300,23 @@ SIM_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsign
     return running(d, c, p, sizeof *p);
 }
 
+/* NVML API Reference, nvmlDeviceGetUtilizationRates: "On MIG-enabled GPUs, querying device
+ * utilization rates is not currently supported"; nvmlDeviceGetProcessUtilization: "On
+ * MIG-enabled GPUs, querying process utilization is not currently supported" (real drivers
+ * answer NOT_SUPPORTED, e.g. github.com/XuehaiPan/nvitop/issues/5 on a GPU in MIG mode). So on a
+ * MIG device's handle and on a GPU in MIG mode both are NOT_SUPPORTED here too. */
+#define NO_UTILIZATION_IN_MIG(d)                                                             \
+    do {                                                                                     \
+        if (mig_of(d)) return NVML_ERROR_NOT_SUPPORTED;                                      \
+        DEV(d);                                                                              \
+        if (sim->mig[(d)->index].mode) return NVML_ERROR_NOT_SUPPORTED;                      \
+    } while (0)
+
 /* GPU busy share since this process's previous query (first query: since nvmlInit... or
  * since the process opened the simulator) */
 SIM_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 {
-    DEV(d);
+    NO_UTILIZATION_IN_MIG(d);
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
     int i = d->index;
     uint64_t now = sim_now_ns(), busy = sim_busy_done(i);
@@ -309,7 +337,7 @@ SIM_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizati
 SIM_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s,
                                                      unsigned int *count, unsigned long long last_seen)
 {
-    DEV(d);
+    NO_UTILIZATION_IN_MIG(d);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     int32_t slots[SIM_SAMPLES];
     unsigned util[SIM_SAMPLES];

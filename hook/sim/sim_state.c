@@ -261,6 +261,9 @@ int sim_ctx_claim(int dev)
         ok = sim_me->mps_server && p->mps_server == sim_me->mps_server;
     }
     if (ok) __atomic_or_fetch(&sim_me->ctx_devs, bit, __ATOMIC_RELAXED);
+    int mdev, slot; /* a context in a MIG device is its instance's from the start (NVML lists it there) */
+    if (ok && sim_mig_visible(&mdev, &slot) == 0 && mdev == dev)
+        __atomic_store_n(&sim_me->mig_slot1, (uint32_t)slot + 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&sim->lock.m);
     return ok ? 0 : -1;
 }

@@ -254,7 +254,8 @@ class Agent:
         on_gpu: dict[str, list[Member]] = {}
         for uid, c in claims.items():
             for i, gpu in enumerate(c.gpus):
-                if gpu.compute_limit < 100 and gpu.uuid in time_sliced and c.sharing_strategy != MPS:
+                watched = gpu.mig is None  # NVML measures no process on a MIG device: nothing to judge by (docs/mig.md)
+                if watched and gpu.compute_limit < 100 and gpu.uuid in time_sliced and c.sharing_strategy != MPS:
                     s = c.shares[i]
                     on_gpu.setdefault(gpu.uuid, []).append(Member((uid, i), s.limit, s.measured, s.paced,
                                                                   (s.period_us, s.start_us)))

@@ -85,7 +85,8 @@ class AgentCollector:
                     g["memory_used_bytes"].add_metric(labels, counters.used)
                     g["memory_nvml_bytes"].add_metric(labels, sum(cl.process_memory[i].values()))
                     g["compute_limit_ratio"].add_metric(labels, gpu.compute_limit / 100)
-                    g["utilization_ratio"].add_metric(labels, round(share.measured, 4))
+                    if gpu.mig is None:  # NVML measures no process on a MIG device (NOT_SUPPORTED): no false 0
+                        g["utilization_ratio"].add_metric(labels, round(share.measured, 4))
                     if cl.sharing_strategy != NONE:  # nothing paces a None claim: no rate to show
                         g["pace_rate_ratio"].add_metric(labels, round(share.rate, 4) if share.rate
                                                         else gpu.compute_limit / 100)
@@ -118,6 +119,8 @@ class AgentCollector:
             ("temperature_celsius", "GPU temperature (NVML)"), ("power_watts", "GPU power draw (NVML)"),
         )}
         for s in gpus:
+            if s.mig:  # a MIG device: a part of its GPU (its claims' metrics say what their processes hold)
+                continue
             labels = [str(s.index), s.uuid]
             per_gpu["memory_used_bytes"].add_metric(labels, s.memory_used)
             per_gpu["memory_total_bytes"].add_metric(labels, s.memory_total)

@@ -37,6 +37,7 @@ class GpuSample:
     power_watts: float | None = None
     process_memory: dict[int, int] = field(default_factory=dict)    # host pid -> bytes
     process_util: dict[int, float] = field(default_factory=dict)    # host pid -> percent since last sample
+    mig: bool = False  # a MIG device (uuid "MIG-..."; index: its parent GPU's), not a whole GPU
 
 
 def load_simulated_nvml(sim_dir: str, env: dict[str, str]) -> None:
@@ -129,16 +130,64 @@ class RunningProcesses:
         return out
 
 
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG device (a GPU instance with its compute instance) of a GPU in MIG mode."""
+
+    uuid: str        # "MIG-...": what a claim on it names (PreparedGpu.uuid)
+    index: int       # its parent GPU's index
+    handle: Handle
+
+
 class Sampler:
+    """Each GPU, and each MIG device of a GPU in MIG mode, sampled by its own UUID.
+
+    A claim on a MIG device names the MIG device's UUID, and NVML lists a process in a MIG
+    instance with its memory on that MIG device's handle (the parent's aggregate is a privileged
+    caller's only, and utilization, the GPU's or per process, is not supported in MIG mode).
+    Instances come and go while the agent runs (the plugin makes one at Prepare): they are listed
+    again each agent period (`sample`) and when the backstop asks for a UUID the sampler has not
+    looked for yet, never at every poll."""
+
     def __init__(self) -> None:
         pynvml.nvmlInit()
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         self._uuids = [pynvml.nvmlDeviceGetUUID(h) for h in self._handles]
         self._last_seen = [0] * len(self._handles)  # NVML timestamps (us) of the previous util sample
         self._running = RunningProcesses()
+        self._missing: set[str] = set()  # UUIDs asked for that no listing found: not listed again for them
+        # replaced whole by list_migs (the backstop's thread reads them): the MIG devices, and every
+        # GPU's and MIG device's handle by UUID
+        self._migs: dict[str, MigDevice] = {}
+        self._devices: dict[str, Handle] = dict(zip(self._uuids, self._handles, strict=True))
+        self.list_migs()
+
+    def list_migs(self) -> None:
+        """The MIG devices of every GPU in MIG mode as they are now: a few NVML calls per such GPU
+        (nvmlDeviceGetMaxMigDeviceCount, then a handle and a UUID per device made)."""
+        found: dict[str, MigDevice] = {}
+        for index, h in enumerate(self._handles):
+            try:
+                if not pynvml.nvmlDeviceGetMigMode(h)[0]:
+                    continue
+                count = pynvml.nvmlDeviceGetMaxMigDeviceCount(h)
+            except pynvml.NVMLError:  # no MIG on this GPU (NOT_SUPPORTED before Ampere)
+                continue
+            for i in range(count):
+                try:
+                    m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+                    uuid = pynvml.nvmlDeviceGetUUID(m)
+                except pynvml.NVMLError:  # NOT_FOUND: no device at this index
+                    continue
+                found[uuid] = MigDevice(uuid, index, m)
+        self._migs = found
+        self._devices = {**dict(zip(self._uuids, self._handles, strict=True)),
+                         **{m.uuid: m.handle for m in found.values()}}
 
     def sample(self) -> list[GpuSample]:
-        return [self._sample(i, h) for i, h in enumerate(self._handles)]
+        self.list_migs()
+        return [self._sample(i, h) for i, h in enumerate(self._handles)] + [
+            self._sample_mig(m) for m in self._migs.values()]
 
     def _sample(self, index: int, h: Handle) -> GpuSample:
         mem = pynvml.nvmlDeviceGetMemoryInfo(h)
@@ -158,13 +207,31 @@ class Sampler:
         s.process_util = {pid: sum(v) / len(v) for pid, v in samples.items()}
         return s
 
+    def _sample_mig(self, m: MigDevice) -> GpuSample:
+        """Its memory and its processes' (no utilization on MIG: NOT_SUPPORTED; temperature and
+        power are the parent's)."""
+        mem = _optional(pynvml.nvmlDeviceGetMemoryInfo, m.handle)
+        return GpuSample(uuid=m.uuid, index=m.index, memory_used=mem.used if mem else 0,
+                         memory_total=mem.total if mem else 0, utilization=None, mig=True,
+                         process_memory=_optional(self._running, m.handle) or {})
+
     def process_memory(self, uuids: Collection[str] | None = None) -> dict[str, dict[int, int]]:
-        """The backstop's cheap query: per GPU uuid (of `uuids`, default all), host pid -> bytes
-        (one NVML call per GPU). A GPU whose query failed is left out: unread is not empty
-        (docs/agent.md)."""
+        """The backstop's cheap query: per GPU or MIG device uuid (of `uuids`, default all), host
+        pid -> bytes (one NVML call per device). A device whose query failed is left out: unread is
+        not empty (docs/agent.md)."""
+        devices = self._devices
+        if uuids is None:
+            uuids = devices
+        elif missing := {u for u in uuids if u not in devices}:
+            if not missing <= self._missing:  # a MIG device made since the period: looked for once
+                self.list_migs()
+                devices = self._devices
+                missing.difference_update(devices)
+            self._missing = missing
         out: dict[str, dict[int, int]] = {}
-        for uuid, h in zip(self._uuids, self._handles, strict=True):
-            if uuids is not None and uuid not in uuids:
+        for uuid in uuids:
+            h = devices.get(uuid)
+            if h is None:
                 continue
             try:
                 out[uuid] = self._running(h)

@@ -21,6 +21,7 @@ from playground.claims import make_claim, result
 from playground.containers import PodmanRunner, ProcessRunner
 from playground.kubelet import Kubelet
 from tests.support import BUILD, wait_for
+from tests.support.mig import MIG_GPU, set_mig_mode
 from tests.support.plugin import Dirs, launch_plugin
 
 
@@ -60,6 +61,7 @@ class Node:
         self.kubelet = Kubelet(dirs.dra_socket, dirs.reg_socket)
         self.runner = ProcessRunner(dirs.cdi, str(BUILD / "gpushare-probe"), dirs.root)
         self.workloads = []
+        self.mig_claims: list[ClaimRef] = []  # prepared by share_instance: unprepared by the mig_node fixture
         self.url = f"http://127.0.0.1:{self.plugin.metrics_port}/metrics"
 
     def restart_plugin(self, while_stopped: Callable[[], object] | None = None) -> None:
@@ -163,3 +165,21 @@ def image_claim(node_factory):
     ref, ids = node.claim(memory="256Mi", compute=50)
     yield node, ids
     node.kubelet.unprepare(ref)
+
+
+# ---- MIG (docs/mig.md): claims sharing one instance in capacity mode (tests/support/mig.py) -----------
+@pytest.fixture
+def mig_node(node_factory):
+    """A node whose GPU 3 is in MIG mode and offered as MIG devices. At the end its workloads are
+    stopped and its claims on the instance unprepared (the instance destroyed), then the mode is
+    set back: the worker's later nodes share the simulated state."""
+    node = node_factory(mig_gpus=str(MIG_GPU))  # (its agent loads the simulated NVML: pynvml answers from it)
+    was = set_mig_mode(True)
+    node.restart_plugin()  # discovers the mode
+    yield node
+    for w in node.workloads:
+        w.stop()
+    for ref in node.mig_claims:
+        node.kubelet.unprepare(ref)
+    if not was:
+        set_mig_mode(False)

@@ -11,27 +11,7 @@ from types import SimpleNamespace
 from kubeletplugin.agent.backstop import Backstop
 from kubeletplugin.agent.procmap import Owner
 from tests.support import MiB, wait_exec, wait_for
-
-UNHOOKED = ("-u", "LD_PRELOAD")  # argv of /usr/bin/env before the probe
-
-
-def escape(node, ids, name="escape", read=True):
-    """A process of the claim that allocates 512 MiB the library does not see."""
-    probe = node.runner.probe
-    node.runner.probe = "/usr/bin/env"
-    try:
-        w = node.run(name, ids, *UNHOOKED, probe, "alloc", "--chunk", "512Mi", "--max", "512Mi", "--hold", "30")
-    finally:
-        node.runner.probe = probe
-    if read:  # (a kill may come before the line)
-        assert w.read_until("allocated=", timeout=20)["allocated"] == str(512 * MiB)
-    return w
-
-
-def events(node, ref):
-    from kubernetes import client
-    items = client.CoreV1Api(node.api).list_namespaced_event(ref.namespace).items
-    return [e for e in items if e.involved_object.uid == ref.uid and e.reason == "GpuMemoryLimitExceeded"]
+from tests.support.backstop import escape, events
 
 
 def test_escape_is_reported(node_factory):

@@ -113,6 +113,7 @@ def test_errors_are_nvml_errors_and_a_failed_gpu_is_left_out():
     assert e.value.value == pynvml.NVML_ERROR_UNKNOWN
     s = Sampler.__new__(Sampler)
     s._uuids, s._handles, s._running = ["GPU-a", "GPU-b"], [1, 2], RunningProcesses(d.fn)
+    s._devices, s._missing = dict(zip(s._uuids, s._handles, strict=True)), set()  # (no GPU in MIG mode)
     assert s.process_memory() == {"GPU-a": {10: 3 * MiB}}  # unread is not empty: GPU-b absent
 
 

@@ -147,3 +147,54 @@ def test_a_process_in_a_mig_device_sees_its_memory_and_multiprocessors(tmp_path)
     over = subprocess.run([probe, "alloc", "--chunk", "1Gi", "--max", "12Gi"], env=env, capture_output=True,
                           text=True, timeout=30)
     assert "allocated=9" in over.stdout, over.stdout + over.stderr  # 9 GiB of the instance's 9.75, not 80
+
+
+def test_nvml_lists_an_instances_processes_on_its_mig_device_and_has_no_utilization_in_mig_mode(tmp_path):
+    """As NVML's reference says (hook/sim/sim_nvml.c cites it): a MIG device's handle lists its own
+    instance's processes with their memory; the parent's lists them all with their GPU and compute
+    instance IDs; utilization, the GPU's and per process, is NOT_SUPPORTED on a GPU in MIG mode and
+    on its MIG devices, and still answered on a GPU out of MIG mode."""
+    made = nvml_child(tmp_path, """
+        p = {p.name: p for p in read_profiles(pynvml, gpu)}["1g.10gb"]
+        out["uuids"] = [MigInstances(pynvml).create(uuid, p, s).uuid for s in (0, 1)]
+    """, devices=2)
+    probe = native_paths()["probe"]
+    holders = []
+    try:
+        for uuid, size in zip(made["uuids"], ("256Mi", "512Mi"), strict=True):
+            env = sim_nvml_env(tmp_path / "sim.state", 2, 80 * GiB) | {
+                "CUDA_VISIBLE_DEVICES": uuid, "LD_LIBRARY_PATH": str(Path(native_paths()["sim_cuda"]).parent)}
+            h = subprocess.Popen([probe, "alloc", "--chunk", size, "--max", size, "--hold", "30"], env=env,
+                                 stdout=subprocess.PIPE, text=True)
+            holders.append(h)
+            assert h.stdout is not None and "allocated=" in h.stdout.readline()
+        out = nvml_child(tmp_path, """
+            def listed(h):
+                return sorted([p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId]
+                              for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+            def refused(fn, *args):
+                try:
+                    fn(*args)
+                except pynvml.NVMLError as e:
+                    return e.value
+                return 0
+            migs = [pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, i) for i in range(2)]
+            out["mig"] = {pynvml.nvmlDeviceGetUUID(m): listed(m) for m in migs}
+            out["gi"] = {pynvml.nvmlDeviceGetUUID(m): pynvml.nvmlDeviceGetGpuInstanceId(m) for m in migs}
+            out["parent"] = listed(gpu)
+            out["refused"] = [refused(pynvml.nvmlDeviceGetUtilizationRates, h) for h in (gpu, *migs)] + [
+                refused(pynvml.nvmlDeviceGetProcessUtilization, h, 0) for h in (gpu, *migs)]
+            other = pynvml.nvmlDeviceGetHandleByIndex(1)  # not in MIG mode
+            out["other"] = [refused(pynvml.nvmlDeviceGetUtilizationRates, other)]
+        """)
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    a, b = made["uuids"]
+    pa, pb = (h.pid for h in holders)
+    ga, gb = out["gi"][a], out["gi"][b]
+    assert out["mig"] == {a: [[pa, 256 * MiB, ga, 0]], b: [[pb, 512 * MiB, gb, 0]]}  # each its own only
+    assert out["parent"] == sorted([[pa, 256 * MiB, ga, 0], [pb, 512 * MiB, gb, 0]])  # the aggregate
+    assert out["refused"] == [3] * 6  # NVML_ERROR_NOT_SUPPORTED
+    assert out["other"] == [0]
