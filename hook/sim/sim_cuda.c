@@ -292,13 +292,17 @@ SIM_API CUresult cuCtxGetDevice(CUdevice *d)
     return CUDA_SUCCESS;
 }
 /* "only supported under Volta+ MPS" (cuda.h): a plain context has no execution affinity */
+/* An MPS client's context answers the SMs its server gives it; any other context answers all the
+ * SMs it can use (its MIG instance's, or the GPU's), as the H200's driver did for a plain context
+ * (hack/gpu-validate.sh section 6, 2026-11-28; docs/validation.md), not an error. */
 SIM_API CUresult cuCtxGetExecAffinity(CUexecAffinityParam *p, int type)
 {
     NEED_CTX();
     if (!p || type != CU_EXEC_AFFINITY_TYPE_SM_COUNT) return CUDA_ERROR_INVALID_VALUE;
-    if (!sim_me || !sim_me->mps_server) return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
     p->type = type;
-    p->param.smCount.val = (unsigned)mps_sm_count();
+    p->param.smCount.val = mig_view(NULL)                   ? mig_view(NULL)->sms
+                           : sim_me && sim_me->mps_server ? (unsigned)mps_sm_count()
+                                                          : SIM_SM_COUNT;
     return CUDA_SUCCESS;
 }
 static void wait_idle(void)

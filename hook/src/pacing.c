@@ -195,10 +195,11 @@ static void charge(struct gpu_state *g, uint64_t cost)
  * exactly its rate and never waits; several processes of one claim, or a client at a larger
  * claim's ceiling (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE unset or raised), are held to the share
  * together. What a context may use is asked of the driver, never read from the environment the
- * tenant writes: only an MPS context has an SM limit (cuCtxGetExecAffinity). A plain context (the
- * pipe folder dropped or pointed elsewhere), an unknown SM count (limits file) or a driver before
- * CUDA 11.4 costs the whole GPU, as under TimeSlicing. One answer per context, kept until another
- * context launches or it is destroyed. */
+ * tenant writes: only an MPS context has an SM limit (cuCtxGetExecAffinity; a plain context
+ * answers all the GPU's SMs, the H200's driver did). A plain context (the pipe folder dropped or
+ * pointed elsewhere), an unknown SM count (limits file) or a driver before CUDA 11.4 costs the
+ * whole GPU, as under TimeSlicing, said once. One answer per context, kept until another context
+ * launches or it is destroyed. */
 #define MPS_SM_SLACK 2u /* SMs of a TPC: the driver rounds an SM limit up to whole TPCs (cuda.h) */
 
 static uint64_t mps_scale(struct gpu_state *g)
@@ -216,13 +217,19 @@ static uint64_t mps_scale(struct gpu_state *g)
     __atomic_store_n(&g->mps_ppm, ppm, __ATOMIC_RELAXED); /* a racing reader may take one launch at another's */
     __atomic_store_n(&g->mps_ctx, ctx, __ATOMIC_RELEASE);
     static int said;
-    if (rc != CUDA_SUCCESS && !__atomic_exchange_n(&said, 1, __ATOMIC_ACQ_REL)) {
+    /* all the GPU's SMs under a share below 100: a context the server does not hold */
+    int unheld = rc != CUDA_SUCCESS || (sms >= g->sm_count && g->compute < 100);
+    if (unheld && !__atomic_exchange_n(&said, 1, __ATOMIC_ACQ_REL)) {
         if (!g->sm_count)
             gs_log("MPS claim: the limits file does not give the GPU's SM count; a launch costs its time on the whole "
                    "GPU (paced as under TimeSlicing)");
-        else
+        else if (rc != CUDA_SUCCESS)
             gs_log("MPS claim: this process is no MPS client of the claim's server (cuCtxGetExecAffinity: %d); "
                    "paced to the %d %% share as under TimeSlicing", rc, g->compute);
+        else
+            gs_log("MPS claim: this process's context has all %llu SMs (no MPS client of the claim's server, or one "
+                   "it does not hold to the share); paced to the %d %% share as under TimeSlicing",
+                   (unsigned long long)sms, g->compute);
     }
     return ppm;
 }
