@@ -286,7 +286,30 @@ find_python() {  # WHAT MODULES PACKAGE...: AGENT_PY imports MODULES, the PACKAG
          "wheels of $* and set AGENT_WHEELS to their folder" >&2
     return 1
 }
-find_agent() { find_python "the share agent" "dra_driver.cli, dra_driver.log, kubeletplugin.agent.standalone" structlog pyyaml; }
+find_agent() {
+    find_python "the share agent" "dra_driver.cli, dra_driver.log, kubeletplugin.agent.standalone" structlog pyyaml \
+        && has_share_agent && return 0
+    # `gpushare-dra share-agent` is the node program's, declared in pyproject.toml's entry points,
+    # which a checkout never pip-installed lacks (the H200 run of 2026-11-28: "invalid choice:
+    # 'share-agent'", every paced case a FAIL): AGENT_SITE gets this checkout's dist-info.
+    AGENT_PATH=$AGENT_SITE
+    "$AGENT_PY" - "$REPO/pyproject.toml" "$AGENT_SITE" <<'PY' && has_share_agent && return 0
+import pathlib, sys, tomllib
+project = tomllib.loads(pathlib.Path(sys.argv[1]).read_text())["project"]
+info = pathlib.Path(sys.argv[2]) / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+info.mkdir(parents=True, exist_ok=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+(info / "entry_points.txt").write_text("".join(
+    f"[{group}]\n" + "".join(f"{name} = {ref}\n" for name, ref in refs.items())
+    for group, refs in project.get("entry-points", {}).items()))
+PY
+    echo "gpu-validate: $AGENT_PY -m dra_driver.cli has no share-agent command: $(tail -1 "$WORK/import.err")" >&2
+    return 1
+}
+has_share_agent() {
+    (cd "$REPO" && env ${AGENT_PATH:+PYTHONPATH="$AGENT_PATH"} "$AGENT_PY" -m dra_driver.cli share-agent --help) \
+        >/dev/null 2>"$WORK/import.err"
+}
 # section 10: the plugin's discovery and publishing, `gpushare-dra discover` (NVML through nvidia-ml-py; the
 # kubernetes client, which the slice code's package imports)
 find_discover() {
