@@ -259,7 +259,7 @@ def test_a_pod_created_while_the_plugin_pod_is_deleted_starts_at_once(installed)
     replaced; hack/bench-plugin-gap measures every case)."""
     kube = installed
     [old] = [p for p in kube.items("pods", "-n", "gpushare-system", "-l", "app.kubernetes.io/name=gpushare-dra")
-             if not p["metadata"].get("deletionTimestamp")]
+             if not p["metadata"].get("deletionTimestamp") and p["spec"].get("nodeName") == kube.node]
     try:
         kube.apply(claim_template("gap-1gi"))
         kube("delete", "pod", "-n", "gpushare-system", old["metadata"]["name"], "--wait=false")

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubeletplugin.agent.guard import Guard
 from kubeletplugin.agent.metrics import AgentCollector
+from kubeletplugin.agent.sampler import GpuSample
 from kubeletplugin.agent.shares import Share
 from kubeletplugin.health import HealthCollector, HealthMonitor
 from kubeletplugin.prepared import PreparedGpu
@@ -32,8 +33,8 @@ def agent() -> SimpleNamespace:
     claim = SimpleNamespace(uid="u1", namespace="team-a", name="shared-gpu", gpus=[gpu], regions=[None],
                             shares=[Share(limit=0.3, burst=False)], process_memory=[{4242: 2**30}],
                             sharing_strategy="TimeSlicing")
-    sample = SimpleNamespace(uuid=UUID, index=1, memory_used=2**30, memory_total=80 * 2**30, utilization=40,
-                             temperature=50, power_watts=300.0)
+    sample = GpuSample(uuid=UUID, index=1, memory_used=2**30, memory_total=80 * 2**30, utilization=40,
+                       temperature=50, power_watts=300.0)
     backstop = SimpleNamespace(violations={}, kills={}, total_violations=0, total_kills=0, last_poll_s=0.001)
     return SimpleNamespace(lock=threading.Lock(), claims={"u1": claim}, gpus=[sample], backstop=backstop,
                            guard=Guard(), last_tick_s=0.01,
