@@ -13,17 +13,17 @@ demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster
 	@echo "gpushare-dra is in $(CURDIR)/$(BIN): export PATH=\"$(CURDIR)/$(BIN):\$$PATH\" (or . $(BIN)/activate)"
 
 # `make test` runs pytest three times. The real cluster's tests (tests/cluster, the two-node ones
-# too: one cluster, mostly waiting on it) run from the start, beside the rest: first the tests
-# that mostly wait too (subprocesses, gRPC, the API emulator) on TEST_WORKERS pytest-xdist workers,
-# a file per worker at a time, the longest files first (tests/conftest.py FIRST; hence
-# --no-loadscope-reorder); then those marked `serial` (tests/conftest.py: shares timed on the
-# simulator, which flake when they wait for a core) on SERIAL_WORKERS workers, each using about a
-# third of a core. The cluster and the parallel part run at nice 10 (the cluster's processes too,
-# which cluster-up starts from its test), so that the timed tests get a core the moment they want
-# one. The cluster's lines come as they happen, each led by `cluster|`, its summary last. All parts
-# always run; it fails if any did; the parts name their slowest tests (the target: the whole suite
-# under 15 minutes warm). `pytest -q` alone runs every test one at a time. `make test-two-nodes`
-# runs the two-node tests alone (docs/operations.md, "Two nodes on one machine").
+# too: one cluster, mostly waiting on it) run beside the tests that mostly wait too (subprocesses,
+# gRPC, the API emulator) on TEST_WORKERS pytest-xdist workers, a file per worker at a time, the
+# longest files first (tests/conftest.py FIRST; hence --no-loadscope-reorder); both at nice 10 (the
+# cluster's processes too, which cluster-up starts from its test). Then, alone on the machine, those
+# marked `serial` (tests/conftest.py: shares timed on the simulator, which flake when they wait for
+# a core) on SERIAL_WORKERS workers: each uses about a third of a core (10.6 minutes on one worker,
+# 6.3 on two, with no rerun; beside the cluster's last minutes three of them failed, twice). The
+# cluster's lines come as they happen, each led by `cluster|`, its summary last. All parts always
+# run; it fails if any did; the parts name their slowest tests (the target: the whole suite under
+# 15 minutes warm). `pytest -q` alone runs every test one at a time. `make test-two-nodes` runs the
+# two-node tests alone (docs/operations.md, "Two nodes on one machine").
 TEST_WORKERS ?= 4
 SERIAL_WORKERS ?= 2
 
@@ -33,9 +33,9 @@ test: test-deps tools lint hook  ## the checks and every test suite, as CI runs 
 	    sed -u 's/^/cluster| /' & \
 	nice -n 10 $(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 \
 	    --ignore=tests/cluster || status=$$?; \
+	wait; [ "$$(cat $$rc)" = 0 ] || { echo "make test: tests/cluster failed (its lines: cluster|)"; status=1; }; rm -f $$rc; \
 	$(BIN)/python -m pytest -q -m serial -n $(SERIAL_WORKERS) --dist loadfile --no-loadscope-reorder \
 	    --durations=15 --ignore=tests/cluster || status=$$?; \
-	wait; [ "$$(cat $$rc)" = 0 ] || { echo "make test: tests/cluster failed (its lines: cluster|)"; status=1; }; rm -f $$rc; \
 	exit $$status
 
 test-two-nodes: test-deps hook  ## as root: the two-node tests alone (tests/cluster/test_two_nodes.py; make test runs them too)

@@ -23,10 +23,10 @@ from tests.support import neighbours
 from tests.support.neighbours import Neighbours
 from tests.support.plugin import REAL_LIBRARY, Dirs, launch_plugin
 
-# `make test` runs the suite in parts (Makefile): the rest on pytest-xdist workers (`-m "not
-# serial" -n 4`), then what is marked `serial` on two workers, the real cluster beside both. Serial:
-# the suites that measure CPU or GPU time over fixed windows on the simulator (they flake when the
-# 2 cores are full; each uses about a third of one), the real cluster (one cluster, its own session
+# `make test` runs the suite in parts (Makefile): the real cluster beside the rest on pytest-xdist
+# workers (`-m "not serial" -n 4`), then what is marked `serial` on two workers, alone. Serial: the
+# suites that measure CPU or GPU time over fixed windows on the simulator (they flake when they wait
+# for a core; each uses about a third of one), the real cluster (one cluster, its own session
 # fixtures), and every file with a CPU_TIMED test.
 # `pytest` alone runs everything, one test at a time, as before.
 SERIAL = (
