@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kubeletplugin.hooklayout import HEADER_SIZE, REGION_HEADER, REGION_MAGIC
-from playground.simcpu import cpus_awake
+from playground.simcpu import cpus_awake, measured_first
 from tests.support import BUILD, CPU_TIMED, REPO, MiB, wait_for
 from tests.support.hook import Claim, kv, make_hook, new_claim, share_agent, throughput
 
@@ -52,6 +52,26 @@ def window_at(after: float = 1.5) -> float:
     return time.clock_gettime(time.CLOCK_MONOTONIC) + after
 
 
+def training_pair(tmp_path: Path, build: Path, trace: str) -> tuple[list[float], list[float], float]:
+    """Two processes replaying the training trace, plain (no library) then as Hard 30 / Hard 70 under
+    the library and the share agent: each one's steps as % of the trace alone, and how busy the trace
+    keeps the GPU alone (%)"""
+    a, b = claims(tmp_path, build, 30, 70)
+    alone = done(replay(a, trace, 4, env=PLAIN))
+    solo, busy = float(alone["steps"]) / 4, float(alone["gpu_share"])
+    at = window_at()
+    plain = [float(done(p)["steps"]) / 5 / solo * 100
+             for p in [replay(c, trace, 5, "--window-at", at, env=PLAIN) for c in (a, b)]]
+    with share_agent([a, b]):
+        at = window_at()
+        paced = [float(done(p)["steps"]) / 5 / solo * 100
+                 for p in [replay(c, trace, 5, "--window-at", at) for c in (a, b)]]
+    print(f"{trace} pair: solo {solo:.1f} steps/s, plain {plain[0]:.1f} / {plain[1]:.1f}, library 30/70 "
+          f"{paced[0]:.1f} / {paced[1]:.1f} % of solo, together {100 * sum(paced) / sum(plain):.1f} % of plain "
+          f"(alone {busy:.1f} % busy)")
+    return plain, paced, busy
+
+
 @CPU_TIMED
 def test_a_training_pair_gets_its_shares_and_what_time_slicing_would_give_it(build, tmp_path):
     """Two eager training jobs (the trace keeps the GPU about two thirds busy alone: its forward is
@@ -61,19 +81,34 @@ def test_a_training_pair_gets_its_shares_and_what_time_slicing_would_give_it(bui
     gave 55 + 55. The library before read 24.0-35.5 / 68.8-76.9 here, together 82-86 % of plain
     (4 runs): each claim's slot was its own, idle between its steps, and the other waited for its
     own slot. Since: 44-45 / 72-73, 93-96 % of plain (the relay's fill of each other's idle time)."""
-    a, b = claims(tmp_path, build, 30, 70)
-    solo = float(done(replay(a, "train-transformer", 4, env=PLAIN))["steps"]) / 4
-    at = window_at()
-    plain = [float(done(p)["steps"]) / 5 / solo * 100
-             for p in [replay(c, "train-transformer", 5, "--window-at", at, env=PLAIN) for c in (a, b)]]
-    with share_agent([a, b]):
-        at = window_at()
-        paced = [float(done(p)["steps"]) / 5 / solo * 100
-                 for p in [replay(c, "train-transformer", 5, "--window-at", at) for c in (a, b)]]
-    print(f"training pair: plain {plain[0]:.1f} / {plain[1]:.1f}, library 30/70 {paced[0]:.1f} / {paced[1]:.1f} "
-          f"% of solo, together {100 * sum(paced) / sum(plain):.1f} % of plain")
+    plain, paced, _ = training_pair(tmp_path, build, "train-transformer")
     assert paced[0] >= 27 and paced[1] >= 67, (paced, plain)
     assert sum(paced) >= 0.9 * sum(plain), (paced, plain)
+
+
+@CPU_TIMED
+@pytest.mark.xfail(strict=True, reason="the H200 (2026-11-28, fda415e): 31.2 / 75.5 % of solo under Hard 30/70, "
+                   "together 106.7 % where plain time slicing gave 156.7 (its target as Hard 30 allows: 127); "
+                   "here 39.6-40.4 / 80.7-81.4, together 120-122 % against 178-181 (target 150-152): outside its "
+                   "slot a claim fills only gaps of 2 ms in its neighbour's work, and this step has none "
+                   "(docs/compute.md, 'The H200's training pair')")
+def test_the_h200s_training_pair_keeps_what_time_slicing_gives_it(build, tmp_path):
+    """The H200's capture of the same kind of job (hook/traces/train-transformer-h200.trace: 681 GPU
+    ops, 42 % busy alone, the GPU idle in 425 gaps a step, none of 1 ms) as Hard 30 / Hard 70: each
+    at least its share of solo less 3 points, and together at least 0.95x what plain time slicing
+    gives the pair (gpu-validate section 8's target), each claim's part of it at most what its limit
+    allows: Hard 30 of a step 42 % busy is 71 % of solo, less than plain time slicing's 89 here, so
+    0.95x plain (171 %) would need the 70 claim faster than alone. The H200 on 2026-11-28 (fda415e):
+    31.2 / 75.5 % of solo, together 106.7 % where plain time slicing gave 77.4 + 79.3 = 156.7 % (the
+    job alone 56 % busy: Hard 30 allows 54 % of solo; the target so 127 %). Its host work is
+    most of each step (a busy CPU loop, 85 % of a core per process): the two processes are put ahead
+    of the machine's other work (`measured_first`), as on the H200's 16 cores, else what the 2 cores
+    here leave them moved the plain pair between 114 and 180 % of solo."""
+    with measured_first():
+        plain, paced, busy = training_pair(tmp_path, build, "train-transformer-h200")
+    allowed = [min(p, 100 * limit / busy) for p, limit in zip(plain, (30, 70), strict=True)]
+    assert paced[0] >= 27 and paced[1] >= 67, (paced, plain)
+    assert sum(paced) >= 0.95 * sum(allowed), (paced, plain, allowed)
 
 
 @CPU_TIMED

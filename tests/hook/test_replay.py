@@ -57,7 +57,7 @@ def test_graphs_repeats_and_streams_replay(probe, tmp_path):
     assert int(out["steps"]) > 100 and float(out["step_p50_ms"]) >= 0.52, out
 
 
-@pytest.mark.parametrize("name", ["train-transformer", "elementwise", "serve-mlp"])
+@pytest.mark.parametrize("name", ["train-transformer", "train-transformer-h200", "elementwise", "serve-mlp"])
 def test_the_shipped_traces_replay(probe, tmp_path, name):
     p = replay(probe, tmp_path, TRACES / f"{name}.trace", "1")
     assert p.returncode == 0, p.stderr
