@@ -19,7 +19,8 @@ demo: $(DEMO_STAMP) hook     ## run the whole path on simulated GPUs, no cluster
 # cluster's processes too, which cluster-up starts from its test). Then, alone on the machine, those
 # marked `serial` (tests/conftest.py: shares timed on the simulator, which flake when they wait for
 # a core) on SERIAL_WORKERS workers: each uses about a third of a core (10.6 minutes on one worker,
-# 6.3 on two, with no rerun; beside the cluster's last minutes three of them failed, twice). The
+# 5.6-6.3 on two, with no rerun; beside the cluster's last minutes three of them failed, twice),
+# those marked `alone` (real-time priority: they would starve the other worker's) last. The
 # cluster's lines come as they happen, each led by `cluster|`, its summary last. All parts always
 # run; it fails if any did; the parts name their slowest tests (the target: the whole suite under
 # 15 minutes warm). `pytest -q` alone runs every test one at a time. `make test-two-nodes` runs the
@@ -34,8 +35,9 @@ test: test-deps tools lint hook  ## the checks and every test suite, as CI runs 
 	nice -n 10 $(BIN)/python -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 \
 	    --ignore=tests/cluster || status=$$?; \
 	wait; [ "$$(cat $$rc)" = 0 ] || { echo "make test: tests/cluster failed (its lines: cluster|)"; status=1; }; rm -f $$rc; \
-	$(BIN)/python -m pytest -q -m serial -n $(SERIAL_WORKERS) --dist loadfile --no-loadscope-reorder \
+	$(BIN)/python -m pytest -q -m "serial and not alone" -n $(SERIAL_WORKERS) --dist loadfile --no-loadscope-reorder \
 	    --durations=15 --ignore=tests/cluster || status=$$?; \
+	$(BIN)/python -m pytest -q -m alone --durations=5 --ignore=tests/cluster || status=$$?; \
 	exit $$status
 
 test-two-nodes: test-deps hook  ## as root: the two-node tests alone (tests/cluster/test_two_nodes.py; make test runs them too)

@@ -19,7 +19,7 @@ from kubeletplugin.claimfiles import unmount_all_regions
 from kubeletplugin.main import Plugin
 from playground.emulator import ApiEmulator
 from playground.kubelet import Kubelet
-from tests.support import neighbours
+from tests.support import ALONE, neighbours
 from tests.support.neighbours import Neighbours
 from tests.support.plugin import REAL_LIBRARY, Dirs, launch_plugin
 
@@ -63,6 +63,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if (where[item].startswith(SERIAL) and not where[item].startswith(NOT_SERIAL)) or item.path in timed:
             item.add_marker(pytest.mark.serial)
+        if where[item] in ALONE:  # real-time priority: after the other serial files
+            item.add_marker(pytest.mark.alone)
     if hasattr(config, "workerinput"):  # the same order in every worker, as xdist requires
         items.sort(key=lambda item: FIRST.index(where[item]) if where[item] in FIRST else len(FIRST))
 

@@ -1,10 +1,13 @@
 """The house rules the import-linter contracts (pyproject.toml) cannot state themselves."""
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+from tests.support import ALONE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -153,3 +156,11 @@ def test_no_python_module_imports_round_a_circle():
 def test_the_circle_check_finds_a_circle():
     assert _module_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _module_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_test_file_measuring_at_real_time_priority_runs_alone():
+    # measured_first's processes (SCHED_RR) would starve a timed test on the other serial worker
+    # (tests/support ALONE; the Makefile runs `alone` after the other serial files).
+    users = {str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
+             if re.search(r"with [^\n]*measured_first\(\)", path.read_text())}
+    assert users and users == set(ALONE)

@@ -28,6 +28,12 @@ MiB = 1 << 20
 # design misses in every run (the one before agent slots gave a 30 % claim 21 %).
 CPU_TIMED = pytest.mark.flaky(reruns=2, reruns_delay=1)
 
+# Serial files that run their measured processes at real-time priority (playground.simcpu
+# measured_first): on 2 cores those starve a timed test beside them, so `make test` runs them
+# after the other serial files, one at a time (marked `alone` by tests/conftest.py;
+# tests/repo/test_layout.py finds every user).
+ALONE = ("tests/hook/test_sim_calibration.py", "tests/agent/test_framework_shares.py")
+
 
 
 def podman_busybox_why_not() -> str | None:
